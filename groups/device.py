@@ -1,0 +1,118 @@
+"""Acoustic Similarity Groups as tensors on the device the acceptance rules run on.
+
+Two CSR tables over the speech tokens (restricted indices 0 .. num_tokens-1):
+
+    group -> members:  group_members[group_offsets[k] : group_offsets[k+1]]   (token ids)
+    token -> groups:   token_groups[token_offsets[t] : token_offsets[t+1]]     (group ids, S(t))
+
+Ids are kept 16-bit on the device (65,536 tokens and at most 65,536 groups fit exactly). torch
+has no indexable uint16, so they are stored as int16 holding the uint16 bit pattern and widened
+with `widen()` right before use. Offsets are int32.
+
+The stop token (restricted index `num_tokens`) is not in the table: the acceptance rules treat
+it as its own singleton group with id `num_groups` (see runtime/acceptance.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def widen(ids16: torch.Tensor) -> torch.Tensor:
+    """int16 tensor holding uint16 bit patterns -> int64 ids in [0, 65535]."""
+    return ids16.to(torch.int64) & 0xFFFF
+
+
+def narrow(ids: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """ids in [0, 65535] -> int16 tensor holding their uint16 bit patterns."""
+    arr = np.asarray(ids, dtype=np.uint16)
+    return torch.from_numpy(arr.view(np.int16).copy())
+
+
+@dataclass(frozen=True)
+class DeviceGroupTable:
+    group_offsets: torch.Tensor  # int32 [num_groups + 1]
+    group_members: torch.Tensor  # int16 [nnz] (uint16 token ids)
+    token_offsets: torch.Tensor  # int32 [num_tokens + 1]
+    token_groups: torch.Tensor  # int16 [nnz] (uint16 group ids)
+    num_tokens: int
+    num_groups: int
+    max_group_size: int  # longest member list: fixed gather width for P_c / Q_c
+    max_groups_per_token: int  # largest |S(t)|
+
+    @property
+    def device(self) -> torch.device:
+        return self.group_members.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.group_offsets, self.group_members, self.token_offsets, self.token_groups)
+        )
+
+    def groups_per_token(self) -> torch.Tensor:
+        """N(t) = |S(t)| for every speech token. int32 [num_tokens]"""
+        return self.token_offsets[1:] - self.token_offsets[:-1]
+
+    def to(self, device: torch.device | str) -> "DeviceGroupTable":
+        move = lambda t: t.to(device)  # noqa: E731
+        return DeviceGroupTable(
+            move(self.group_offsets), move(self.group_members), move(self.token_offsets),
+            move(self.token_groups), self.num_tokens, self.num_groups,
+            self.max_group_size, self.max_groups_per_token,
+        )
+
+    @classmethod
+    def from_csr(
+        cls,
+        group_offsets: np.ndarray,  # uint32/int [num_groups + 1]
+        group_members: np.ndarray,  # uint16/int [nnz]
+        num_tokens: int,
+        device: torch.device | str = "cpu",
+    ) -> "DeviceGroupTable":
+        """Build both directions from the group -> members CSR (the token -> groups side is derived)."""
+        group_offsets = np.asarray(group_offsets, dtype=np.int64)
+        members = np.asarray(group_members, dtype=np.int64)
+        num_groups = len(group_offsets) - 1
+        if num_groups > 65536 or num_tokens > 65536:
+            raise ValueError("16-bit group tables hold at most 65,536 tokens and 65,536 groups")
+        sizes = np.diff(group_offsets)
+        if (sizes <= 0).any():
+            raise ValueError("every group must have at least one member")
+        if members.size and (members.min() < 0 or members.max() >= num_tokens):
+            raise ValueError("group member outside the speech vocabulary")
+        group_of_entry = np.repeat(np.arange(num_groups, dtype=np.int64), sizes)
+        order = np.argsort(members, kind="stable")  # token-major, group ids ascending within a token
+        counts = np.bincount(members, minlength=num_tokens)
+        if (counts == 0).any():
+            raise ValueError(f"{int((counts == 0).sum())} speech tokens belong to no group")
+        token_offsets = np.concatenate([[0], np.cumsum(counts)])
+        return cls(
+            group_offsets=torch.from_numpy(group_offsets.astype(np.int32)).to(device),
+            group_members=narrow(members).to(device),
+            token_offsets=torch.from_numpy(token_offsets.astype(np.int32)).to(device),
+            token_groups=narrow(group_of_entry[order]).to(device),
+            num_tokens=num_tokens,
+            num_groups=num_groups,
+            max_group_size=int(sizes.max()),
+            max_groups_per_token=int(counts.max()),
+        )
+
+    @classmethod
+    def from_groups(
+        cls, groups: Sequence[Sequence[int]], num_tokens: int, device: torch.device | str = "cpu"
+    ) -> "DeviceGroupTable":
+        """From explicit member lists (tests, small vocabularies)."""
+        offsets = np.concatenate([[0], np.cumsum([len(g) for g in groups])])
+        members = np.concatenate([np.asarray(sorted(g), dtype=np.int64) for g in groups])
+        return cls.from_csr(offsets, members, num_tokens, device)
+
+    @classmethod
+    def singletons(cls, num_tokens: int, device: torch.device | str = "cpu") -> "DeviceGroupTable":
+        """Every token its own group: PCG then reduces to standard speculative sampling."""
+        return cls.from_csr(np.arange(num_tokens + 1), np.arange(num_tokens), num_tokens, device)
