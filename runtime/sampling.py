@@ -1,0 +1,48 @@
+"""Turning logits into the distributions the acceptance rules compare, and sampling from them.
+
+Temperature and top-p are applied identically to draft and target: the rules' guarantees
+hold for the *processed* distributions. Sampling takes an explicit `torch.Generator` and
+uses inverse-CDF sampling (one uniform and a cumulative sum per row), which needs no host
+sync and is cheaper on a CPU than an exponential race over 65,537 entries.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pcgtts.runtime.config import SamplingConfig
+
+
+def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """logits: [..., V] -> float32 probabilities [..., V]. Temperature 0 gives one-hot argmax."""
+    logits = logits.float()
+    if sampling.greedy:
+        # argmax picks the lowest index among ties, so greedy decoding is deterministic.
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        # Keep the smallest prefix whose mass reaches top_p (the top token always survives).
+        sorted_probs = sorted_probs.masked_fill(mass_before >= sampling.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling. weights: [..., V] >= 0 (unnormalised); uniforms: [...] in [0, 1).
+
+    Returns int64 indices [...]. Entries of weight 0 are never chosen: `right=True` makes a
+    flat stretch of the CDF unreachable.
+    """
+    cdf = weights.double().cumsum(-1)
+    target = uniforms.double().unsqueeze(-1) * cdf[..., -1:]
+    index = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    return index.clamp_(max=weights.shape[-1] - 1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index per row of probs [..., V] -> int64 [...]."""
+    uniforms = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
+    return sample_from_weights(probs, uniforms)

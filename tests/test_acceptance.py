@@ -1,0 +1,210 @@
+"""Acceptance rules: exact outcomes with forced randomness, and exactness in distribution.
+
+Statistical tests draw N independent verify steps at once (the batch dimension) with a fixed
+seed and apply a chi-square goodness-of-fit test at significance 1e-4: if the rule were
+exact, a failure would occur with probability 1e-4 per test (a false alarm); the seed makes CI
+deterministic. Each also checks that the same test *does* reject a wrong distribution, so a
+vacuous test cannot pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.acceptance import PLACEHOLDER, draw_uniforms, verify
+
+ALPHA = 1e-4
+N = 200_000
+# 8 speech tokens + stop (index 8). Overlapping groups: tokens 0 and 4 lie in three groups,
+# the others in two; the stop token is its own group (id 7).
+GROUPS = [[0, 1, 2], [2, 3, 4], [4, 5, 6], [6, 7, 0], [1, 5], [3, 7], [0, 4]]
+V = 9
+
+
+def table() -> DeviceGroupTable:
+    return DeviceGroupTable.from_groups(GROUPS, num_tokens=8)
+
+
+def distributions(seed: int, sharp: float = 1.5):
+    g = torch.Generator().manual_seed(seed)
+    draft = torch.softmax(sharp * torch.randn(V, generator=g), -1)
+    target = torch.softmax(sharp * torch.randn(V, generator=g), -1)
+    return draft, target
+
+
+def coarse(probs: torch.Tensor) -> torch.Tensor:
+    """Q_c / P_c by the definition (equal split), stop group last. [V] -> [M + 1]"""
+    n = torch.zeros(8)
+    for members in GROUPS:
+        n[members] += 1
+    masses = [sum(float(probs[t] / n[t]) for t in members) for members in GROUPS]
+    return torch.tensor(masses + [float(probs[8])], dtype=torch.float64)
+
+
+def batch(draft: torch.Tensor, target: torch.Tensor, n: int, length: int, gen: torch.Generator):
+    draft_probs = draft.expand(n, length, V).contiguous()
+    target_probs = target.expand(n, length + 1, V).contiguous()
+    draft_tokens = torch.multinomial(draft, n * length, replacement=True, generator=gen).view(n, length)
+    return draft_tokens, draft_probs, target_probs
+
+
+def assert_fits(counts: torch.Tensor, expected_probs: torch.Tensor, wrong_probs: torch.Tensor) -> None:
+    counts, expected_probs, wrong_probs = counts.double(), expected_probs.double(), wrong_probs.double()
+    total = counts.sum()
+    keep = expected_probs > 0
+    assert counts[~keep].sum() == 0, "mass where the expected distribution has none"
+    exp = expected_probs[keep] / expected_probs[keep].sum() * total
+    assert chisquare(counts[keep].numpy(), exp.numpy()).pvalue > ALPHA
+    # Power check: the same data must reject a clearly different distribution.
+    wrong = (wrong_probs[keep] + 1e-12) / (wrong_probs[keep] + 1e-12).sum() * total
+    assert chisquare(counts[keep].numpy(), wrong.numpy()).pvalue < ALPHA
+
+
+def test_sd_emits_the_target_distribution():
+    draft, target = distributions(0)
+    gen = torch.Generator().manual_seed(1)
+    tokens, dprobs, tprobs = batch(draft, target, N, 2, gen)
+    verdict = verify("sd", tokens, dprobs, tprobs, draw_uniforms(N, 2, gen, "cpu"), gen)
+    for slot in (0, 1):  # slot 1 mixes accepted, recovered and bonus tokens
+        emitted = verdict.tokens[:, slot]
+        mask = emitted != PLACEHOLDER
+        if slot == 1:
+            # Slot 1 exists only after slot 0 was accepted; conditioning on that keeps it ~ target
+            # because the rows are i.i.d. and position 1's draw is independent of position 0's.
+            mask &= verdict.num_accepted >= 1
+        counts = torch.bincount(emitted[mask], minlength=V)
+        assert_fits(counts, target, draft)
+
+
+def test_ssd_with_beta_zero_equals_sd():
+    draft, target = distributions(2)
+    gen = torch.Generator().manual_seed(3)
+    tokens, dprobs, tprobs = batch(draft, target, 5000, 3, gen)
+    uniforms = draw_uniforms(5000, 3, gen, "cpu")
+    state = gen.get_state()
+    sd = verify("sd", tokens, dprobs, tprobs, uniforms, gen)
+    gen.set_state(state)
+    ssd = verify("ssd", tokens, dprobs, tprobs, uniforms, gen, ssd_beta=0.0)
+    assert torch.equal(sd.tokens, ssd.tokens) and torch.equal(sd.num_accepted, ssd.num_accepted)
+    gen.set_state(state)
+    relaxed = verify("ssd", tokens, dprobs, tprobs, uniforms, gen, ssd_beta=0.4)
+    assert relaxed.num_accepted.float().mean() > sd.num_accepted.float().mean()
+
+
+def test_pcg_emits_the_coarse_target_distribution():
+    draft, target = distributions(4)
+    gen = torch.Generator().manual_seed(5)
+    tokens, dprobs, tprobs = batch(draft, target, N, 1, gen)
+    verdict = verify("pcg", tokens, dprobs, tprobs, draw_uniforms(N, 1, gen, "cpu"), gen, groups=table())
+    group = verdict.groups[:, 0]
+    q_c, p_c = coarse(target), coarse(draft)
+    assert_fits(torch.bincount(group, minlength=len(q_c)), q_c, p_c)
+    # Conditional on a rejection, the group comes from the normalised residual [Q_c - P_c]_+.
+    rejected = verdict.num_accepted == 0
+    residual = (q_c - p_c).clamp_min(0)
+    assert_fits(torch.bincount(group[rejected], minlength=len(q_c)), residual, q_c)
+    # The emitted token is a member of the emitted group (the stop group holds only the stop token).
+    members = [set(m) for m in GROUPS] + [{8}]
+    pairs = torch.stack([verdict.tokens[:, 0], group], 1).unique(dim=0).tolist()
+    assert all(t in members[k] for t, k in pairs)
+
+
+def test_pcg_exact_fallback_is_exact():
+    """One thinning trial with a small residual forces the exact all-groups fallback often."""
+    draft, target = distributions(6, sharp=0.5)
+    gen = torch.Generator().manual_seed(7)
+    n = 60_000
+    tokens, dprobs, tprobs = batch(draft, target, n, 1, gen)
+    verdict = verify("pcg", tokens, dprobs, tprobs, torch.ones(n, 1) - 1e-7, gen, groups=table(), thinning_trials=1)
+    rejected = verdict.num_accepted == 0
+    assert rejected.float().mean() > 0.3  # uniforms ~1 reject unless Q_c >= P_c
+    q_c, p_c = coarse(target), coarse(draft)
+    residual = (q_c - p_c).clamp_min(0)
+    assert_fits(torch.bincount(verdict.groups[rejected, 0], minlength=len(q_c)), residual, q_c)
+
+
+def test_pcg_with_singleton_groups_is_sd_in_distribution():
+    draft, target = distributions(8)
+    gen = torch.Generator().manual_seed(9)
+    tokens, dprobs, tprobs = batch(draft, target, N, 1, gen)
+    singles = DeviceGroupTable.singletons(8)
+    verdict = verify("pcg", tokens, dprobs, tprobs, draw_uniforms(N, 1, gen, "cpu"), gen, groups=singles)
+    assert_fits(torch.bincount(verdict.tokens[:, 0], minlength=V), target, draft)
+
+
+@pytest.mark.parametrize("rule", ["sd", "ssd", "pcg"])
+def test_forced_accept_and_reject(rule):
+    gen = torch.Generator().manual_seed(0)
+    # Target puts 0.7 on token 1 and 0.3 on token 3 at every row; draft proposes 1, 1, 3.
+    target = torch.zeros(1, 4, V)
+    target[..., 1], target[..., 3] = 0.7, 0.3
+    draft = torch.zeros(1, 3, V)
+    draft[..., 1], draft[..., 3] = 0.5, 0.5
+    tokens = torch.tensor([[1, 1, 3]])
+    groups = DeviceGroupTable.singletons(8)
+    accept_all = verify(rule, tokens, draft, target, torch.zeros(1, 3), gen, groups=groups)
+    assert accept_all.num_accepted.item() == 3
+    assert accept_all.tokens[0, :3].tolist() == [1, 1, 3] and accept_all.tokens[0, 3].item() in (1, 3)
+    # u just below 1: tokens with target/draft >= 1 (token 1) pass, token 3 (0.3/0.5) fails.
+    reject_last = verify(rule, tokens, draft, target, torch.full((1, 3), 0.999), gen, groups=groups)
+    assert reject_last.num_accepted.item() == 2
+    # The recovered token comes from max(0, target - draft): only token 1 has positive residual.
+    assert reject_last.tokens[0].tolist() == [1, 1, 1, PLACEHOLDER]
+
+
+def test_draft_equal_to_target_accepts_everything():
+    _, target = distributions(10)
+    gen = torch.Generator().manual_seed(11)
+    tokens, dprobs, tprobs = batch(target, target, 2000, 4, gen)
+    for rule in ("sd", "pcg"):
+        verdict = verify(rule, tokens, dprobs, tprobs, draw_uniforms(2000, 4, gen, "cpu"), gen, groups=table())
+        assert bool((verdict.num_accepted == 4).all()), rule
+        assert bool((verdict.tokens[:, 4] >= 0).all())  # a bonus token in every row
+
+
+def test_pcg_accepts_more_than_sd_when_draft_is_right_about_groups():
+    """The draft puts its mass on a group-mate of the target's favourite: SD rejects, PCG accepts."""
+    gen = torch.Generator().manual_seed(12)
+    target, draft = torch.full((V,), 0.01), torch.full((V,), 0.01)
+    target[5], draft[1] = 0.92, 0.92  # 1 and 5 share group [1, 5]
+    tokens, dprobs, tprobs = batch(draft / draft.sum(), target / target.sum(), 20_000, 1, gen)
+    u = draw_uniforms(20_000, 1, gen, "cpu")
+    sd = verify("sd", tokens, dprobs, tprobs, u, gen).num_accepted.float().mean()
+    pcg = verify("pcg", tokens, dprobs, tprobs, u, gen, groups=table()).num_accepted.float().mean()
+    assert pcg > sd + 0.3
+
+
+def test_greedy_is_argmax_matching():
+    target = torch.nn.functional.one_hot(torch.tensor([[2, 5, 7, 1]]), V).float()
+    same = verify("greedy", torch.tensor([[2, 5, 7]]), target[:, :3], target, torch.zeros(1, 3), None)
+    assert same.tokens.tolist() == [[2, 5, 7, 1]] and same.num_accepted.item() == 3
+    differ = verify("greedy", torch.tensor([[2, 4, 7]]), target[:, :3], target, torch.zeros(1, 3), None)
+    assert differ.tokens.tolist() == [[2, 5, PLACEHOLDER, PLACEHOLDER]] and differ.num_accepted.item() == 1
+
+
+def test_bad_arguments():
+    gen = torch.Generator()
+    x = torch.zeros(1, 2, dtype=torch.long)
+    p, q = torch.full((1, 2, V), 1 / V), torch.full((1, 3, V), 1 / V)
+    with pytest.raises(ValueError, match="unknown rule"):
+        verify("nope", x, p, q, torch.zeros(1, 2), gen)
+    with pytest.raises(ValueError, match="group table"):
+        verify("pcg", x, p, q, torch.zeros(1, 2), gen)
+    with pytest.raises(ValueError, match="one more row"):
+        verify("sd", x, p, p, torch.zeros(1, 2), gen)
+    with pytest.raises(ValueError, match="covers 5 speech tokens"):
+        verify("pcg", x, p, q, torch.zeros(1, 2), gen, groups=DeviceGroupTable.singletons(5))
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pcg_on_cuda_is_exact():
+    draft, target = distributions(4)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    tokens, dprobs, tprobs = batch(draft.cuda(), target.cuda(), N, 1, torch.Generator(device="cuda").manual_seed(1))
+    verdict = verify("pcg", tokens, dprobs, tprobs, draw_uniforms(N, 1, gen, "cuda"), gen, groups=table().to("cuda"),
+                     thinning_trials=2)
+    assert_fits(torch.bincount(verdict.groups[:, 0].cpu(), minlength=8), coarse(target), coarse(draft))
