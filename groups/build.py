@@ -1,0 +1,144 @@
+"""Building Acoustic Similarity Groups from the target model's speech-token embeddings.
+
+    G(t) = {t' : cos(E[t], E[t']) > theta}         (t itself always included)
+
+optionally capped to t's `top_k` most similar tokens, then identical sets merged, so the
+table holds M <= N distinct groups. Similarities are computed in row blocks (the full
+65,536 x 65,536 matrix would take 16 GB), on CPU or GPU, keeping only the entries above
+theta; memory stays bounded by one block plus the output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pcgtts.groups.table import GroupTable
+
+log = logging.getLogger(__name__)
+
+
+def embedding_fingerprint(rows: torch.Tensor) -> str:
+    """sha256 of the rows rounded to bfloat16, so fp32 and bf16 loads of one checkpoint agree."""
+    data = rows.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy()
+    return hashlib.sha256(f"{tuple(rows.shape)}".encode() + data.tobytes()).hexdigest()
+
+
+def load_speech_embeddings(model_dir: str | Path):
+    """(embedding rows of the speech tokens [N, H] float32, SpeechVocab, fingerprint) of a local
+    LLaSA checkpoint, read straight from the safetensors without building the model."""
+    from safetensors import safe_open
+
+    from pcgtts.runtime.checkpoint import load_tokenizer, weight_files
+    from pcgtts.runtime.vocab import SpeechVocab
+
+    model_dir = Path(model_dir)
+    vocab = SpeechVocab.from_tokenizer(load_tokenizer(model_dir))
+    key = "model.embed_tokens.weight"
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            if key in f.keys():
+                rows = f.get_slice(key)[vocab.speech_offset:vocab.speech_offset + vocab.num_speech].float()
+                return rows, vocab, embedding_fingerprint(rows)
+    raise ValueError(f"{model_dir}: no {key} in the checkpoint")
+
+
+def _block_rows(num_tokens: int, device: torch.device) -> int:
+    # ~256 MB of float32 similarities per block on CPU, 1 GB on a GPU.
+    budget = (1 << 28) if device.type == "cpu" else (1 << 30)
+    return max(1, min(num_tokens, budget // (4 * num_tokens)))
+
+
+def neighbour_lists(embeddings: torch.Tensor, theta: float, top_k: int | None = None, device="cpu",
+                    block_rows: int | None = None, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """G(t) for every t, unmerged, as CSR (offsets int64 [N + 1], members int64 sorted per row)."""
+    from tqdm.auto import tqdm
+
+    if embeddings.dim() != 2 or embeddings.shape[0] == 0:
+        raise ValueError(f"expected a non-empty [N, H] embedding matrix, got {tuple(embeddings.shape)}")
+    if not -1.0 <= theta < 1.0:
+        raise ValueError(f"theta must lie in [-1, 1), got {theta}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    device = torch.device(device)
+    n = embeddings.shape[0]
+    unit = torch.nn.functional.normalize(embeddings.to(device, torch.float32), dim=1)
+    step = block_rows or _block_rows(n, device)
+    counts, members = [], []
+    for start in tqdm(range(0, n, step), desc="groups", unit="block", disable=not progress):
+        stop = min(n, start + step)
+        sims = unit[start:stop] @ unit.T  # [b, N]
+        rows = torch.arange(stop - start, device=device)
+        sims[rows, rows + start] = float("inf")  # t in G(t) whatever rounding does
+        if top_k is not None and top_k < n:
+            values, cols = sims.topk(top_k, dim=1)
+            keep = values > theta
+            cols = torch.where(keep, cols, n)  # n sorts last and is dropped below
+            cols = cols.sort(dim=1).values
+            counts.append(keep.sum(1).cpu())
+            members.append(cols[cols < n].cpu())
+        else:
+            mask = sims > theta
+            counts.append(mask.sum(1).cpu())
+            members.append(mask.nonzero()[:, 1].cpu())  # row-major: sorted columns per row
+    offsets = np.concatenate([[0], np.cumsum(torch.cat(counts).numpy())])
+    return offsets.astype(np.int64), torch.cat(members).numpy().astype(np.int64)
+
+
+def merge_identical(offsets: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keep one copy of each distinct member list (in order of first appearance)."""
+    n = len(offsets) - 1
+    sizes = np.diff(offsets)
+    rng = np.random.default_rng(0x5EED)
+    # Two independent multiplicative hashes of the sorted member list, plus its size.
+    keys = []
+    for _ in range(2):
+        weights = rng.integers(1, 2**61, size=max(int(members.max()) + 1, 1), dtype=np.uint64) | np.uint64(1)
+        h = weights[members] * (members.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+        keys.append(np.add.reduceat(h, offsets[:-1]) if len(members) else np.zeros(n, np.uint64))
+    table = np.stack([sizes.astype(np.uint64), keys[0], keys[1]], 1)
+    _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    rep = first[inverse.reshape(-1)]
+    # Verify hash matches exactly; a (vanishingly rare) collision keeps both lists.
+    dup = rep != np.arange(n)
+    if dup.any():
+        rows = np.nonzero(dup)[0]
+        lens = sizes[rows]
+        a = np.repeat(offsets[rows], lens) + _ranges(lens)
+        b = np.repeat(offsets[rep[rows]], lens) + _ranges(lens)
+        differs = np.add.reduceat((members[a] != members[b]).astype(np.int64), np.concatenate([[0], np.cumsum(lens)[:-1]]))
+        rep[rows[differs > 0]] = rows[differs > 0]
+    keep = np.nonzero(rep == np.arange(n))[0]
+    new_sizes = sizes[keep]
+    new_offsets = np.concatenate([[0], np.cumsum(new_sizes)])
+    new_members = members[np.repeat(offsets[keep], new_sizes) + _ranges(new_sizes)]
+    return new_offsets, new_members
+
+
+def _ranges(lengths: np.ndarray) -> np.ndarray:
+    """[0..l0), [0..l1), ... concatenated."""
+    total = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.arange(total) - starts
+
+
+def build_groups(embeddings: torch.Tensor, theta: float, top_k: int | None = None, device="cpu",
+                 block_rows: int | None = None, progress: bool = True) -> GroupTable:
+    """Distinct ASGs of the speech tokens from their embedding rows [N, H]."""
+    offsets, members = neighbour_lists(embeddings, theta, top_k, device, block_rows, progress)
+    group_offsets, group_members = merge_identical(offsets, members)
+    table = GroupTable.from_groups_csr(group_offsets, group_members, embeddings.shape[0], theta, top_k)
+    log.info("groups at theta=%.3f: %s", theta, json.dumps(table.stats))
+    return table
+
+
+def build_groups_for_model(model_dir: str | Path, theta: float, top_k: int | None = None, device="cpu",
+                           progress: bool = True) -> GroupTable:
+    rows, vocab, fingerprint = load_speech_embeddings(model_dir)
+    table = build_groups(rows, theta, top_k, device, progress=progress)
+    return table.with_model(vocab.speech_offset, vocab.vocab_size, fingerprint)
