@@ -69,25 +69,35 @@ def neighbour_lists(embeddings: torch.Tensor, theta: float, top_k: int | None = 
     n = embeddings.shape[0]
     unit = torch.nn.functional.normalize(embeddings.to(device, torch.float32), dim=1)
     step = block_rows or _block_rows(n, device)
-    counts, members = [], []
+    capped = top_k is not None and top_k < n
+    rows_out, cols_out = [], []
     for start in tqdm(range(0, n, step), desc="groups", unit="block", disable=not progress):
         stop = min(n, start + step)
-        sims = unit[start:stop] @ unit.T  # [b, N]
-        rows = torch.arange(stop - start, device=device)
-        sims[rows, rows + start] = float("inf")  # t in G(t) whatever rounding does
-        if top_k is not None and top_k < n:
+        # Cosine is symmetric: without a top-k cap only the upper triangle (columns >= start)
+        # is computed and the pairs are mirrored below, halving the matrix products.
+        first_col = 0 if capped else start
+        sims = unit[start:stop] @ unit[first_col:].T  # [b, N - first_col]
+        local = torch.arange(stop - start, device=device)
+        sims[local, local + start - first_col] = float("inf")  # t in G(t) whatever rounding does
+        if capped:
             values, cols = sims.topk(top_k, dim=1)
             keep = values > theta
-            cols = torch.where(keep, cols, n)  # n sorts last and is dropped below
-            cols = cols.sort(dim=1).values
-            counts.append(keep.sum(1).cpu())
-            members.append(cols[cols < n].cpu())
+            rows = local[:, None].expand_as(cols)[keep]
+            cols = cols[keep]
         else:
-            mask = sims > theta
-            counts.append(mask.sum(1).cpu())
-            members.append(mask.nonzero()[:, 1].cpu())  # row-major: sorted columns per row
-    offsets = np.concatenate([[0], np.cumsum(torch.cat(counts).numpy())])
-    return offsets.astype(np.int64), torch.cat(members).numpy().astype(np.int64)
+            rows, cols = (sims > theta).nonzero().unbind(1)
+            upper = cols + first_col >= rows + start  # the diagonal block's lower half comes from mirroring
+            rows, cols = rows[upper], cols[upper]
+        rows_out.append((rows + start).cpu())
+        cols_out.append((cols + first_col).cpu())
+    rows = torch.cat(rows_out).numpy().astype(np.int64)
+    cols = torch.cat(cols_out).numpy().astype(np.int64)
+    if not capped:
+        off_diag = rows != cols
+        rows, cols = np.concatenate([rows, cols[off_diag]]), np.concatenate([cols, rows[off_diag]])
+    order = np.lexsort((cols, rows))
+    counts = np.bincount(rows, minlength=n)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), cols[order]
 
 
 def merge_identical(offsets: np.ndarray, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,12 +6,13 @@ Layout of a file, little-endian:
     4 bytes   header length H (uint32)
     H bytes   JSON header: theta, top_k, model identity (speech offset, vocabulary size,
               number of speech tokens, embedding fingerprint), array lengths, summary stats
-    arrays    group_offsets uint32 [M+1] | group_members uint16 [nnz] |
-              token_offsets uint32 [N+1] | token_groups uint16 [nnz]
+    arrays    group_offsets uint32 [M+1] | group_members uint16 [nnz]
     32 bytes  sha256 of everything above
 
 Token and group ids are uint16 (65,536 speech tokens and at most 65,536 groups fit exactly),
-offsets uint32: about 19 MB for 65,536 tokens with a mean group of ~140. Loading checks the
+offsets uint32: about 18.6 MB for 65,536 tokens with a mean group of ~140. Only group ->
+members is stored; token -> groups (the same entries, transposed) is derived at load in about
+a second, which halves the file. Loading checks the
 magic, version, length, checksum, array consistency and, when asked, that the table was built
 for the model in hand; each failure is a `ValueError` naming the problem.
 """
@@ -83,7 +84,8 @@ class GroupTable:
             "max_group_size": int(sizes.max()) if sizes.size else 0,
             "mean_groups_per_token": float(per_token.mean()) if per_token.size else 0.0,
             "max_groups_per_token": int(per_token.max()) if per_token.size else 0,
-            "bytes": int(sum(a.nbytes for a in self._arrays())),
+            "bytes": int(self.group_offsets.nbytes + self.group_members.nbytes),  # on disk
+            "device_bytes": int(sum(a.nbytes for a in self._arrays())),  # both directions
         }
 
     def with_model(self, speech_offset: int, vocab_size: int, fingerprint: str) -> "GroupTable":
@@ -113,7 +115,8 @@ class GroupTable:
         path = Path(path)
         head = json.dumps(self.header(), sort_keys=True).encode()
         body = MAGIC + bytes([VERSION]) + struct.pack("<I", len(head)) + head
-        body += b"".join(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes() for a in self._arrays())
+        body += b"".join(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
+                         for a in (self.group_offsets, self.group_members))
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(body + hashlib.sha256(body).digest())
         tmp.replace(path)  # never leave a half-written table under the real name
@@ -137,7 +140,7 @@ class GroupTable:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError(f"{path}: group table header is corrupt (truncated file?)") from None
         m, n, nnz = header["num_groups"], header["num_tokens"], header["nnz"]
-        sizes = [(np.uint32, m + 1), (np.uint16, nnz), (np.uint32, n + 1), (np.uint16, nnz)]
+        sizes = [(np.uint32, m + 1), (np.uint16, nnz)]
         expected = fixed + head_len + sum(np.dtype(t).itemsize * k for t, k in sizes) + _DIGEST
         if len(data) != expected:
             raise ValueError(f"{path}: group table is truncated or has trailing data "
@@ -149,9 +152,14 @@ class GroupTable:
             arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"), count=count, offset=pos)
             arrays.append(arr.astype(dtype))
             pos += arr.nbytes
-        table = cls(*arrays, theta=header["theta"], top_k=header["top_k"], speech_offset=header["speech_offset"],
-                    vocab_size=header["vocab_size"], fingerprint=header["fingerprint"], stats=header["stats"])
-        table._check_consistent(path)
+        group_offsets, group_members = arrays
+        if group_offsets[0] != 0 or group_offsets[-1] != nnz or np.any(np.diff(group_offsets.astype(np.int64)) <= 0):
+            raise ValueError(f"{path}: inconsistent group offsets")
+        if nnz and int(group_members.max()) >= n:
+            raise ValueError(f"{path}: a group member lies outside the {n} speech tokens")
+        table = cls.from_groups_csr(group_offsets, group_members, n, header["theta"], header["top_k"])
+        table = replace(table, speech_offset=header["speech_offset"], vocab_size=header["vocab_size"],
+                        fingerprint=header["fingerprint"])
         if expect_vocab is not None:
             table.check_model(expect_vocab.num_speech, expect_vocab.speech_offset, expect_vocab.vocab_size, path)
         if expect_fingerprint is not None and expect_fingerprint != table.fingerprint:
@@ -165,11 +173,3 @@ class GroupTable:
         if mine != theirs:
             raise ValueError(f"{where} was built for another model: (speech tokens, speech offset, vocabulary) = "
                              f"{mine} in the table, {theirs} in the model")
-
-    def _check_consistent(self, where) -> None:
-        for name, offsets, ids, bound in (("group", self.group_offsets, self.group_members, self.num_tokens),
-                                          ("token", self.token_offsets, self.token_groups, self.num_groups)):
-            if offsets[0] != 0 or offsets[-1] != len(ids) or np.any(np.diff(offsets.astype(np.int64)) < 0):
-                raise ValueError(f"{where}: inconsistent {name} offsets")
-            if len(ids) and int(ids.max()) >= bound:
-                raise ValueError(f"{where}: the {name} table refers to an id out of range")
