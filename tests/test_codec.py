@@ -1,0 +1,105 @@
+"""X-codec2 through transformers on the tiny released-format checkpoint; streaming decode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pcgtts.runtime.codec import Codec
+from pcgtts.runtime.streaming import StreamConfig, WindowDecoder
+
+# Streamed-vs-one-shot SNR of the default StreamConfig on the demo codec, measured by
+# benchmarks/bench_streaming.py (~12 dB on random weights, whose decoder attends globally);
+# the test bound leaves margin for other token sequences.
+MIN_SNR_DB = 8.0
+
+
+@pytest.fixture(scope="module")
+def codecs(demo_codec_dir):
+    return Codec.from_pretrained(demo_codec_dir), Codec.from_pretrained(demo_codec_dir, decode_only=False)
+
+
+def snr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    return float(10 * np.log10((ref**2).sum() / max(((out - ref) ** 2).sum(), 1e-20)))
+
+
+def test_decode_only_matches_full_model_without_the_encoders(codecs):
+    decode_only, full = codecs
+    assert decode_only.num_parameters() < full.num_parameters() / 3
+    codes = np.random.default_rng(0).integers(0, 65536, 60)
+    audio = decode_only.decode(codes)
+    assert audio.dtype == np.float32 and audio.shape == (60 * 320,) and np.isfinite(audio).all()
+    assert np.array_equal(audio, full.decode(codes))
+    assert 1e-3 < np.abs(audio).max() <= 2.0
+
+
+def test_encode_gives_one_code_per_hop(codecs):
+    _, full = codecs
+    tone = (0.3 * np.sin(2 * np.pi * 220 * np.arange(16000) / 16000)).astype(np.float32)
+    codes = full.encode(tone)
+    assert codes.shape == (16000 // 320 + 1,) and codes.min() >= 0 and codes.max() < 65536
+    with pytest.raises(ValueError, match="decode-only"):
+        codecs[0].encode(tone)
+
+
+def test_not_a_codec_directory(tmp_path, tiny_lm_factory):
+    with pytest.raises(FileNotFoundError):
+        Codec.from_pretrained(tmp_path / "missing")
+    with pytest.raises(ValueError, match="not an X-codec2"):
+        Codec.from_pretrained(tiny_lm_factory())
+
+
+@pytest.mark.parametrize("config", [
+    StreamConfig(),
+    StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, lookahead_tokens=0, crossfade_samples=0),
+    StreamConfig(first_chunk_tokens=5, chunk_tokens=40, left_context_tokens=10, lookahead_tokens=3, crossfade_samples=320),
+])
+@pytest.mark.parametrize("burst", [1, 17])
+def test_stream_covers_every_sample_once(codecs, config, burst):
+    decode_only, _ = codecs
+    codes = np.random.default_rng(1).integers(0, 65536, 73)
+    window = WindowDecoder(decode_only.decode, config)
+    chunks = [c for i in range(0, len(codes), burst) for c in window.push(codes[i:i + burst])]
+    chunks.append(window.flush())
+    assert sum(len(c) for c in chunks) == 320 * len(codes)
+    assert all(len(c) % 320 == 0 for c in chunks)
+    assert len(chunks[0]) == 320 * min(config.first_chunk_tokens, len(codes))
+    if config == StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, lookahead_tokens=0,
+                              crossfade_samples=0):
+        # No context, no fade: each chunk is exactly that token decoded alone.
+        assert np.array_equal(chunks[5], decode_only.decode(codes[5:6]))
+
+
+def test_streamed_audio_matches_one_shot_decode(codecs):
+    decode_only, _ = codecs
+    for seed in range(2):
+        codes = np.random.default_rng(10 + seed).integers(0, 65536, 120)
+        window = WindowDecoder(decode_only.decode)
+        out = np.concatenate([*(c for i in range(0, 120, 5) for c in window.push(codes[i:i + 5])), window.flush()])
+        ref = decode_only.decode(codes)
+        assert snr_db(ref, out) > MIN_SNR_DB
+        # Without left context the seams are far worse: the bound above is not vacuous.
+        bare = WindowDecoder(decode_only.decode, StreamConfig(left_context_tokens=0, lookahead_tokens=0,
+                                                               crossfade_samples=0))
+        naive = np.concatenate([*(c for i in range(0, 120, 5) for c in bare.push(codes[i:i + 5])), bare.flush()])
+        assert snr_db(ref, naive) < snr_db(ref, out) - 3
+
+
+def test_voice_prompt_codes_serve_as_left_context(codecs):
+    decode_only, _ = codecs
+    codes = np.random.default_rng(3).integers(0, 65536, 120)
+    context, new = codes[:60], codes[60:]
+    window = WindowDecoder(decode_only.decode, StreamConfig(), context=context)
+    out = np.concatenate([*window.push(new), window.flush()])
+    assert len(out) == 320 * len(new)
+    ref = decode_only.decode(codes)[60 * 320:]
+    without = WindowDecoder(decode_only.decode, StreamConfig())
+    plain = np.concatenate([*without.push(new), without.flush()])
+    assert snr_db(ref, out) > snr_db(ref, plain)
+
+
+@pytest.mark.parametrize("kwargs", [{"first_chunk_tokens": 0}, {"lookahead_tokens": -1},
+                                    {"lookahead_tokens": 1, "crossfade_samples": 640}])
+def test_bad_stream_config(kwargs):
+    with pytest.raises(ValueError):
+        StreamConfig(**kwargs)
