@@ -43,6 +43,7 @@ class DeviceGroupTable:
     num_groups: int
     max_group_size: int  # longest member list: fixed gather width for P_c / Q_c
     max_groups_per_token: int  # largest |S(t)|
+    inv_groups_per_token: torch.Tensor  # float32 [num_tokens + 1]: 1/N(t), and 1 for the stop token
 
     @property
     def device(self) -> torch.device:
@@ -64,7 +65,7 @@ class DeviceGroupTable:
         return DeviceGroupTable(
             move(self.group_offsets), move(self.group_members), move(self.token_offsets),
             move(self.token_groups), self.num_tokens, self.num_groups,
-            self.max_group_size, self.max_groups_per_token,
+            self.max_group_size, self.max_groups_per_token, move(self.inv_groups_per_token),
         )
 
     @classmethod
@@ -101,6 +102,7 @@ class DeviceGroupTable:
             num_groups=num_groups,
             max_group_size=int(sizes.max()),
             max_groups_per_token=int(counts.max()),
+            inv_groups_per_token=torch.from_numpy(np.concatenate([1.0 / counts, [1.0]]).astype(np.float32)).to(device),
         )
 
     @classmethod

@@ -36,10 +36,11 @@ from typing import NamedTuple
 import torch
 
 from pcgtts.groups.device import DeviceGroupTable, widen
-from pcgtts.runtime.sampling import sample_from_weights
+from pcgtts.runtime.sampling import cdf_of, draw, sample_from_weights
 
 RULES = ("greedy", "sd", "ssd", "pcg")
 PLACEHOLDER = -1  # output slots after the recovered / bonus token
+_THINNING_ROUNDS = 32  # CPU: extra batches of thinning trials before the exact fallback
 
 
 class Verdict(NamedTuple):
@@ -68,7 +69,7 @@ def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token
 
 def _row(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """probs: [B, R, V], index: [B] -> probs[b, index[b]]: [B, V]."""
-    return probs.gather(1, index[:, None, None].expand(-1, 1, probs.shape[-1])).squeeze(1)
+    return probs[torch.arange(probs.shape[0], device=probs.device), index]
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> Verdict:
@@ -113,8 +114,7 @@ def _coarse_view(groups: DeviceGroupTable, vocab_size: int) -> _CoarseView:
     if vocab_size != groups.num_tokens + 1:
         raise ValueError(f"group table covers {groups.num_tokens} speech tokens but the distributions have "
                          f"{vocab_size} entries (expected speech tokens + stop)")
-    n = groups.groups_per_token().float()
-    return _CoarseView(groups, torch.cat([1.0 / n, n.new_ones(1)]))
+    return _CoarseView(groups, groups.inv_groups_per_token)
 
 
 def _pick_group(view: _CoarseView, tokens: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -145,12 +145,19 @@ def _members(view: _CoarseView, group: torch.Tensor) -> tuple[torch.Tensor, torc
     return members, valid
 
 
-def _coarse_mass(view: _CoarseView, probs: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
-    """P_c(group) = sum_{t in G} probs(t)/N(t). probs: [B, V]; group: [B, ...] -> [B, ...]."""
+def _coarse_masses(view: _CoarseView, first: torch.Tensor, second: torch.Tensor,
+                   group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P_c, Q_c) of `group` under two distributions, gathering only the groups' members.
+
+    first, second: [B, R, V] (or [B, V]); group: [B, R, ...] of the same leading dims -> two [B, R, ...].
+    """
     members, valid = _members(view, group)
-    flat = members.reshape(members.shape[0], -1)
-    weights = (probs * view.inv_n).gather(1, flat).view(members.shape)
-    return (weights * valid).sum(-1)
+    weights = view.inv_n[members] * valid  # 1/N(t) on members, 0 on padding
+    flat = members.reshape(*first.shape[:-1], -1)
+    shape = members.shape
+    p = (first.gather(-1, flat).view(shape) * weights).sum(-1)
+    q = (second.gather(-1, flat).view(shape) * weights).sum(-1)
+    return p, q
 
 
 def _all_coarse_masses(view: _CoarseView, probs: torch.Tensor) -> torch.Tensor:
@@ -169,9 +176,10 @@ def _all_coarse_masses(view: _CoarseView, probs: torch.Tensor) -> torch.Tensor:
     return torch.cat([masses, scaled[:, -1:]], dim=1)
 
 
-def _residual_groups(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor,
-                     generator: torch.Generator, trials: int) -> torch.Tensor:
-    """Sample K ~ [Q_c - P_c]_+ (normalised) for each row. draft_row, target_row: [B, V] -> [B].
+def _residual_groups(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor, target_cdf: torch.Tensor,
+                     y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Sample K ~ [Q_c - P_c]_+ (normalised) for each row. draft_row, target_row: [B, V];
+    target_cdf: cdf_of(target_row); y: [B, T] independent draws from it (thinning candidates) -> [B].
 
     Thinning: draw y ~ target and K ~ uniform S(y), so K ~ Q_c; keep K with probability
     1 - P_c(K)/Q_c(K). `trials` candidates are drawn at once and the first kept one wins; a
@@ -180,42 +188,52 @@ def _residual_groups(view: _CoarseView, draft_row: torch.Tensor, target_row: tor
     there it is always computed and selected with `where` (no host sync); on a CPU a sync is
     free and it is computed only for the rows that need it.
     """
-    b, device = draft_row.shape[0], draft_row.device
-    y = sample_from_weights(target_row[:, None, :].expand(b, trials, -1),
-                            torch.rand(b, trials, generator=generator, device=device))
-    cand = _pick_group(view, y, torch.rand(b, trials, generator=generator, device=device))  # [B, T]
-    p_c = _coarse_mass(view, draft_row, cand)
-    q_c = _coarse_mass(view, target_row, cand)
-    keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
-    kept = torch.rand(b, trials, generator=generator, device=device) < keep_prob
-    any_kept = kept.any(-1)
-    first = kept.long().argmax(-1)
-    chosen = cand.gather(1, first[:, None]).squeeze(1)
-    fallback_u = torch.rand(b, generator=generator, device=device)  # drawn always: RNG use is data-independent
-    if device.type == "cpu":
-        need = (~any_kept).nonzero().squeeze(1)
-        if need.numel() == 0:
+    (b, trials), device = y.shape, draft_row.device
+
+    def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cand = _pick_group(view, candidates_y, torch.rand(b, trials, generator=generator, device=device))  # [B, T]
+        p_c, q_c = _coarse_masses(view, draft_row, target_row, cand)
+        keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
+        kept = torch.rand(b, trials, generator=generator, device=device) < keep_prob
+        return kept.any(-1), cand.gather(1, kept.long().argmax(-1)[:, None]).squeeze(1)
+
+    any_kept, chosen = thin(y)
+    if device.type != "cpu":
+        # Sync-free: the exact residual over all groups is a cheap sparse mat-vec on a GPU.
+        return torch.where(any_kept, chosen, _exact_residual_group(view, draft_row, target_row, generator))
+    # On a CPU syncs are free but the mat-vec is not (millions of entries). A rejection happens
+    # with probability TV(P_c, Q_c) and each trial succeeds with probability ~TV, so repeating
+    # thinning costs O(1) batches in expectation; the exact mat-vec is the rare last resort.
+    for _ in range(_THINNING_ROUNDS):
+        if bool(any_kept.all()):
             return chosen
-        rows = need
-    else:
-        rows = torch.arange(b, device=device)
-    residual = (_all_coarse_masses(view, target_row[rows]) - _all_coarse_masses(view, draft_row[rows])).clamp_min(0)
-    # An all-zero residual means Q_c == P_c, where no rejection can happen; fall back to Q_c.
-    empty = residual.sum(-1, keepdim=True) <= 0
-    residual = torch.where(empty, _all_coarse_masses(view, target_row[rows]), residual)
-    exact = sample_from_weights(residual, fallback_u[rows])
-    if device.type == "cpu":
-        chosen = chosen.clone()
-        chosen[rows] = exact
+        more_y = draw(target_cdf, torch.rand(b, trials, generator=generator, device=device))
+        kept_now, chosen_now = thin(more_y)
+        chosen = torch.where(any_kept, chosen, chosen_now)
+        any_kept = any_kept | kept_now
+    if bool(any_kept.all()):
         return chosen
-    return torch.where(any_kept, chosen, exact)
+    rows = (~any_kept).nonzero().squeeze(1)
+    chosen = chosen.clone()
+    chosen[rows] = _exact_residual_group(view, draft_row[rows], target_row[rows], generator)
+    return chosen
+
+
+def _exact_residual_group(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor,
+                          generator: torch.Generator) -> torch.Tensor:
+    """K ~ normalised [Q_c - P_c]_+ computed over every group. [B, V] x 2 -> [B]"""
+    q_all = _all_coarse_masses(view, target_row)
+    residual = (q_all - _all_coarse_masses(view, draft_row)).clamp_min(0)
+    # An all-zero residual means Q_c == P_c, where no rejection can happen; fall back to Q_c.
+    residual = torch.where(residual.sum(-1, keepdim=True) <= 0, q_all, residual)
+    return sample_from_weights(residual, torch.rand(residual.shape[0], generator=generator, device=residual.device))
 
 
 def _token_in_group(view: _CoarseView, target_row: torch.Tensor, group: torch.Tensor,
                     generator: torch.Generator) -> torch.Tensor:
     """t in G_K with probability proportional to target(t)/N(t). target_row [B, V], group [B] -> [B]."""
     members, valid = _members(view, group)
-    weights = (target_row * view.inv_n).gather(1, members) * valid
+    weights = target_row.gather(1, members) * view.inv_n[members] * valid
     pick = sample_from_weights(weights, torch.rand(group.shape[0], generator=generator, device=group.device))
     return members.gather(1, pick[:, None]).squeeze(1)
 
@@ -228,17 +246,20 @@ def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pro
     device = draft_tokens.device
     view = _coarse_view(groups, draft_probs.shape[-1])
     proposed = _pick_group(view, draft_tokens, torch.rand(b, l, generator=generator, device=device))  # [B, L]
-    p_c = torch.stack([_coarse_mass(view, draft_probs[:, i], proposed[:, i]) for i in range(l)], 1)
-    q_c = torch.stack([_coarse_mass(view, target_probs[:, i], proposed[:, i]) for i in range(l)], 1)
+    p_c, q_c = _coarse_masses(view, draft_probs, target_probs[:, :l], proposed)
     # P_c(K) > 0 because the draft sampled a member of K; the clamp only avoids a NaN.
     ratio = q_c / p_c.clamp_min(torch.finfo(p_c.dtype).tiny)
     n = _accepted_prefix(uniforms < ratio.clamp(max=1.0))
 
     target_row = _row(target_probs, n)
     draft_row = _row(draft_probs, n.clamp(max=l - 1))
-    residual_group = _residual_groups(view, draft_row, target_row, generator, thinning_trials)
+    # One CDF of the target row serves the bonus token (all accepted) and the thinning
+    # candidates (a rejection): both are independent draws from the same row.
+    target_cdf = cdf_of(target_row)
+    draws = draw(target_cdf, torch.rand(b, 1 + thinning_trials, generator=generator, device=device))
+    bonus = draws[:, 0]
+    residual_group = _residual_groups(view, draft_row, target_row, target_cdf, draws[:, 1:], generator)
     recovered = _token_in_group(view, target_row, residual_group, generator)
-    bonus = sample_from_weights(target_row, torch.rand(b, generator=generator, device=device))
     all_accepted = n == l
     next_token = torch.where(all_accepted, bonus, recovered)
     next_group = torch.where(all_accepted, torch.full_like(residual_group, PLACEHOLDER), residual_group)

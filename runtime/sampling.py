@@ -42,6 +42,17 @@ def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.
     return index.clamp_(max=weights.shape[-1] - 1)
 
 
+def cdf_of(weights: torch.Tensor) -> torch.Tensor:
+    """Unnormalised float64 CDF of each row, reusable for any number of draws. [B, V] -> [B, V]"""
+    return weights.double().cumsum(-1)
+
+
+def draw(cdf: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Independent draws from rows of `cdf_of(...)`. cdf: [B, V]; uniforms: [B, K] -> int64 [B, K]."""
+    index = torch.searchsorted(cdf, uniforms.double() * cdf[:, -1:], right=True)
+    return index.clamp_(max=cdf.shape[-1] - 1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One index per row of probs [..., V] -> int64 [...]."""
     uniforms = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)

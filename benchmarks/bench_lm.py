@@ -1,0 +1,184 @@
+"""Speech-token generation speed: our decode loop per policy vs Hugging Face on the same models.
+
+Side by side in one run (this machine is noisy: compare the ratios):
+  * ours `ar` / `draft` / `sd` / `ssd` / `pcg`           (runtime/speculative.py, static KV cache)
+  * HF `model.generate` (sampling, same length, same dtype)           -> baseline for `ar`
+  * HF assisted generation (`assistant_model=` the same draft, sampling) -> baseline for `sd`/`pcg`
+Reports tokens/s, target forwards per token, acceptance, mean accepted length, and on the
+speculative rules the time per verify step and the share of a step spent outside the two
+models' forward passes.
+
+    python benchmarks/bench_lm.py --model demo                  # CPU, built-in demo pair
+    python benchmarks/bench_lm.py --model wide                  # CPU, hidden 1024 x 8 layers
+    python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16   # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from pcgtts.groups.build import build_groups, load_speech_embeddings
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.demo import DemoLMConfig, build_demo_tokenizer, write_demo_lm
+from pcgtts.runtime.draft import make_layer_subset_draft
+from pcgtts.runtime.lm import TorchLM
+from pcgtts.runtime.prompt import build_prompt
+from pcgtts.runtime.speculative import DecodeStats, decode
+
+SHAPES = {
+    "demo": (DemoLMConfig(), 2),
+    "wide": (DemoLMConfig(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=4096), 2),
+    # LLaSA-1B: hidden 2048, 16 layers, 32/8 heads, 8192 MLP, 193,800-token vocabulary, 3-layer draft
+    "llasa1b": (DemoLMConfig(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
+                             vocab_size=193800), 3),
+}
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away."
+
+
+def make_models(name: str, root: Path) -> tuple[Path, Path]:
+    cfg, draft_layers = SHAPES[name]
+    target = root / name / "target"
+    if not (target / "config.json").exists():
+        write_demo_lm(target, cfg, tokenizer=build_demo_tokenizer())
+        make_layer_subset_draft(target, root / name / "draft", draft_layers)
+    return target, root / name / "draft"
+
+
+def sync_fn(device: str):
+    return torch.cuda.synchronize if device.startswith("cuda") else None
+
+
+def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, lookahead):
+    config = DecodeConfig(policy=policy, lookahead=lookahead, max_new_tokens=tokens,
+                          sampling=SamplingConfig(temperature=0.8))
+    gen = torch.Generator(device=device).manual_seed(seed)
+    stats = DecodeStats()
+    sync = sync_fn(device)
+    if sync:
+        sync()
+    t0 = time.perf_counter()
+    n = sum(len(b) for b in decode(target, draft, prompt, config, gen, groups, stats))
+    if sync:
+        sync()
+    return n, time.perf_counter() - t0, stats
+
+
+def run_hf(hf_target, hf_draft, prompt, tokens, seed, device):
+    ids = prompt[None].to(device)
+    kwargs = dict(do_sample=True, temperature=0.8, top_p=1.0, max_new_tokens=tokens, min_new_tokens=tokens,
+                  pad_token_id=0)
+    if hf_draft is not None:
+        kwargs["assistant_model"] = hf_draft
+    torch.manual_seed(seed)
+    sync = sync_fn(device)
+    if sync:
+        sync()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = hf_target.generate(ids, **kwargs)
+    if sync:
+        sync()
+    return out.shape[1] - ids.shape[1], time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=sorted(SHAPES), default="demo")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--tokens", type=int, default=200, help="speech tokens generated per run")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--lookahead", type=int, default=3)
+    ap.add_argument("--theta", type=float, default=0.40)
+    ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
+    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
+    ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")
+    ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pcgtts-bench-models"))
+    args = ap.parse_args()
+
+    dtype = getattr(torch, args.dtype)
+    target_dir, draft_dir = make_models(args.model, Path(args.cache))
+    tok = None
+    emb, vocab, _ = load_speech_embeddings(target_dir)
+    t0 = time.perf_counter()
+    groups = build_groups(emb, args.theta, device=args.device, progress=False)
+    group_build_s = time.perf_counter() - t0
+    device_groups = groups.to_device(args.device)
+    del emb
+
+    graph_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cuda_graphs]
+    if not args.device.startswith("cuda"):
+        graph_modes = [False]
+    rows = []
+    for graphs in graph_modes:
+        target = TorchLM.load(target_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
+                              lookahead=args.lookahead, tokenizer=tok)
+        draft = TorchLM.load(draft_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
+                             lookahead=args.lookahead, tokenizer=target.tokenizer)
+        prompt = build_prompt(target.tokenizer, target.vocab, TEXT)
+        for policy in args.policies.split(","):
+            run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.lookahead)  # warm-up
+            results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
+                                args.lookahead) for seed in range(1, args.runs + 1)]
+            n = sum(r[0] for r in results)
+            secs = sum(r[1] for r in results)
+            st = [r[2] for r in results]
+            steps = sum(s.steps for s in st)
+            fwd_time = sum(s.time_draft + s.time_target for s in st)
+            rows.append({
+                "impl": "ours" + ("+graphs" if graphs else ""), "policy": policy,
+                "tokens_per_s": n / secs,
+                "target_forwards_per_token": sum(s.target_forwards for s in st) / n,
+                "acceptance": (sum(s.accepted for s in st) / max(sum(s.drafted for s in st), 1)),
+                "mean_accepted_length": (sum(s.accepted for s in st) + steps) / max(steps, 1),
+                "ms_per_step": 1000 * secs / max(steps, 1),
+                "outside_forward_share": max(0.0, 1 - fwd_time / secs),
+            })
+            print(f"  {rows[-1]['impl']:12s} {policy:6s} {rows[-1]['tokens_per_s']:8.1f} tok/s", file=sys.stderr)
+        target.release()
+        draft.release()
+        del target, draft
+
+    if not args.no_hf:
+        from transformers import LlamaForCausalLM
+
+        hf_t = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=dtype).to(args.device).eval()
+        hf_d = LlamaForCausalLM.from_pretrained(str(draft_dir), dtype=dtype).to(args.device).eval()
+        for name, draft_model in (("hf generate", None), ("hf assisted", hf_d)):
+            run_hf(hf_t, draft_model, prompt, 20, 0, args.device)
+            res = [run_hf(hf_t, draft_model, prompt, args.tokens, s, args.device) for s in range(1, args.runs + 1)]
+            rows.append({"impl": name, "policy": "ar" if draft_model is None else "assisted",
+                         "tokens_per_s": sum(r[0] for r in res) / sum(r[1] for r in res)})
+            print(f"  {name:12s} {rows[-1]['tokens_per_s']:8.1f} tok/s", file=sys.stderr)
+
+    base = {r["policy"]: r["tokens_per_s"] for r in rows if r["impl"].startswith("hf")}
+    ar = next(r["tokens_per_s"] for r in rows if r["policy"] == "ar" and r["impl"].startswith("ours"))
+    print(f"\n{args.model} on {args.device} ({args.dtype}), {args.tokens} tokens x {args.runs} runs, "
+          f"L={args.lookahead}, theta={args.theta}: {groups.num_groups} groups, "
+          f"mean size {groups.stats['mean_group_size']:.1f}")
+    print(f"{'impl':13s} {'policy':8s} {'tok/s':>8s} {'x ours-ar':>9s} {'x hf-gen':>8s} {'x hf-asst':>9s} "
+          f"{'tgt fwd/tok':>11s} {'accept':>7s} {'mean len':>8s} {'ms/step':>8s} {'outside':>8s}")
+    for r in rows:
+        def fmt(key, spec):
+            return format(r[key], spec) if key in r else "-"
+        print(f"{r['impl']:13s} {r['policy']:8s} {r['tokens_per_s']:8.1f} {r['tokens_per_s'] / ar:9.2f} "
+              f"{r['tokens_per_s'] / base['ar'] if 'ar' in base else float('nan'):8.2f} "
+              f"{r['tokens_per_s'] / base['assisted'] if 'assisted' in base else float('nan'):9.2f} "
+              f"{fmt('target_forwards_per_token', '11.3f')} {fmt('acceptance', '7.3f')} "
+              f"{fmt('mean_accepted_length', '8.2f')} {fmt('ms_per_step', '8.2f')} {fmt('outside_forward_share', '8.1%')}")
+    print(json.dumps({"model": args.model, "device": args.device, "dtype": args.dtype, "tokens": args.tokens,
+                      "runs": args.runs, "lookahead": args.lookahead, "theta": args.theta,
+                      "group_build_s": group_build_s, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

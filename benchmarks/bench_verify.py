@@ -1,0 +1,81 @@
+"""Cost of one verify step per acceptance rule (L = 3, V = 65,537), side by side in one run.
+
+Distributions are realistic: peaked target rows, a draft that is the target plus noise (so
+proposals are partly rejected), and a group table built from structured FSQ-lattice
+embeddings (mean group ~40-140). Also reports a reject-heavy case, where PCG's residual
+sampler does the most work, and one forward pass of the demo target for scale.
+
+    python benchmarks/bench_verify.py [--device cuda] [--theta 0.30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from pcgtts.groups.build import build_groups
+from pcgtts.runtime.acceptance import draw_uniforms, verify
+from pcgtts.runtime.demo import structured_speech_embeddings
+
+L, V = 3, 65537
+
+
+def timed(fn, device, repeats: int) -> float:
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--theta", type=float, default=0.30)
+    ap.add_argument("--repeats", type=int, default=50)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    gen = torch.Generator().manual_seed(0)
+    emb = structured_speech_embeddings(65536, 256, 1.0, 1.0, gen)
+    groups = build_groups(emb, args.theta, device=args.device, progress=False)
+    table = groups.to_device(device)
+
+    logits = 6 * torch.randn(1, L + 1, V, generator=gen)
+    target = torch.softmax(logits, -1).to(device)
+    cases = {
+        "typical": torch.softmax(logits[:, :L] + 1.0 * torch.randn(1, L, V, generator=gen), -1).to(device),
+        "reject-heavy": torch.softmax(6 * torch.randn(1, L, V, generator=gen), -1).to(device),
+    }
+    rng = torch.Generator(device=device).manual_seed(1)
+    rows = []
+    for case, draft in cases.items():
+        tokens = torch.multinomial(draft[0], 1, generator=rng).view(1, L)
+        for rule in ("sd", "ssd", "pcg"):
+            def step():
+                verify(rule, tokens, draft, target, draw_uniforms(1, L, rng, device), rng, groups=table, ssd_beta=0.4)
+            rows.append({"case": case, "rule": rule, "us": timed(step, device, args.repeats)})
+    sd = {r["case"]: r["us"] for r in rows if r["rule"] == "sd"}
+    print(f"one verify step, L={L}, V={V}, device={args.device}, {groups.num_groups} groups "
+          f"(mean {groups.stats['mean_group_size']:.1f}, max {groups.stats['max_group_size']})")
+    print(f"{'case':13s} {'rule':5s} {'median us':>10s} {'x sd':>6s}")
+    for r in rows:
+        r["x_sd"] = r["us"] / sd[r["case"]]
+        print(f"{r['case']:13s} {r['rule']:5s} {r['us']:10.0f} {r['x_sd']:6.2f}")
+    print(json.dumps({"device": args.device, "theta": args.theta, "groups": groups.stats, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
