@@ -27,7 +27,7 @@ import torch
 
 from pcgtts.groups.build import build_groups, load_speech_embeddings
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.demo import DemoLMConfig, build_demo_tokenizer, write_demo_lm
+from pcgtts.runtime.demo import DemoLMConfig, build_demo_tokenizer, confuse_draft_head, write_demo_lm
 from pcgtts.runtime.draft import make_layer_subset_draft
 from pcgtts.runtime.lm import TorchLM
 from pcgtts.runtime.prompt import build_prompt
@@ -38,7 +38,7 @@ SHAPES = {
     "wide": (DemoLMConfig(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, intermediate_size=4096), 2),
     # LLaSA-1B: hidden 2048, 16 layers, 32/8 heads, 8192 MLP, 193,800-token vocabulary, 3-layer draft
     "llasa1b": (DemoLMConfig(hidden_size=2048, num_layers=16, num_heads=32, num_kv_heads=8, intermediate_size=8192,
-                             vocab_size=193800), 3),
+                             vocab_size=193800, save_dtype="bfloat16"), 3),
 }
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away."
 
@@ -48,7 +48,8 @@ def make_models(name: str, root: Path) -> tuple[Path, Path]:
     target = root / name / "target"
     if not (target / "config.json").exists():
         write_demo_lm(target, cfg, tokenizer=build_demo_tokenizer())
-        make_layer_subset_draft(target, root / name / "draft", draft_layers)
+        draft = make_layer_subset_draft(target, root / name / "draft", draft_layers)
+        confuse_draft_head(draft, cfg.draft_confusion, cfg.num_speech, seed=0)  # as in the demo pair
     return target, root / name / "draft"
 
 
@@ -97,7 +98,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=200, help="speech tokens generated per run")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--lookahead", type=int, default=3)
-    ap.add_argument("--theta", type=float, default=0.40)
+    ap.add_argument("--theta", type=float, default=0.25, help="0.25 ~ radius-sqrt(2) lattice balls on these embeddings")
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")

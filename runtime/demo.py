@@ -52,11 +52,15 @@ class DemoLMConfig:
     intermediate_size: int = 1536
     num_speech: int = NUM_SPEECH_TOKENS
     draft_layers: int = 2
+    # Share of the draft's LM-head rows taken from a lattice neighbour: an imperfect draft that
+    # knows the acoustic neighbourhood but not always the exact token (PCG's premise).
+    draft_confusion: float = 0.3
     kernel_length: float = 0.9  # lattice distance scale of embedding similarity
-    embed_scale: float = 1.6  # sets how peaked the distributions are: 1.6 gives ~4.8 nats, SD acceptance ~0.5
-    stop_logit_bias: float = 0.35  # larger values end utterances sooner but make the draft disagree (stop mass)
+    embed_scale: float = 1.6  # sets how peaked the distributions are: 1.6 gives ~4-5 nats of entropy
     tie_word_embeddings: bool = True
     llama3_rope: bool = True
+    vocab_size: int | None = None  # pad the embedding table to this size (193,800 = LLaSA's), None = tokenizer size
+    save_dtype: str = "float32"  # dtype of the written weights (LLaSA ships bfloat16)
 
 
 def fsq_coordinates(num_tokens: int) -> torch.Tensor:
@@ -105,8 +109,10 @@ def write_demo_lm(out_dir: str | Path, config: DemoLMConfig = DemoLMConfig(), se
     if config.llama3_rope:
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    if config.vocab_size is not None and config.vocab_size < len(tok):
+        raise ValueError(f"vocab_size {config.vocab_size} is smaller than the tokenizer ({len(tok)})")
     hf_config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size or len(tok), hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
         num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
         num_key_value_heads=config.num_kv_heads, head_dim=config.hidden_size // config.num_heads,
         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_parameters=rope,
@@ -118,20 +124,43 @@ def write_demo_lm(out_dir: str | Path, config: DemoLMConfig = DemoLMConfig(), se
     gen = torch.Generator().manual_seed(seed)
     offset = vocab[speech_token(0)]
     emb = model.model.embed_tokens.weight.data
-    speech = structured_speech_embeddings(config.num_speech, config.hidden_size, config.kernel_length,
-                                          config.embed_scale, gen)
-    # A direction shared by every speech token: the stop token's row points along it, so its
-    # logit tracks the typical speech logit and the demo stops after a few seconds of audio.
-    shared = torch.randn(config.hidden_size, generator=gen)
-    shared = shared / shared.norm() * config.embed_scale
-    emb[offset:offset + config.num_speech] = speech + 0.5 * shared
-    emb[vocab[SPEECH_GENERATION_END]] = shared * (0.5 + config.stop_logit_bias)
+    emb[offset:offset + config.num_speech] = structured_speech_embeddings(
+        config.num_speech, config.hidden_size, config.kernel_length, config.embed_scale, gen)
+    # Random weights give the stop token no reason to be likely: demo utterances end at the
+    # synthesizer's per-sentence token budget (see SynthesisConfig.token_budget).
     if not config.tie_word_embeddings:
         model.lm_head.weight.data.copy_(emb + 0.01 * torch.randn(emb.shape, generator=gen))
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out_dir))
+    model.to(getattr(torch, config.save_dtype)).save_pretrained(str(out_dir))
     tok.save_pretrained(str(out_dir))
     return out_dir
+
+
+def confuse_draft_head(draft_dir: Path, share: float, num_speech: int, seed: int) -> None:
+    """Untie the draft's LM head and give `share` of its speech rows a random lattice neighbour's row."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    if share <= 0:
+        return
+    weights = load_file(str(draft_dir / "model.safetensors"))
+    config = json.loads((draft_dir / "config.json").read_text())
+    offset = json.loads((draft_dir / "tokenizer.json").read_text())["added_tokens"]
+    offset = next(t["id"] for t in offset if t["content"] == speech_token(0))
+    head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"]).clone()
+    gen = torch.Generator().manual_seed(seed + 1)
+    idx = torch.arange(num_speech)
+    dim = torch.randint(0, 8, (num_speech,), generator=gen)
+    step = torch.randint(0, 2, (num_speech,), generator=gen) * 2 - 1
+    digit = (idx // 4**dim) % 4
+    step = torch.where((digit + step < 0) | (digit + step > 3), -step, step)  # stay on the lattice
+    source = torch.where(torch.rand(num_speech, generator=gen) < share, idx + step * 4**dim, idx)
+    head[offset:offset + num_speech] = head[offset + source]
+    weights["lm_head.weight"] = head.contiguous()
+    save_file(weights, str(draft_dir / "model.safetensors"), metadata={"format": "pt"})
+    config["tie_word_embeddings"] = False
+    (draft_dir / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def write_demo(out_dir: str | Path, seed: int = 0, config: DemoLMConfig = DemoLMConfig(),
@@ -142,9 +171,41 @@ def write_demo(out_dir: str | Path, seed: int = 0, config: DemoLMConfig = DemoLM
     out_dir = Path(out_dir)
     paths = {"target": write_demo_lm(out_dir / "target", config, seed)}
     paths["draft"] = make_layer_subset_draft(paths["target"], out_dir / "draft", config.draft_layers)
+    confuse_draft_head(paths["draft"], config.draft_confusion, config.num_speech, seed)
     if with_codec:
         from pcgtts.runtime.demo_codec import write_demo_codec
 
         paths["codec"] = write_demo_codec(out_dir / "codec", seed=seed)
     log.warning("%s", NOT_SPEECH_NOTICE)
+    return paths
+
+
+DEMO_THETA = 0.25  # groups ~ lattice balls of radius sqrt(2) on the demo's embeddings (measured in BENCHMARKS.md)
+
+
+def default_cache_dir() -> Path:
+    import os
+
+    root = os.environ.get("PCGTTS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pcgtts")
+    return Path(root) / "demo-v1"
+
+
+def ensure_demo(cache_dir: str | Path | None = None, seed: int = 0) -> dict[str, Path]:
+    """The demo models and their group table, made on first use in a cache folder."""
+    import shutil
+
+    from pcgtts.groups.build import build_groups_for_model
+
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    paths = {name: cache / name for name in ("target", "draft", "codec")}
+    paths["groups"] = cache / f"groups-t{DEMO_THETA:.2f}.pcg"
+    if all(p.exists() for p in paths.values()):
+        return paths
+    log.info("making the demo models in %s (once)", cache)
+    tmp = cache.with_name(cache.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    made = write_demo(tmp, seed=seed)
+    build_groups_for_model(made["target"], DEMO_THETA, progress=False).save(tmp / paths["groups"].name)
+    shutil.rmtree(cache, ignore_errors=True)
+    tmp.rename(cache)  # atomic: a half-made cache is never picked up
     return paths

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Everything this project checks on an NVIDIA GPU, in one go (used through the device tool;
+# any CUDA machine with torch works). Wheels carried in .whl/ (e.g. a newer transformers) are
+# installed to /tmp/site first. Results: $OUT (or ./gpu_out) holds one log per step.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+step=${1:-all}
+if [ "$step" = all ] || [ "$step" = tests ]; then
+    python3 -m pytest -q -m "requires_cuda or not requires_cuda" tests/test_lm.py tests/test_acceptance.py \
+        tests/test_features.py -k "cuda or torchaudio or transformers_feature" -rs 2>&1 | tee "$OUT/tests.log" | tail -15
+fi
+if [ "$step" = all ] || [ "$step" = verify ]; then
+    python3 benchmarks/bench_verify.py --device cuda 2>&1 | tee "$OUT/verify.log" | tail -9
+    python3 benchmarks/bench_groups.py --device cuda 2>"$OUT/groups.err" | tee "$OUT/groups.log" | tail -3
+fi
+if [ "$step" = all ] || [ "$step" = lm ]; then
+    python3 benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16 --cuda-graphs both \
+        --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lm.err" | tee "$OUT/lm.log" | tail -14
+fi
