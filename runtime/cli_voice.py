@@ -3,7 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("voice", help="voices for cloning")
+    voice = sub.add_parser("voice", help="voices for cloning").add_subparsers(dest="voice_cmd", required=True)
+    add = voice.add_parser("add", help="encode a recording and its transcript into a voice file")
+    add.add_argument("wav", help="reference recording (any format soundfile reads)")
+    add.add_argument("--text", required=True, help="transcript of the recording")
+    add.add_argument("--codec", help="X-codec2 directory (default: the demo codec)")
+    add.add_argument("--out", required=True, help="voice file to write")
+    add.set_defaults(func=_add)
+
+
+def _add(args) -> int:
+    from pcgtts.runtime.codec import Codec
+    from pcgtts.runtime.voice import Voice
+
+    codec_dir = args.codec
+    if codec_dir is None:
+        from pcgtts.runtime.demo import NOT_SPEECH_NOTICE, ensure_demo
+
+        print(f"note: no --codec given, using the demo codec; {NOT_SPEECH_NOTICE}")
+        codec_dir = ensure_demo()["codec"]
+    voice = Voice.from_audio(args.wav, args.text, Codec.from_pretrained(codec_dir, decode_only=False))
+    path = voice.save(args.out)
+    print(f"voice written to {path}: {len(voice.codes)} tokens ({len(voice.codes) / 50:.2f} s)")
+    print(json.dumps({"voice": str(path), "tokens": int(len(voice.codes)), "text": voice.text}))
+    return 0

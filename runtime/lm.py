@@ -78,6 +78,7 @@ class TorchLM:
         sizes = (1, lookahead + 1) if cuda_graphs else ()
         lm = cls(model, vocab, max_length, graph_sizes=sizes)
         lm.tokenizer = tokenizer
+        lm.model_dir = Path(model_dir)
         return lm
 
     @torch.inference_mode()

@@ -24,7 +24,7 @@ from pcgtts.runtime.vocab import (
 PINNED_DATE = "26 Jul 2024"  # the Llama 3.2 template's own fallback date
 INSTRUCTION = "Convert the text to speech:"
 MAX_TEXT_CHARS = 100_000  # longer input is refused: split it into files / calls
-_PRONOUNCEABLE = re.compile(r"[^\W_]", re.UNICODE)  # any letter or digit, in any script
+PRONOUNCEABLE = re.compile(r"[^\W_]", re.UNICODE)  # any letter or digit, in any script
 
 
 def check_text(text: str) -> str:
@@ -36,7 +36,7 @@ def check_text(text: str) -> str:
         raise ValueError("text is empty")
     if len(text) > MAX_TEXT_CHARS:
         raise ValueError(f"text has {len(text)} characters; the limit per call is {MAX_TEXT_CHARS}")
-    if not _PRONOUNCEABLE.search(text):
+    if not PRONOUNCEABLE.search(text):
         raise ValueError(f"text has no pronounceable characters: {text[:40]!r}")
     return text
 

@@ -33,20 +33,56 @@ def tiny_lm_factory(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_models(tmp_path_factory):
-    """The full built-in demo (target, draft with all 65,536 speech tokens; codec), made once."""
+def demo_lms(tmp_path_factory):
+    """The built-in demo target and draft (all 65,536 speech tokens), made once."""
     from pcgtts.runtime.demo import write_demo
 
-    return write_demo(tmp_path_factory.mktemp("demo"), seed=0)
+    return write_demo(tmp_path_factory.mktemp("demo"), seed=0, with_codec=False)
 
 
 @pytest.fixture(scope="session")
-def demo_pair(demo_models):
+def demo_models(demo_lms, demo_codec_dir):
+    """The full built-in demo: target, draft and codec."""
+    return {**demo_lms, "codec": demo_codec_dir}
+
+
+@pytest.fixture(scope="session")
+def demo_pair(demo_lms):
     """Loaded demo target and draft (torch backend, CPU, fp32) sharing one tokenizer."""
     from pcgtts.runtime.checkpoint import load_tokenizer
     from pcgtts.runtime.lm import TorchLM
 
-    tok = load_tokenizer(demo_models["target"])
-    target = TorchLM.load(demo_models["target"], max_length=1024, tokenizer=tok)
-    draft = TorchLM.load(demo_models["draft"], max_length=1024, tokenizer=tok)
+    tok = load_tokenizer(demo_lms["target"])
+    target = TorchLM.load(demo_lms["target"], max_length=1024, tokenizer=tok)
+    draft = TorchLM.load(demo_lms["draft"], max_length=1024, tokenizer=tok)
     return target, draft
+
+
+def lattice_neighbourhoods(num_tokens: int = 65536):
+    """Groups = each token with its Hamming-1 neighbours on the FSQ lattice: the structure the
+    demo's embeddings encode, built directly (the cosine builder is tested in test_groups.py)."""
+    import numpy as np
+
+    idx = np.arange(num_tokens)
+    cols = [idx]
+    for d in range(8):
+        digit = (idx // 4**d) % 4
+        for step in (-1, 1):
+            cols.append(np.where((digit + step >= 0) & (digit + step < 4), idx + step * 4**d, -1))
+    members = np.sort(np.stack(cols, 1), axis=1)
+    valid = members >= 0
+    offsets = np.concatenate([[0], np.cumsum(valid.sum(1))])
+    return offsets, members[valid]
+
+
+@pytest.fixture(scope="session")
+def demo_groups_file(demo_lms, tmp_path_factory):
+    """A group table file for the demo target (lattice neighbourhoods), tied to its vocabulary."""
+    from pcgtts.groups.build import load_speech_embeddings
+    from pcgtts.groups.table import GroupTable
+
+    _, vocab, fingerprint = load_speech_embeddings(demo_lms["target"])
+    offsets, members = lattice_neighbourhoods(vocab.num_speech)
+    table = GroupTable.from_groups_csr(offsets, members, vocab.num_speech, theta=0.4)
+    table = table.with_model(vocab.speech_offset, vocab.vocab_size, fingerprint)
+    return table.save(tmp_path_factory.mktemp("groups") / "demo.pcg")

@@ -1,0 +1,315 @@
+"""`Synthesizer`: text (+ a voice) in, a real-time stream of `AudioChunk`s out.
+
+    synth = Synthesizer.from_pretrained(target=..., draft=..., codec=..., groups=...)
+    for chunk in synth.stream("Hello there.", ref_audio="me.wav", ref_text="What I said."):
+        play(chunk.samples)
+
+Generation runs ahead of the consumer on a worker thread feeding a bounded queue: the worker
+splits the text into sentences, builds each prompt, runs the decode loop
+(`runtime/speculative.py`) and pushes accepted tokens through the windowed codec decoder
+(`runtime/streaming.py`). All sentences share one window decoder, so the audio is one
+continuous stream. Closing the stream early stops the worker and frees the KV caches. One
+stream at a time per Synthesizer: a second concurrent stream is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from pcgtts.runtime.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
+from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.prompt import build_prompt
+from pcgtts.runtime.speculative import DecodeStats, decode
+from pcgtts.runtime.streaming import StreamConfig, WindowDecoder
+from pcgtts.runtime.text import split_sentences
+from pcgtts.runtime.voice import Voice
+
+log = logging.getLogger(__name__)
+
+_END = object()  # queue sentinel: the worker finished
+
+
+@dataclass(frozen=True)
+class SynthesisConfig:
+    decode: DecodeConfig = DecodeConfig()
+    stream: StreamConfig = StreamConfig()
+    seed: int | None = None  # None: a fresh random seed per call
+    max_sentence_chars: int = 300  # long text is split into pieces of at most this many characters
+    # LLaSA speaks ~15 characters/s (~3.5 tokens per character); generation past
+    # `min_tokens + tokens_per_char * chars` is a runaway (a known LLaSA failure) and is cut.
+    tokens_per_char: float = 12.0
+    min_tokens: int = 50
+    queue_chunks: int = 64  # how far generation may run ahead of the consumer
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_char <= 0 or self.min_tokens < 1:
+            raise ValueError("tokens_per_char must be > 0 and min_tokens >= 1")
+        if self.queue_chunks < 1:
+            raise ValueError(f"queue_chunks must be >= 1, got {self.queue_chunks}")
+
+    def token_budget(self, text: str) -> int:
+        return min(self.decode.max_new_tokens, int(self.min_tokens + self.tokens_per_char * len(text)))
+
+
+@dataclass
+class StreamStats:
+    """What one `stream()` call did; complete once the stream is exhausted or closed."""
+
+    started_at: float = 0.0  # perf_counter() when the stream was opened
+    first_audio_at: float | None = None  # when the first chunk was ready
+    finished_at: float | None = None
+    audio_samples: int = 0
+    sentences: list[DecodeStats] = field(default_factory=list)
+    truncated: int = 0  # sentences cut by the token budget (runaway generation)
+    cancelled: bool = False
+
+    @property
+    def time_to_first_audio(self) -> float | None:
+        return None if self.first_audio_at is None else self.first_audio_at - self.started_at
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.audio_samples / SAMPLE_RATE
+
+    @property
+    def real_time_factor(self) -> float | None:
+        """Compute time / audio duration (< 1 is faster than real time)."""
+        if self.finished_at is None or not self.audio_samples:
+            return None
+        return (self.finished_at - self.started_at) / self.audio_seconds
+
+    def totals(self) -> DecodeStats:
+        total = DecodeStats()
+        for s in self.sentences:
+            for name in ("steps", "target_forwards", "draft_forwards", "drafted", "accepted", "emitted",
+                         "time_draft", "time_target", "time_verify"):
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+            width = max(len(total.per_position_accepted), len(s.per_position_accepted))
+            total.per_position_accepted = [
+                (total.per_position_accepted[i] if i < len(total.per_position_accepted) else 0)
+                + (s.per_position_accepted[i] if i < len(s.per_position_accepted) else 0)
+                for i in range(width)
+            ]
+        return total
+
+
+class SynthesisStream:
+    """Iterator of `AudioChunk`s for one call; `close()` (or leaving a `with`) stops the worker."""
+
+    def __init__(self, gen: Iterator[AudioChunk], stats: StreamStats):
+        self._gen = gen
+        self.stats = stats
+
+    def __iter__(self) -> "SynthesisStream":
+        return self
+
+    def __next__(self) -> AudioChunk:
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._gen.close()
+
+    def __enter__(self) -> "SynthesisStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Synthesizer:
+    def __init__(self, target, draft, codec, groups=None, config: SynthesisConfig = SynthesisConfig()):
+        # target / draft: `LM` backends; codec: `Codec` (decode-only is enough without ref audio);
+        # groups: `DeviceGroupTable` on the target's device, or None (pcg then unavailable).
+        if draft is not None and draft.vocab != target.vocab:
+            raise ValueError("draft and target have different speech vocabularies (tokenizers differ)")
+        self.target, self.draft, self.codec, self.groups = target, draft, codec, groups
+        self.tokenizer = target.tokenizer
+        self.config = config
+        self._lock = threading.Lock()
+        self._voices: dict[tuple, Voice] = {}
+
+    @classmethod
+    def from_pretrained(cls, target: str | Path, draft: str | Path | None = None, codec: str | Path | None = None,
+                        groups: str | Path | None = None, policy: str = "pcg", device: str = "cpu",
+                        dtype: str = "float32", backend: str = "torch", max_length: int = 4096,
+                        config: SynthesisConfig | None = None) -> "Synthesizer":
+        from pcgtts.runtime.backends import load_lm
+        from pcgtts.runtime.codec import Codec
+
+        if codec is None:
+            raise ValueError("a codec directory (X-codec2, Hugging Face format) is required")
+        config = config or SynthesisConfig()
+        config = replace(config, decode=replace(config.decode, policy=policy))
+        if policy != "ar" and draft is None:
+            raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
+        lookahead = config.decode.lookahead
+        target_lm = load_lm(target, backend=backend, device=device, dtype=dtype, max_length=max_length,
+                            lookahead=lookahead)
+        draft_lm = None
+        if draft is not None:
+            draft_lm = load_lm(draft, backend=backend, device=device, dtype=dtype, max_length=max_length,
+                               lookahead=lookahead, tokenizer=target_lm.tokenizer)
+        table = None
+        if groups is not None:
+            from pcgtts.groups.table import GroupTable
+
+            table = GroupTable.load(groups, expect_vocab=target_lm.vocab).to_device(target_lm.device)
+        elif policy == "pcg":
+            raise ValueError("policy 'pcg' needs a group table (build one with `pcgtts groups build`)")
+        codec_model = Codec.from_pretrained(codec, device=device, decode_only=True)
+        codec_model.source_dir = Path(codec)
+        return cls(target_lm, draft_lm, codec_model, table, config)
+
+    # -- voices --------------------------------------------------------------------------
+
+    def voice_from_audio(self, path: str | Path, text: str) -> Voice:
+        """Encode a reference recording once; later calls with the same file and text reuse it."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"reference audio not found: {path}")
+        key = (str(path.resolve()), path.stat().st_mtime_ns, text)
+        if key not in self._voices:
+            from pcgtts.runtime.codec import Codec
+
+            encoder = Codec.from_pretrained(self.codec.source_dir, device="cpu", decode_only=False)
+            self._voices[key] = Voice.from_audio(path, text, encoder)
+        return self._voices[key]
+
+    def _resolve_voice(self, voice, ref_audio, ref_text) -> Voice | None:
+        if voice is not None and ref_audio is not None:
+            raise ValueError("give either voice= or ref_audio=, not both")
+        if isinstance(voice, (str, Path)):
+            return Voice.load(voice)
+        if voice is not None:
+            return voice
+        if ref_audio is not None:
+            if not ref_text:
+                raise ValueError("ref_audio needs ref_text: the transcript of the reference recording")
+            return self.voice_from_audio(ref_audio, ref_text)
+        return None
+
+    # -- synthesis -----------------------------------------------------------------------
+
+    def stream(self, text: str, ref_audio: str | Path | None = None, ref_text: str | None = None,
+               voice: Voice | str | Path | None = None, config: SynthesisConfig | None = None) -> SynthesisStream:
+        """Start synthesising `text`; bad input raises here, before any work starts."""
+        config = config or self.config
+        if config.decode.policy == "pcg" and self.groups is None and not config.decode.sampling.greedy:
+            raise ValueError("policy 'pcg' needs a group table")
+        if config.decode.policy != "ar" and self.draft is None:
+            raise ValueError(f"policy {config.decode.policy!r} needs a draft model")
+        pieces = split_sentences(text, config.max_sentence_chars)
+        resolved = self._resolve_voice(voice, ref_audio, ref_text)
+        prompts = [build_prompt(self.tokenizer, self.target.vocab, p, resolved.text if resolved else None,
+                                torch.as_tensor(resolved.codes) if resolved else None) for p in pieces]
+        budgets = [config.token_budget(p) for p in pieces]
+        stats = StreamStats()
+        return SynthesisStream(self._run(prompts, budgets, config, stats), stats)
+
+    def synthesize(self, text: str, **kwargs) -> np.ndarray:
+        """The whole waveform (float32, 16 kHz), by consuming `stream`."""
+        with self.stream(text, **kwargs) as chunks:
+            parts = [c.samples for c in chunks]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def release(self) -> None:
+        """Free both models' KV caches (reallocated by the next stream)."""
+        for lm in (self.target, self.draft):
+            if lm is not None:
+                lm.release()
+
+    def _run(self, prompts, budgets, config, stats: StreamStats) -> Iterator[AudioChunk]:
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this Synthesizer is already streaming; finish or close that stream first "
+                               "(or use one Synthesizer per concurrent stream)")
+        stats.started_at = time.perf_counter()
+        chunks: queue.Queue = queue.Queue(maxsize=config.queue_chunks)
+        stop = threading.Event()
+        worker = threading.Thread(target=self._produce, args=(prompts, budgets, config, stats, chunks, stop),
+                                  name="pcgtts-synthesis", daemon=True)
+        finished = False
+        try:
+            for lm in (self.target, self.draft):
+                if lm is not None:
+                    lm.ensure_cache()
+            worker.start()
+            while True:
+                item = chunks.get()
+                if item is _END:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if stats.first_audio_at is None:
+                    stats.first_audio_at = item.ready_time
+                stats.audio_samples += len(item.samples)
+                yield item
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a worker waiting on a full queue
+                try:
+                    chunks.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            worker.join()
+            stats.finished_at = time.perf_counter()
+            if not finished:
+                stats.cancelled = True
+                self.release()
+            self._lock.release()
+
+    def _produce(self, prompts, budgets, config: SynthesisConfig, stats: StreamStats,
+                 chunks: queue.Queue, stop: threading.Event) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    chunks.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            device = self.target.device
+            generator = torch.Generator(device=device)
+            generator.manual_seed(config.seed if config.seed is not None else int(torch.seed() % 2**63))
+            window = WindowDecoder(self.codec.decode, config.stream)
+            done = 0  # samples handed out so far
+
+            def emit(samples: np.ndarray, last: bool) -> bool:
+                nonlocal done
+                start = done
+                done += len(samples)
+                return put(AudioChunk(samples.astype(np.float32, copy=False), SAMPLE_RATE,
+                                      start // SAMPLES_PER_TOKEN, done // SAMPLES_PER_TOKEN,
+                                      time.perf_counter(), last))
+
+            for prompt, budget in zip(prompts, budgets):
+                sentence = DecodeStats()
+                stats.sentences.append(sentence)
+                decode_config = replace(config.decode, max_new_tokens=budget)
+                for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
+                                    sentence):
+                    for audio in window.push(burst):
+                        if not emit(audio, False):
+                            return
+                    if stop.is_set():
+                        return
+                if sentence.finish == "max_tokens":
+                    stats.truncated += 1
+                    log.warning("a sentence reached its budget of %d tokens without the stop token; cut there",
+                                budget)
+            tail = window.flush()
+            if emit(tail, True):
+                put(_END)
+        except BaseException as err:  # surfaced to the consumer's thread
+            put(err)

@@ -1,0 +1,128 @@
+"""`Synthesizer.stream` end to end on the demo models (random weights: the audio is not speech)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
+
+
+@pytest.fixture(scope="module")
+def synth(demo_models, demo_groups_file):
+    path = demo_groups_file
+    config = SynthesisConfig(decode=DecodeConfig(policy="pcg", max_new_tokens=60), seed=0, tokens_per_char=1.0,
+                             min_tokens=20)
+    return Synthesizer.from_pretrained(demo_models["target"], demo_models["draft"], demo_models["codec"], path,
+                                       max_length=1024, config=config)
+
+
+def test_stream_matches_one_shot_decode_of_the_same_tokens(synth):
+    from pcgtts.runtime.streaming import WindowDecoder
+
+    stream = synth.stream("Hello world, streaming test.")
+    chunks = list(stream)
+    audio = np.concatenate([c.samples for c in chunks])
+    tokens = stream.stats.totals().emitted
+    assert audio.dtype == np.float32 and np.isfinite(audio).all()
+    assert len(audio) == 320 * tokens and chunks[-1].is_last
+    assert [c.token_start for c in chunks[1:]] == [c.token_end for c in chunks[:-1]]  # contiguous spans
+    assert stream.stats.time_to_first_audio > 0 and stream.stats.real_time_factor > 0
+    # Rebuild the stream from the same tokens: re-run with the same seed, collecting tokens.
+    captured = []
+    original = WindowDecoder.push
+
+    def spy(self, burst):
+        captured.extend(burst)
+        return original(self, burst)
+
+    WindowDecoder.push = spy
+    try:
+        again = np.concatenate([c.samples for c in synth.stream("Hello world, streaming test.")])
+    finally:
+        WindowDecoder.push = original
+    assert np.array_equal(again, audio)  # seeded: reproducible
+    one_shot = synth.codec.decode(np.asarray(captured))
+    snr = 10 * np.log10((one_shot**2).sum() / ((audio - one_shot) ** 2).sum())
+    assert snr > 8.0  # the bound measured for the default StreamConfig (tests/test_codec.py)
+
+
+def test_long_text_is_split_and_streamed_as_one(synth):
+    text = " ".join(f"Sentence number {i} is here." for i in range(12))
+    config = replace(synth.config, max_sentence_chars=120)
+    stream = synth.stream(text, config=config)
+    audio = np.concatenate([c.samples for c in stream])
+    assert len(stream.stats.sentences) > 1
+    assert len(audio) == 320 * stream.stats.totals().emitted
+
+
+def test_closing_early_stops_the_worker_and_frees_caches(synth):
+    stream = synth.stream("A long text that would take a while to finish speaking. " * 5)
+    first = next(stream)
+    assert len(first.samples) > 0
+    stream.close()
+    time.sleep(0.05)
+    assert not any(t.name == "pcgtts-synthesis" for t in threading.enumerate())
+    assert stream.stats.cancelled and synth.target.model.max_length == 0  # caches released
+    # The next stream reallocates and works.
+    assert len(synth.synthesize("Again.")) > 0
+
+
+def test_concurrent_streams_are_refused_not_corrupted(synth):
+    a = synth.stream("First stream text.")
+    next(a)
+    b = synth.stream("Second stream text.")
+    with pytest.raises(RuntimeError, match="already streaming"):
+        next(b)
+    a.close()
+    assert len(synth.synthesize("Now it works.")) > 0
+
+
+def test_voice_cloning_from_reference_audio(synth, tmp_path):
+    t = np.arange(24000) / 16000
+    sf.write(tmp_path / "me.wav", 0.3 * np.sin(2 * np.pi * 200 * t), 16000)
+    stream = synth.stream("Clone this.", ref_audio=tmp_path / "me.wav", ref_text="This is my voice.")
+    audio = np.concatenate([c.samples for c in stream])
+    assert len(audio) == 320 * stream.stats.totals().emitted
+    voice = synth.voice_from_audio(tmp_path / "me.wav", "This is my voice.")
+    assert synth.voice_from_audio(tmp_path / "me.wav", "This is my voice.") is voice  # encoded once
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"text": ""}, ValueError),
+    ({"text": "?!"}, ValueError),
+    ({"text": "x", "ref_audio": "missing.wav", "ref_text": "t"}, FileNotFoundError),
+    ({"text": "x", "ref_audio": "missing.wav"}, ValueError),
+])
+def test_bad_input_is_refused_before_any_work(synth, kwargs, error):
+    with pytest.raises(error):
+        synth.stream(**kwargs)
+
+
+def test_greedy_policies_agree_through_the_synthesizer(synth):
+    greedy = replace(synth.config, decode=replace(synth.config.decode, sampling=SamplingConfig(temperature=0.0)))
+    outs = [synth.synthesize("Same words.", config=replace(greedy, decode=replace(greedy.decode, policy=p)))
+            for p in ("ar", "sd", "pcg")]
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+def test_cli_speak_writes_a_wav_and_reports(demo_models, demo_groups_file, tmp_path, capsys, monkeypatch):
+    import json
+
+    from pcgtts.runtime import demo
+    from pcgtts.runtime.cli import main
+
+    monkeypatch.setattr(demo, "ensure_demo", lambda: {**demo_models, "groups": demo_groups_file})
+    out = tmp_path / "hello.wav"
+    assert main(["speak", "Hello world", "--out", str(out), "--seed", "1", "--max-tokens", "40"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    audio, rate = sf.read(out)
+    assert rate == 16000 and len(audio) == 320 * report["tokens"] and report["underruns"] == 0
+    assert main(["speak", "Hello world", "--device", "null", "--policy", "ar", "--max-tokens", "30"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == 30
