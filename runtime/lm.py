@@ -64,6 +64,7 @@ class TorchLM:
             raise ValueError("CUDA graphs need a CUDA device")
         self.graph_sizes = tuple(graph_sizes)
         self._graphs: dict[int, _StepGraph] = {}
+        self._fingerprint: str | None = None
         self.ensure_cache()
 
     @classmethod
@@ -105,6 +106,16 @@ class TorchLM:
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: [T] new token ids appended at `length`. Returns [T, V_r] logits."""
         return self._run(ids, last_only=False)
+
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of the speech-token embedding rows: what a group table is checked against."""
+        if self._fingerprint is None:
+            from pcgtts.groups.build import embedding_fingerprint
+
+            v = self.vocab
+            self._fingerprint = embedding_fingerprint(self.model.embed_tokens.weight[v.speech_offset:v.speech_offset + v.num_speech])
+        return self._fingerprint
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:

@@ -143,6 +143,7 @@ class Synthesizer:
                         dtype: str = "float32", backend: str = "torch", max_length: int = 4096,
                         config: SynthesisConfig | None = None) -> "Synthesizer":
         from pcgtts.runtime.backends import load_lm
+        from pcgtts.runtime.backends.onnx_codec import OrtCodec, is_exported_codec
         from pcgtts.runtime.codec import Codec
 
         if codec is None:
@@ -162,11 +163,15 @@ class Synthesizer:
         if groups is not None:
             from pcgtts.groups.table import GroupTable
 
-            table = GroupTable.load(groups, expect_vocab=target_lm.vocab).to_device(target_lm.device)
+            table = GroupTable.load(groups, expect_vocab=target_lm.vocab, expect_fingerprint=target_lm.fingerprint)
+            table = table.to_device(target_lm.device)
         elif policy == "pcg":
             raise ValueError("policy 'pcg' needs a group table (build one with `pcgtts groups build`)")
-        codec_model = Codec.from_pretrained(codec, device=device, decode_only=True)
-        codec_model.source_dir = Path(codec)
+        if is_exported_codec(codec):
+            codec_model = OrtCodec(codec)
+        else:
+            codec_model = Codec.from_pretrained(codec, device=device, decode_only=True)
+            codec_model.source_dir = Path(codec)
         return cls(target_lm, draft_lm, codec_model, table, config)
 
     # -- voices --------------------------------------------------------------------------
@@ -178,7 +183,12 @@ class Synthesizer:
             raise FileNotFoundError(f"reference audio not found: {path}")
         key = (str(path.resolve()), path.stat().st_mtime_ns, text)
         if key not in self._voices:
+            from pcgtts.runtime.backends.onnx_codec import is_exported_codec
             from pcgtts.runtime.codec import Codec
+
+            if is_exported_codec(self.codec.source_dir):
+                raise ValueError("an exported codec decoder cannot encode reference audio: make a voice file "
+                                 "with `pcgtts voice add` and the Hugging Face X-codec2 checkpoint, then pass voice=")
 
             encoder = Codec.from_pretrained(self.codec.source_dir, device="cpu", decode_only=False)
             self._voices[key] = Voice.from_audio(path, text, encoder)

@@ -1,0 +1,89 @@
+"""The LM step as an ONNX-exportable module: one graph for prefill, the draft step and verify.
+
+Inputs and outputs follow optimum's names, with one deliberate change to what `present` holds:
+
+    input_ids                    [1, T]            int64   T dynamic: prompt, 1, or L+1 tokens
+    position_ids                 [1, T]            int64   consecutive cache slots start..start+T-1
+    logits_index                 [1, K]            int64   which of the T tokens need logits
+    past_key_values.{i}.key      [1, kv, S, D]             the whole preallocated cache buffer
+    past_key_values.{i}.value    [1, kv, S, D]             (S = its capacity, dynamic)
+ -> logits                       [1, K, V_r]       float32 restricted vocabulary (speech + stop)
+    present.{i}.key / .value     [1, kv, T, D]             keys/values of the T new tokens only
+
+Why not optimum's `present = concat(past, new)`: that copies the whole cache on every step
+and ties the cache length to the step count, so rolling back means slicing (another copy).
+Here the runtime owns one static buffer per layer, binds it as `past` without a copy
+(IO binding), writes the T returned entries at their slots, and rolls back by just lowering
+its length: O(1), the same contract as the torch backend. The graph reads slot j of the
+buffer only when j < position_ids[0, 0], so stale entries left behind by a rollback are
+never seen. `logits_index` lets prefill compute the 65,537-row head for its last token only
+(K = 1), while draft and verify steps ask for every token (K = T). Attention is computed against the buffer and the new tokens separately (two
+matmuls into one softmax), so the cache is never concatenated either; grouped-query heads
+are folded into the query axis instead of repeating the keys.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pcgtts.runtime.llama import Llama
+
+
+def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
+                    past_v: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """q: [1, H, T, D]; k, v: [1, kv, T, D] (new tokens); past_k, past_v: [1, kv, S, D];
+    start: [1, 1] int64 first new slot. Returns [1, T, H * D]."""
+    b, heads, t, d = q.shape
+    kv, slots = past_k.shape[1], past_k.shape[2]
+    rep = heads // kv
+    # Query head h uses kv head h // rep (Hugging Face's repeat_interleave): fold rep into rows.
+    q = q.reshape(b, kv, rep * t, d) * (1.0 / math.sqrt(d))
+    scores_past = q @ past_k.transpose(-1, -2)  # [1, kv, rep*T, S]
+    scores_new = q @ k.transpose(-1, -2)  # [1, kv, rep*T, T]
+    visible_past = (torch.arange(slots, device=q.device) < start).expand(rep * t, slots)  # [rep*T, S]
+    rows = torch.arange(t, device=q.device)
+    visible_new = (rows[None, :] <= rows[:, None]).repeat(rep, 1)  # [rep*T, T] causal
+    visible = torch.cat((visible_past, visible_new), dim=-1)
+    scores = torch.cat((scores_past, scores_new), dim=-1).float()
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = probs[..., :slots] @ past_v + probs[..., slots:] @ v  # [1, kv, rep*T, D]
+    return out.reshape(b, heads, t, d).transpose(1, 2).reshape(b, t, heads * d)
+
+
+class StepGraph(nn.Module):
+    """Wraps a loaded `Llama` (same weights, no cache of its own) in the I/O contract above."""
+
+    def __init__(self, model: Llama):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_index: torch.Tensor,
+                *past: torch.Tensor):
+        m = self.model
+        cos, sin = m.rope(position_ids[0])
+        start = position_ids[:, :1]
+        x = m.embed_tokens(input_ids)
+        present = []
+        for i, layer in enumerate(m.layers):
+            attn = layer.self_attn
+            q, k, v = attn.project(layer.input_layernorm(x), cos, sin)
+            out = cache_attention(q, k, v, past[2 * i], past[2 * i + 1], start)
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            present += [k, v]
+        x = x.index_select(1, logits_index[0])
+        logits = m.head(m.norm(x)).float()
+        return (logits, *present)
+
+
+def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    inputs = ["input_ids", "position_ids", "logits_index"]
+    outputs = ["logits"]
+    for i in range(num_layers):
+        inputs += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        outputs += [f"present.{i}.key", f"present.{i}.value"]
+    return inputs, outputs

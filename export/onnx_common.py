@@ -1,0 +1,61 @@
+"""One way to run `torch.onnx.export(dynamo=True)` for every graph we ship.
+
+The exporter's own passes log every rewrite at INFO; they are held at WARNING here so an
+export prints our summary, not thousands of lines. Weights go to `<graph>.data` beside the
+graph (ONNX's external-data format), so graphs over 2 GB (LLaSA-3B/8B) work too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+OPSET = 18
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+_NOISY = ("onnxscript", "onnx_ir", "torch.onnx", "torch._dynamo", "torch.export")
+
+
+@contextlib.contextmanager
+def _quiet():
+    loggers = [logging.getLogger(name) for name in _NOISY]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.level, logging.WARNING))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def export_graph(module: torch.nn.Module, example: tuple, path: Path, input_names: list[str],
+                 output_names: list[str], dynamic_shapes: tuple) -> Path:
+    """Trace `module` on `example` and write `path` (+ `path`.data); returns `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(module.eval(), example, input_names=input_names, output_names=output_names,
+                                    dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True,
+                                    external_data=True, verbose=False)
+        for stale in (path, path.with_name(path.name + ".data")):
+            stale.unlink(missing_ok=True)
+        program.save(str(path), external_data=True)
+    log.info("exported %s in %.1f s", path, time.perf_counter() - started)
+    return path
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """Exports carry the tokenizer, so the runtime can check the vocabulary the graph was made for."""
+    for name in _TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)

@@ -1,0 +1,119 @@
+"""`pcgtts export onnx`: a LLaSA-format LM (target or draft) to one ONNX step graph.
+
+    export_lm(model_dir, out_dir) writes out_dir/model.onnx (+ model.onnx.data for large
+    weights), the tokenizer, and pcgtts-lm.json, then loads the graph with the onnxruntime
+    backend and compares it with the torch backend (`check_lm`); a mismatch fails the export.
+
+torch.onnx.export(dynamo=True) traces `export/lm_graph.py` with the token count and the cache
+capacity dynamic, so one graph serves prefill, the 1-token draft step and the (L+1)-token
+verify step, for any cache size the runtime allocates.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pcgtts.export.lm_graph import StepGraph, io_names
+from pcgtts.export.onnx_common import OPSET, copy_tokenizer, export_graph
+from pcgtts.runtime.backends.graph_meta import GraphMeta
+from pcgtts.runtime.checkpoint import load_tokenizer, read_config, resolve_dtype
+from pcgtts.runtime.vocab import SpeechVocab
+
+log = logging.getLogger(__name__)
+
+GRAPH_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    max_abs_diff: float
+    tolerance: float
+    steps: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+
+def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float32", max_length: int = 4096,
+              check: bool = True, tolerance: float | None = None) -> tuple[GraphMeta, CheckResult | None]:
+    from pcgtts.runtime.lm import TorchLM
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    read_config(model_dir)  # a clear error for a folder that is not a LLaMA checkpoint
+    tokenizer = load_tokenizer(model_dir)
+    vocab = SpeechVocab.from_tokenizer(tokenizer)
+    torch_dtype = resolve_dtype(dtype)
+    if torch_dtype == torch.bfloat16:
+        raise ValueError("export in float32 or float16 (bfloat16 engines are built from a float32 graph)")
+    lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16, tokenizer=tokenizer)
+    model = lm.model
+    args = model.args
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    graph = StepGraph(model).eval()
+    t, slots = 3, 8  # example sizes; both are exported as dynamic dimensions
+    past = [torch.zeros(1, args.num_kv_heads, slots, args.head_dim, dtype=torch_dtype)
+            for _ in range(2 * args.num_layers)]
+    example = (torch.zeros(1, t, dtype=torch.long), torch.arange(t).view(1, -1), torch.arange(t).view(1, -1), *past)
+    inputs, outputs = io_names(args.num_layers)
+    tokens, keep, cache = torch.export.Dim("tokens", min=1), torch.export.Dim("logits", min=1), torch.export.Dim("cache", min=2)
+    # *past is one variadic argument: its shapes go in as one tuple.
+    dynamic = ({1: tokens}, {1: tokens}, {1: keep}, tuple({2: cache} for _ in past))
+    export_graph(graph, example, out_dir / GRAPH_FILE, inputs, outputs, dynamic)
+
+    copy_tokenizer(model_dir, out_dir)
+    meta = GraphMeta(
+        graph=GRAPH_FILE, kind="onnx", dtype=str(torch_dtype).removeprefix("torch."), num_layers=args.num_layers,
+        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim, vocab=vocab,
+        max_length=max_length, opset=OPSET, fingerprint=lm.fingerprint, source=str(model_dir),
+        extra={"hidden_size": args.hidden_size, "torch": torch.__version__},
+    )
+    meta.save(out_dir)
+    result = None
+    if check:
+        result = check_lm(model_dir, out_dir, dtype=torch_dtype, tolerance=tolerance)
+        meta = GraphMeta(**{**meta.__dict__, "extra": {**meta.extra, "check": result.__dict__ | {"ok": result.ok}}})
+        meta.save(out_dir)
+        if not result.ok:
+            raise RuntimeError(f"exported graph differs from PyTorch by {result.max_abs_diff:.3g} "
+                               f"(tolerance {result.tolerance:.3g}); the graph in {out_dir} is not usable")
+    return meta, result
+
+
+def compare_backends(reference, candidate, prompt: torch.Tensor, steps: list[torch.Tensor], rollback: int) -> float:
+    """Max |logit difference| between two `LM`s over a prefill, steps, a rollback and a 4-token step."""
+    def diff(a: torch.Tensor, b: torch.Tensor) -> float:
+        return (a.float().cpu() - b.float().cpu()).abs().max().item()
+
+    worst = diff(reference.prefill(prompt), candidate.prefill(prompt))
+    for ids in steps:
+        worst = max(worst, diff(reference.forward(ids), candidate.forward(ids)))
+    for lm in (reference, candidate):
+        lm.rollback(lm.length - rollback)
+    ids = torch.cat(steps)[:4]
+    return max(worst, diff(reference.forward(ids), candidate.forward(ids)))
+
+
+def check_lm(model_dir: str | Path, onnx_dir: str | Path, *, dtype=torch.float32, tolerance: float | None = None,
+             seed: int = 0) -> CheckResult:
+    """Run the torch and onnxruntime backends side by side on a random prompt."""
+    from pcgtts.runtime.backends.onnxruntime import OrtLM
+    from pcgtts.runtime.lm import TorchLM
+
+    reference = TorchLM.load(model_dir, dtype=torch.float32, max_length=64)
+    candidate = OrtLM.load(onnx_dir, max_length=64, tokenizer=reference.tokenizer)
+    vocab = reference.vocab
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab.vocab_size, (11,), generator=gen)
+    speech = lambda n: torch.randint(0, vocab.num_speech, (n,), generator=gen) + vocab.speech_offset  # noqa: E731
+    steps = [speech(1), speech(4), speech(1), speech(4)]
+    diff = compare_backends(reference, candidate, prompt, steps, rollback=3)
+    if tolerance is None:
+        tolerance = 2e-3 if dtype == torch.float32 else 1e-1
+    return CheckResult(max_abs_diff=diff, tolerance=tolerance, steps=("prefill 11", "1", "4", "1", "4",
+                                                                      "rollback 3", "4"))

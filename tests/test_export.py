@@ -1,0 +1,179 @@
+"""ONNX export and the onnxruntime backend against the torch backend (CPU execution provider);
+TensorRT tests run only where TensorRT and a GPU exist and are skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.speculative import DecodeStats, decode
+
+
+@pytest.fixture(scope="module")
+def exported_pair(demo_lms, tmp_path_factory):
+    """The demo target and draft exported to ONNX (each export runs its own numeric check)."""
+    from pcgtts.export.onnx_lm import export_lm
+
+    out = tmp_path_factory.mktemp("onnx")
+    metas = {name: export_lm(demo_lms[name], out / name, max_length=512) for name in ("target", "draft")}
+    return out, metas
+
+
+def test_export_checks_itself_and_writes_metadata(exported_pair, demo_lms):
+    out, metas = exported_pair
+    meta, check = metas["target"]
+    assert check.ok and check.max_abs_diff < 2e-3
+    record = json.loads((out / "target" / "pcgtts-lm.json").read_text())
+    assert record["num_layers"] == 12 and record["vocab"]["num_speech"] == 65536
+    assert record["extra"]["check"]["ok"] is True
+    from pcgtts.runtime.lm import TorchLM
+
+    assert record["fingerprint"] == TorchLM.load(demo_lms["target"], max_length=8).fingerprint
+
+
+def test_onnx_logits_match_torch_after_rollback(exported_pair, demo_lms):
+    """Prefill, 1-token and 4-token steps, a rollback, then a 4-token step over the stale slots."""
+    from pcgtts.runtime.backends.onnxruntime import OrtLM
+    from pcgtts.runtime.lm import TorchLM
+
+    out, _ = exported_pair
+    ref = TorchLM.load(demo_lms["target"], max_length=128)
+    ort = OrtLM.load(out / "target", max_length=128, tokenizer=ref.tokenizer)
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, ref.vocab.vocab_size, (20,), generator=gen)
+    speech = lambda n: torch.randint(0, 65536, (n,), generator=gen) + ref.vocab.speech_offset  # noqa: E731
+    torch.testing.assert_close(ort.prefill(prompt), ref.prefill(prompt), atol=2e-3, rtol=1e-4)
+    for n in (1, 4, 1):
+        ids = speech(n)
+        torch.testing.assert_close(ort.forward(ids), ref.forward(ids), atol=2e-3, rtol=1e-4)
+    ort.rollback(22)
+    ref.rollback(22)
+    ids = speech(4)
+    torch.testing.assert_close(ort.forward(ids), ref.forward(ids), atol=2e-3, rtol=1e-4)
+    assert ort.length == ref.length == 26
+
+
+def _run(target, draft, groups, policy, temperature, seed):
+    config = DecodeConfig(policy=policy, lookahead=3, max_new_tokens=40,
+                          sampling=SamplingConfig(temperature=temperature))
+    prompt = torch.tensor([5, 9, 17, 33, 2, 7])
+    gen = torch.Generator().manual_seed(seed)
+    stats = DecodeStats()
+    tokens = [t for burst in decode(target, draft, prompt, config, gen, groups=groups, stats=stats) for t in burst]
+    return tokens, stats
+
+
+def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, demo_lms, demo_groups_file):
+    """Greedy: identical tokens for every rule. Sampled with one seed: the same acceptance
+    statistics (exact equality is expected; the logits agree to ~1e-5, far below any u draw's
+    chance of landing between them)."""
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.runtime.backends.onnxruntime import OrtLM
+    from pcgtts.runtime.lm import TorchLM
+
+    out, _ = exported_pair
+    torch_pair = [TorchLM.load(demo_lms[n], max_length=256) for n in ("target", "draft")]
+    ort_pair = [OrtLM.load(out / n, max_length=256, tokenizer=torch_pair[0].tokenizer) for n in ("target", "draft")]
+    groups = GroupTable.load(demo_groups_file).to_device("cpu")
+    for policy in ("ar", "sd", "pcg"):
+        a, _ = _run(*torch_pair, groups, policy, 0.0, 0)
+        b, _ = _run(*ort_pair, groups, policy, 0.0, 0)
+        assert a == b, policy
+    a, sa = _run(*torch_pair, groups, "pcg", 1.0, 7)
+    b, sb = _run(*ort_pair, groups, "pcg", 1.0, 7)
+    assert (sa.drafted, sa.accepted, sa.target_forwards) == (sb.drafted, sb.accepted, sb.target_forwards)
+    assert a == b
+
+
+def test_codec_decoder_onnx_matches_torch(demo_codec_dir, tmp_path):
+    from pcgtts.export.codec_graph import export_codec
+    from pcgtts.runtime.backends.onnx_codec import OrtCodec
+    from pcgtts.runtime.codec import Codec
+
+    meta = export_codec(demo_codec_dir, tmp_path / "codec")
+    assert meta["check"]["ok"]
+    ref, ort = Codec.from_pretrained(demo_codec_dir), OrtCodec(tmp_path / "codec")
+    codes = np.random.default_rng(1).integers(0, 65536, 33)  # a streaming window's size
+    np.testing.assert_allclose(ort.decode(codes), ref.decode(codes), atol=1e-4)
+    assert ort.decode(codes[:1]).shape == (320,)
+
+
+def test_bad_inputs_give_clear_errors(exported_pair, tmp_path, demo_lms):
+    from pcgtts.export.onnx_lm import export_lm
+    from pcgtts.runtime.backends.onnxruntime import OrtLM
+
+    with pytest.raises(ValueError, match="no config.json|not a LLaMA|no tokenizer"):
+        export_lm(tmp_path, tmp_path / "x")
+    with pytest.raises(ValueError, match="not an exported pcgtts model"):
+        OrtLM.load(demo_lms["target"])
+    out, _ = exported_pair
+    # A graph beside another model's tokenizer: the vocabulary check names the mismatch.
+    from pcgtts.runtime.demo import build_demo_tokenizer
+
+    with pytest.raises(ValueError, match="exported for vocabulary"):
+        OrtLM.load(out / "target", tokenizer=build_demo_tokenizer(num_speech=512))
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for f in (out / "target").iterdir():
+        (corrupt / f.name).write_bytes(f.read_bytes()[:100] if f.name == "model.onnx" else f.read_bytes())
+    with pytest.raises(ValueError, match="cannot load this graph"):
+        OrtLM.load(corrupt)
+
+
+def test_tensorrt_missing_is_explained_and_profiles_cover_every_step():
+    from pcgtts.runtime.backends.tensorrt import PROFILES, choose_profile
+
+    assert PROFILES[choose_profile(1, 1, 5)] == "draft"
+    assert PROFILES[choose_profile(4, 4, 5)] == "step"
+    assert PROFILES[choose_profile(2, 2, 5)] == "step"
+    assert PROFILES[choose_profile(300, 1, 5)] == "prefill"
+    with pytest.raises(ValueError, match="no TensorRT profile"):
+        choose_profile(9, 9, 5)
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        from pcgtts.runtime.backends.tensorrt import import_tensorrt
+
+        with pytest.raises(RuntimeError, match="NVIDIA"):
+            import_tensorrt()
+
+
+def _has_tensorrt() -> bool:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+@pytest.mark.requires_tensorrt
+@pytest.mark.skipif(not _has_tensorrt(), reason="needs TensorRT and an NVIDIA GPU")
+def test_tensorrt_engine_matches_onnx_and_greedy_tokens(exported_pair, tmp_path):
+    from pcgtts.export.tensorrt import build_engine, check_engine_against_onnx
+    from pcgtts.runtime.backends.onnxruntime import OrtLM
+    from pcgtts.runtime.backends.tensorrt import TrtLM
+
+    out, _ = exported_pair
+    for name in ("target", "draft"):
+        build_engine(out / name, tmp_path / name, precision="fp32", max_length=256)
+    assert check_engine_against_onnx(out / "target", tmp_path / "target", tolerance=1e-2) < 1e-2
+    trt_pair = [TrtLM.load(tmp_path / n) for n in ("target", "draft")]
+    ort_pair = [OrtLM.load(out / n, max_length=256) for n in ("target", "draft")]
+    a, _ = _run(*ort_pair, None, "sd", 0.0, 0)
+    b, _ = _run(*trt_pair, None, "sd", 0.0, 0)
+    assert a == b
+
+
+def test_export_cli_prints_the_check(tiny_lm_factory, tmp_path, capsys):
+    from pcgtts.runtime.cli import main
+
+    model = tiny_lm_factory(tie_word_embeddings=False)
+    assert main(["export", "onnx", "--model", str(model), "--out", str(tmp_path / "o")]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["check"]["ok"] and record["check"]["max_abs_diff"] < 2e-3
+    assert main(["export", "onnx", "--model", str(tmp_path), "--out", str(tmp_path / "p")]) == 2
+    assert "error" in capsys.readouterr().err
