@@ -40,30 +40,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     speak.add_argument("--max-tokens", type=int, default=2000, help="speech tokens per sentence at most (50 per s)")
     speak.set_defaults(func=_speak)
 
-    from pcgtts.runtime import cli_voice
+    from pcgtts.runtime import cli_bench, cli_voice
 
     cli_voice.register(sub)
+    cli_bench.register(sub)
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     """Model selection shared by `speak` and `bench`; no model given -> the demo models."""
     parser.add_argument("--target", help="target LLaSA checkpoint directory (default: built-in demo)")
     parser.add_argument("--draft", help="draft checkpoint directory")
     parser.add_argument("--codec", help="X-codec2 directory (Hugging Face format)")
     parser.add_argument("--groups", help="group table (.pcg) for policy pcg")
-    parser.add_argument("--policy", choices=POLICIES, default="pcg")
+    if policy:
+        parser.add_argument("--policy", choices=POLICIES, default="pcg")
     parser.add_argument("--backend", choices=("torch", "onnxruntime", "tensorrt"), default="torch")
     parser.add_argument("--compute-device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
 
 
-def resolve_models(args: argparse.Namespace) -> dict:
+def resolve_models(args: argparse.Namespace, quiet: bool = False) -> dict:
     """Paths of the models to load, falling back to the demo (with a notice on stderr)."""
     if args.target:
         return {"target": args.target, "draft": args.draft, "codec": args.codec, "groups": args.groups}
     from pcgtts.runtime.demo import NOT_SPEECH_NOTICE, ensure_demo
 
-    print(f"note: no --target given, using the built-in demo models; {NOT_SPEECH_NOTICE}", file=sys.stderr)
+    if not quiet:
+        print(f"note: no --target given, using the built-in demo models; {NOT_SPEECH_NOTICE}", file=sys.stderr)
     paths = ensure_demo()
     return {k: str(v) for k, v in paths.items()}
 

@@ -43,6 +43,7 @@ class DecodeStats:
     time_draft: float = 0.0
     time_target: float = 0.0
     time_verify: float = 0.0
+    trace: list[tuple[float, int]] = field(default_factory=list)  # per step: (perf_counter, tokens made)
 
     @property
     def acceptance_rate(self) -> float:
@@ -53,7 +54,7 @@ class DecodeStats:
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
 
     def as_dict(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items()}
+        out = {k: v for k, v in self.__dict__.items() if k != "trace"}
         out["acceptance_rate"] = self.acceptance_rate
         out["mean_accepted_length"] = self.mean_accepted_length
         return out
@@ -123,7 +124,7 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
         t0 = timer(field_name, t0)
         token = sample(logits_to_probs(logits, config.sampling), generator)
         index = int(token)  # the step's one host sync
-        timer("time_verify", t0)
+        stats.trace.append((timer("time_verify", t0), 1))
         stats.steps += 1
         if who == "target":
             stats.target_forwards += 1
@@ -183,7 +184,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
                          ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials)
         n = int(verdict.num_accepted[0])  # the step's one host sync (with the tokens below)
         tokens = verdict.tokens[0, : n + 1].tolist()
-        timer("time_verify", t0)
+        stats.trace.append((timer("time_verify", t0), n + 1))
         stats.steps += 1
         stats.drafted += L
         stats.accepted += n

@@ -1,0 +1,67 @@
+"""`pcgtts bench` on the demo models: the JSON it writes must be internally consistent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench_report(demo_models, demo_groups_file, tmp_path_factory):
+    from pcgtts.runtime.cli import main
+
+    out = tmp_path_factory.mktemp("bench")
+    texts = out / "texts.txt"
+    texts.write_text("Good morning.\nThe train to the coast leaves at half past nine.\n")
+    argv = ["bench", "--target", str(demo_models["target"]), "--draft", str(demo_models["draft"]),
+            "--codec", str(demo_models["codec"]), "--groups", str(demo_groups_file), "--policy", "ar,pcg",
+            "--runs", "2", "--warmup", "1", "--max-tokens", "30", "--texts", str(texts),
+            "--speed", "0.02", "--json", str(out / "b.json"), "--plot", str(out / "b.png")]
+    assert main(argv) == 0
+    return json.loads((out / "b.json").read_text()), out / "b.png"
+
+
+def test_records_are_consistent(bench_report):
+    report, _ = bench_report
+    assert [s["case"] for s in report["summaries"]] == ["ar", "pcg L=3"]
+    assert len(report["utterances"]) == 2 * 2 * 2  # cases x runs x texts; warm-up excluded
+    for u in report["utterances"]:
+        lookahead = 0 if u["case"] == "ar" else 3
+        assert u["tokens"] == sum(u["chunk_tokens"]) > 0
+        assert u["audio_seconds"] == pytest.approx(u["tokens"] * 320 / 16000)
+        assert 0 < u["time_to_first_audio"] < u["total_seconds"]
+        # Every step yields its accepted drafts plus one corrected/bonus token; tokens after a
+        # stop token or past the cap are dropped (at most one step's worth per sentence).
+        made = u["accepted"] + u["steps"]
+        assert sum(n for _, n in u["trace"]) == made
+        assert u["tokens"] <= made <= u["tokens"] + (lookahead + 1) * u["sentences"]
+        assert u["target_forwards"] == u["steps"]
+        assert u["draft_forwards"] == lookahead * u["steps"]
+        assert u["drafted"] == lookahead * u["steps"]
+        # The simulated listener plays at 2% speed: it never waits for a chunk.
+        assert u["underruns"] == 0 and u["underrun_seconds"] == 0
+        assert all(c["late"] <= 0 for c in u["chunks"])
+
+
+def test_summaries_and_harness_overhead(bench_report):
+    report, _ = bench_report
+    ar, pcg = report["summaries"]
+    assert ar["speedup_vs_ar"] == 1.0 and ar["target_forwards_per_token"] >= 1.0
+    assert 0 <= pcg["acceptance_rate"] <= 1 and 1 <= pcg["mean_accepted_length"] <= 4
+    assert pcg["target_forwards_per_token"] < 1.0  # several tokens per verify pass
+    assert pcg["predicted_speedup"] > 0 and pcg["efficiency"] > 0
+    ttfa = ar["time_to_first_audio"]
+    assert ttfa["p50"] <= ttfa["p90"] <= ttfa["p99"]
+    for s in report["summaries"]:
+        # The harness's own bookkeeping must be negligible next to a decode step.
+        assert 0 < s["harness_us_per_step"] < 0.05 * 1e6 * s["t_target_step"]
+
+
+def test_plot_is_a_png(bench_report):
+    import matplotlib.pyplot as plt
+
+    _, png = bench_report
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = plt.imread(png)
+    assert image.shape[0] > 400 and image.shape[1] > 400
