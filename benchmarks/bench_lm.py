@@ -11,6 +11,7 @@ models' forward passes.
     python benchmarks/bench_lm.py --model demo                  # CPU, built-in demo pair
     python benchmarks/bench_lm.py --model wide                  # CPU, hidden 1024 x 8 layers
     python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16   # GPU
+    python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf  # ORT vs torch
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ def make_models(name: str, root: Path) -> tuple[Path, Path]:
         draft = make_layer_subset_draft(target, root / name / "draft", draft_layers)
         confuse_draft_head(draft, cfg.draft_confusion, cfg.num_speech, seed=0)  # as in the demo pair
     return target, root / name / "draft"
+
+
+def load_onnx_pair(target_dir: Path, draft_dir: Path, device: str):
+    """The pair on onnxruntime, exported (and numerically checked) once beside the checkpoints."""
+    from pcgtts.export.onnx_lm import export_lm
+    from pcgtts.runtime.backends.onnxruntime import OrtLM
+
+    lms = []
+    for model_dir in (target_dir, draft_dir):
+        onnx_dir = model_dir.with_name(model_dir.name + "-onnx")
+        if not (onnx_dir / "pcgtts-lm.json").exists():
+            export_lm(model_dir, onnx_dir, max_length=1024)
+        lms.append(OrtLM.load(onnx_dir, device=device, max_length=1024, tokenizer=lms[0].tokenizer if lms else None))
+    return lms
 
 
 def sync_fn(device: str):
@@ -102,6 +117,7 @@ def main() -> int:
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")
+    ap.add_argument("--backends", default="torch", help="comma list: torch, onnxruntime (exported once, cached)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pcgtts-bench-models"))
     args = ap.parse_args()
 
@@ -118,12 +134,18 @@ def main() -> int:
     graph_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cuda_graphs]
     if not args.device.startswith("cuda"):
         graph_modes = [False]
+    variants = [("torch", g) for g in graph_modes] if "torch" in args.backends.split(",") else []
+    if "onnxruntime" in args.backends.split(","):
+        variants.append(("onnxruntime", False))
     rows = []
-    for graphs in graph_modes:
-        target = TorchLM.load(target_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
-                              lookahead=args.lookahead, tokenizer=tok)
-        draft = TorchLM.load(draft_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
-                             lookahead=args.lookahead, tokenizer=target.tokenizer)
+    for backend, graphs in variants:
+        if backend == "torch":
+            target = TorchLM.load(target_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
+                                  lookahead=args.lookahead, tokenizer=tok)
+            draft = TorchLM.load(draft_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
+                                 lookahead=args.lookahead, tokenizer=target.tokenizer)
+        else:
+            target, draft = load_onnx_pair(target_dir, draft_dir, args.device)
         prompt = build_prompt(target.tokenizer, target.vocab, TEXT)
         for policy in args.policies.split(","):
             run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.lookahead)  # warm-up
@@ -135,7 +157,8 @@ def main() -> int:
             steps = sum(s.steps for s in st)
             fwd_time = sum(s.time_draft + s.time_target for s in st)
             rows.append({
-                "impl": "ours" + ("+graphs" if graphs else ""), "policy": policy,
+                "impl": "ours" + ("+graphs" if graphs else "") + ("-ort" if backend == "onnxruntime" else ""),
+                "policy": policy,
                 "tokens_per_s": n / secs,
                 "target_forwards_per_token": sum(s.target_forwards for s in st) / n,
                 "acceptance": (sum(s.accepted for s in st) / max(sum(s.drafted for s in st), 1)),

@@ -112,6 +112,7 @@ def _bench(args) -> int:
     # The harness caps tokens on purpose; each utterance's finish reason is in the JSON instead.
     logging.getLogger("pcgtts.runtime.synthesizer").setLevel(logging.ERROR)
     max_tokens = args.max_tokens if args.max_tokens is not None else (150 if demo else None)
+    args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)
     needs_draft = any(c.policy != "ar" for c in todo)
     args.policy = "pcg" if any(c.policy == "pcg" for c in todo) else ("sd" if needs_draft else "ar")

@@ -49,7 +49,33 @@ def check_fits(length: int, new: int, max_length: int) -> None:
         )
 
 
-class TorchLM:
+class SequenceMixin:
+    """prefill / forward / rollback over a backend's `_run(ids, last_only)`; shared by every backend."""
+
+    length: int
+
+    def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: [T] prompt token ids. Starts a new sequence. Returns [V_r] logits of the last token."""
+        if ids.numel() == 0:
+            raise ValueError("empty prompt")
+        self.length = 0
+        return self._run(ids, last_only=True)[-1]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: [T] new token ids appended at `length`. Returns [T, V_r] logits."""
+        return self._run(ids, last_only=False)
+
+    def rollback(self, length: int) -> None:
+        """O(1): later writes overwrite the dropped slots, which causality already hides."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self.length} tokens")
+        self.length = length
+
+
+class TorchLM(SequenceMixin):
     """`LM` on the lean torch model; on CUDA the 1-token and (L+1)-token steps replay CUDA graphs."""
 
     def __init__(self, model: Llama, vocab: SpeechVocab, max_length: int, graph_sizes: tuple[int, ...] = ()):
@@ -96,17 +122,6 @@ class TorchLM:
         self.length += n
         return out
 
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids: [T] prompt token ids. Starts a new sequence. Returns [V_r] logits of the last token."""
-        if ids.numel() == 0:
-            raise ValueError("empty prompt")
-        self.length = 0
-        return self._run(ids, last_only=True)[-1]
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids: [T] new token ids appended at `length`. Returns [T, V_r] logits."""
-        return self._run(ids, last_only=False)
-
     @property
     def fingerprint(self) -> str:
         """Fingerprint of the speech-token embedding rows: what a group table is checked against."""
@@ -116,11 +131,6 @@ class TorchLM:
             v = self.vocab
             self._fingerprint = embedding_fingerprint(self.model.embed_tokens.weight[v.speech_offset:v.speech_offset + v.num_speech])
         return self._fingerprint
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot roll back to {length}: cache holds {self.length} tokens")
-        self.length = length
 
     def release(self) -> None:
         """Free the KV cache and graphs (the weights stay loaded)."""

@@ -4,7 +4,7 @@ ONNX Runtime and TensorRT run the same step graph (`export/lm_graph.py`): the wh
 buffer goes in, the T new keys/values come out. This base class owns the buffers (torch
 tensors on the backend's device, so their memory can be bound zero-copy by pointer), writes
 each step's new entries at their slots and implements prefill / forward / rollback; a backend
-only implements `_execute`.
+only implements `_execute`; prefill / forward / rollback come from `SequenceMixin`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch
 
 from pcgtts.runtime.backends.graph_meta import GraphMeta
 from pcgtts.runtime.checkpoint import load_tokenizer, resolve_dtype
-from pcgtts.runtime.lm import check_fits
+from pcgtts.runtime.lm import SequenceMixin, check_fits
 from pcgtts.runtime.vocab import SpeechVocab
 
 
-class BufferedLM:
+class BufferedLM(SequenceMixin):
     def __init__(self, meta: GraphMeta, folder: Path, device: torch.device, max_length: int, tokenizer=None):
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
@@ -65,19 +65,3 @@ class BufferedLM:
             buf[:, :, self.length:self.length + n] = new
         self.length += n
         return logits[0]
-
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids: [T] prompt ids; resets the sequence. Returns [V_r] logits of the last token."""
-        if ids.numel() == 0:
-            raise ValueError("empty prompt")
-        self.length = 0
-        return self._run(ids, last_only=True)[-1]
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids: [T] appended at `length`. Returns [T, V_r] logits."""
-        return self._run(ids, last_only=False)
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot roll back to {length}: cache holds {self.length} tokens")
-        self.length = length

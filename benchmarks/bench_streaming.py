@@ -1,0 +1,102 @@
+"""Streaming-decode settings: streamed audio against a one-shot decode of the same tokens.
+
+For each StreamConfig setting, decodes the same token sequences (a) in one pass and (b) through
+`WindowDecoder` as a stream would, and reports the SNR of (b) against (a), a log-mel distance,
+the number of codec calls and the decode work per emitted token (window tokens decoded / tokens),
+and the first chunk's audio. Defaults in `runtime/streaming.py` come from this table.
+
+    python benchmarks/bench_streaming.py [--codec DIR] [--tokens 400] [--seqs 4]
+
+With no --codec it uses the demo codec (random weights: attention spreads over the whole
+window, so context matters more than in the trained decoder; the figures are pessimistic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from pcgtts.runtime.streaming import StreamConfig, WindowDecoder
+
+SETTINGS = {
+    "no context, no fade": StreamConfig(left_context_tokens=0, lookahead_tokens=0, crossfade_samples=0),
+    "left 25, la 4, xf 320": StreamConfig(left_context_tokens=25, lookahead_tokens=4, crossfade_samples=320),
+    "default (left 50, la 8, xf 640)": StreamConfig(),
+    "left 100, la 12, xf 960": StreamConfig(left_context_tokens=100, lookahead_tokens=12, crossfade_samples=960),
+    "default, chunk 50": StreamConfig(chunk_tokens=50),
+    "default, first 5": StreamConfig(first_chunk_tokens=5, crossfade_samples=640),
+}
+
+
+def mel(x: np.ndarray) -> np.ndarray:
+    """Log-mel spectrogram (80 triangular bands to 8 kHz, 25 ms windows, 10 ms hop)."""
+    spec = torch.stft(torch.from_numpy(x), 400, 160, window=torch.hann_window(400), return_complex=True).abs() ** 2
+    freqs = torch.linspace(0, 8000, spec.shape[0])
+    edges = 700 * (10 ** (torch.linspace(0, 2595 * np.log10(1 + 8000 / 700), 82) / 2595) - 1)
+    lo, mid, hi = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    bank = torch.clamp(torch.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)), min=0)  # [80, F]
+    return torch.log(bank @ spec + 1e-6).numpy()
+
+
+def snr_db(ref: np.ndarray, out: np.ndarray) -> float:
+    return float(10 * np.log10((ref ** 2).sum() / max(((out - ref) ** 2).sum(), 1e-20)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--codec", help="X-codec2 directory (default: the demo codec)")
+    ap.add_argument("--tokens", type=int, default=400)
+    ap.add_argument("--seqs", type=int, default=4)
+    args = ap.parse_args()
+    from pcgtts.runtime.codec import Codec
+
+    if args.codec is None:
+        from pcgtts.runtime.demo import ensure_demo
+
+        args.codec = str(ensure_demo()["codec"])
+    codec = Codec.from_pretrained(args.codec)
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 65536, args.tokens) for _ in range(args.seqs)]
+    refs = [codec.decode(s) for s in seqs]
+    rows = []
+    for name, cfg in SETTINGS.items():
+        calls, window_tokens, snrs, mels, secs = 0, 0, [], [], 0.0
+
+        def counted(codes):
+            nonlocal calls, window_tokens
+            calls += 1
+            window_tokens += len(codes)
+            return codec.decode(codes)
+
+        for seq, ref in zip(seqs, refs):
+            dec = WindowDecoder(counted, cfg)
+            t0 = time.perf_counter()
+            parts = []
+            for i in range(0, len(seq), 3):  # bursts as the speculative loop yields them
+                parts += dec.push(seq[i:i + 3])
+            parts.append(dec.flush())
+            secs += time.perf_counter() - t0
+            out = np.concatenate(parts)
+            assert len(out) == len(ref)
+            snrs.append(snr_db(ref, out))
+            mels.append(float(np.abs(mel(ref) - mel(out)).mean()))
+        rows.append({"setting": name, **asdict(cfg), "snr_db": float(np.mean(snrs)), "log_mel_l1": float(np.mean(mels)),
+                     "decode_calls_per_100_tokens": 100 * calls / (args.tokens * args.seqs),
+                     "decoded_tokens_per_token": window_tokens / (args.tokens * args.seqs),
+                     "ms_per_token": 1000 * secs / (args.tokens * args.seqs)})
+        r = rows[-1]
+        print(f"{name:34s} SNR {r['snr_db']:6.2f} dB  log-mel L1 {r['log_mel_l1']:.3f}  "
+              f"calls/100 tok {r['decode_calls_per_100_tokens']:5.1f}  work x{r['decoded_tokens_per_token']:.2f}  "
+              f"{r['ms_per_token']:.2f} ms/token", file=sys.stderr)
+    print(json.dumps({"codec": args.codec, "tokens": args.tokens, "seqs": args.seqs, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
