@@ -9,7 +9,7 @@ run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "bench_out/$n
 run harness_demo  pcgtts bench --runs 1 --warmup 1 --json bench_out/harness_demo.json --plot bench_out/harness_demo.png
 run lm_demo       python benchmarks/bench_lm.py --model demo --tokens 60 --runs 1
 run lm_wide       python benchmarks/bench_lm.py --model wide --tokens 60 --runs 1
-run ort_demo      python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf --tokens 60 --runs 1
+run ort_demo      python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
 run ort_wide      python benchmarks/bench_lm.py --model wide --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
 run verify        python benchmarks/bench_verify.py
 run groups        python benchmarks/bench_groups.py

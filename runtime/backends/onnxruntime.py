@@ -61,6 +61,9 @@ class OrtLM(BufferedLM):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        # ORT's pool spins after each run by default, stealing the cores the decode loop's own
+        # torch work (sampling, the acceptance rule) needs between graph runs.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = providers_for(dev, ort.get_available_providers())
         try:
             session = ort.InferenceSession(str(folder / meta.graph), options, providers=providers)
