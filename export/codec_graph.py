@@ -89,7 +89,6 @@ def export_codec(codec_dir: str | Path, out_dir: str | Path, *, check: bool = Tr
     codec_dir, out_dir = Path(codec_dir), Path(out_dir)
     codec = Codec.from_pretrained(codec_dir, decode_only=True)
     graph = CodecDecodeGraph(codec.quantizer, codec.decoder).eval()
-    out_dir.mkdir(parents=True, exist_ok=True)
     example = (torch.randint(0, 65536, (1, 12)),)
     export_graph(graph, example, out_dir / CODEC_GRAPH, ["codes"], ["audio"],
                  ({1: torch.export.Dim("tokens", min=1)},))

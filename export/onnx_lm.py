@@ -53,7 +53,6 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
     lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16, tokenizer=tokenizer)
     model = lm.model
     args = model.args
-    out_dir.mkdir(parents=True, exist_ok=True)
 
     graph = StepGraph(model).eval()
     t, slots = 3, 8  # example sizes; both are exported as dynamic dimensions

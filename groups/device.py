@@ -33,6 +33,23 @@ def narrow(ids: np.ndarray | torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(arr.view(np.int16).copy())
 
 
+def token_major(group_offsets: np.ndarray, members: np.ndarray, num_tokens: int):
+    """Transpose group -> members CSR into token -> groups.
+
+    group_offsets: int64 [num_groups + 1]; members: int64 [nnz]. Returns int64 arrays
+    (token_offsets [num_tokens + 1], token_groups [nnz] with group ids ascending within a
+    token, groups_per_token [num_tokens]).
+    """
+    num_groups = len(group_offsets) - 1
+    if num_groups > 65536 or num_tokens > 65536:
+        raise ValueError("16-bit group tables hold at most 65,536 tokens and 65,536 groups")
+    group_of_entry = np.repeat(np.arange(num_groups, dtype=np.int64), np.diff(group_offsets))
+    order = np.argsort(members, kind="stable")  # entries are group-major, so groups stay ascending
+    counts = np.bincount(members, minlength=num_tokens)
+    token_offsets = np.concatenate([[0], np.cumsum(counts)])
+    return token_offsets, group_of_entry[order], counts
+
+
 @dataclass(frozen=True)
 class DeviceGroupTable:
     group_offsets: torch.Tensor  # int32 [num_groups + 1]
@@ -79,27 +96,21 @@ class DeviceGroupTable:
         """Build both directions from the group -> members CSR (the token -> groups side is derived)."""
         group_offsets = np.asarray(group_offsets, dtype=np.int64)
         members = np.asarray(group_members, dtype=np.int64)
-        num_groups = len(group_offsets) - 1
-        if num_groups > 65536 or num_tokens > 65536:
-            raise ValueError("16-bit group tables hold at most 65,536 tokens and 65,536 groups")
         sizes = np.diff(group_offsets)
         if (sizes <= 0).any():
             raise ValueError("every group must have at least one member")
         if members.size and (members.min() < 0 or members.max() >= num_tokens):
             raise ValueError("group member outside the speech vocabulary")
-        group_of_entry = np.repeat(np.arange(num_groups, dtype=np.int64), sizes)
-        order = np.argsort(members, kind="stable")  # token-major, group ids ascending within a token
-        counts = np.bincount(members, minlength=num_tokens)
+        token_offsets, token_groups, counts = token_major(group_offsets, members, num_tokens)
         if (counts == 0).any():
             raise ValueError(f"{int((counts == 0).sum())} speech tokens belong to no group")
-        token_offsets = np.concatenate([[0], np.cumsum(counts)])
         return cls(
             group_offsets=torch.from_numpy(group_offsets.astype(np.int32)).to(device),
             group_members=narrow(members).to(device),
             token_offsets=torch.from_numpy(token_offsets.astype(np.int32)).to(device),
-            token_groups=narrow(group_of_entry[order]).to(device),
+            token_groups=narrow(token_groups).to(device),
             num_tokens=num_tokens,
-            num_groups=num_groups,
+            num_groups=len(sizes),
             max_group_size=int(sizes.max()),
             max_groups_per_token=int(counts.max()),
             inv_groups_per_token=torch.from_numpy(np.concatenate([1.0 / counts, [1.0]]).astype(np.float32)).to(device),

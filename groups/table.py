@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.groups.device import DeviceGroupTable, token_major
 
 MAGIC = b"PCGGRP\0"
 VERSION = 1
@@ -62,16 +62,9 @@ class GroupTable:
         """Derive token -> groups from group -> members and compute the summary statistics."""
         group_offsets = np.asarray(group_offsets, dtype=np.int64)
         members = np.asarray(group_members, dtype=np.int64)
-        num_groups = len(group_offsets) - 1
-        if num_groups > 65536 or num_tokens > 65536:
-            raise ValueError("16-bit tables hold at most 65,536 tokens and 65,536 groups")
-        sizes = np.diff(group_offsets)
-        group_of_entry = np.repeat(np.arange(num_groups, dtype=np.int64), sizes)
-        order = np.lexsort((group_of_entry, members))
-        counts = np.bincount(members, minlength=num_tokens)
-        token_offsets = np.concatenate([[0], np.cumsum(counts)])
+        token_offsets, token_groups, _ = token_major(group_offsets, members, num_tokens)
         table = cls(group_offsets.astype(np.uint32), members.astype(np.uint16), token_offsets.astype(np.uint32),
-                    group_of_entry[order].astype(np.uint16), float(theta), top_k)
+                    token_groups.astype(np.uint16), float(theta), top_k)
         return replace(table, stats=table._summary())
 
     def _summary(self) -> dict:

@@ -80,18 +80,18 @@ def cases(args) -> list:
     return out
 
 
-def group_table(target_dir: str, theta: float, device):
-    """A group table for `target_dir` at `theta`, built once and cached beside the user's cache."""
-    from pcgtts.groups.build import build_groups_for_model, load_speech_embeddings
+def group_table(target_dir: str, target_lm, theta: float):
+    """A group table for the loaded target at `theta`, built once and cached beside the user's cache."""
+    from pcgtts.groups.build import build_groups_for_model
     from pcgtts.groups.table import GroupTable
     from pcgtts.runtime.demo import default_cache_dir
 
-    fingerprint = load_speech_embeddings(target_dir)[2]
+    fingerprint = target_lm.fingerprint
     path = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-t{theta:.3f}.pcg"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        build_groups_for_model(target_dir, theta, device=device.type, progress=True).save(path)
-    return GroupTable.load(path, expect_fingerprint=fingerprint).to_device(device)
+        build_groups_for_model(target_dir, theta, device=target_lm.device.type, progress=True).save(path)
+    return GroupTable.load(path, expect_fingerprint=fingerprint).to_device(target_lm.device)
 
 
 def _bench(args) -> int:
@@ -125,7 +125,7 @@ def _bench(args) -> int:
         for case in todo:
             groups = base.groups
             if case.policy == "pcg" and case.theta is not None:
-                groups = group_table(models["target"], case.theta, base.target.device)
+                groups = group_table(models["target"], base.target, case.theta)
             synth = Synthesizer(base.target, base.draft if case.policy != "ar" else None, base.codec, groups)
             records = []
             for i in range(args.warmup):
