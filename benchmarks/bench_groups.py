@@ -25,7 +25,7 @@ import torch
 
 from pcgtts.groups.build import build_groups
 from pcgtts.groups.table import GroupTable
-from pcgtts.runtime.demo import structured_speech_embeddings
+from pcgtts.tools.demo import structured_speech_embeddings
 
 
 def embeddings(n: int, width: int, noise: float, seed: int = 0) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Speech-token generation speed: our decode loop per policy vs Hugging Face on the same models.
 
 Side by side in one run (this machine is noisy: compare the ratios):
-  * ours `ar` / `draft` / `sd` / `ssd` / `pcg`           (runtime/speculative.py, static KV cache)
+  * ours `ar` / `draft` / `sd` / `ssd` / `pcg`           (runtime/decode/speculative.py, static KV cache)
   * HF `model.generate` (sampling, same length, same dtype)           -> baseline for `ar`
   * HF assisted generation (`assistant_model=` the same draft, sampling) -> baseline for `sd`/`pcg`
 Reports tokens/s, target forwards per token, acceptance, mean accepted length, and on the
@@ -26,13 +26,14 @@ from pathlib import Path
 
 import torch
 
-from pcgtts.groups.build import build_groups, load_speech_embeddings
+from pcgtts.groups.build import build_groups
+from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.demo import DemoLMConfig, build_demo_tokenizer, confuse_draft_head, write_demo_lm
-from pcgtts.runtime.draft import make_layer_subset_draft
-from pcgtts.runtime.lm import TorchLM
-from pcgtts.runtime.prompt import build_prompt
-from pcgtts.runtime.speculative import DecodeStats, decode
+from pcgtts.tools.demo import DemoLMConfig, build_demo_tokenizer, confuse_draft_head, write_demo_lm
+from pcgtts.runtime.lm.draft import make_layer_subset_draft
+from pcgtts.runtime.lm.torch_lm import TorchLM
+from pcgtts.runtime.text.prompt import build_prompt
+from pcgtts.runtime.decode.speculative import DecodeStats, decode
 
 SHAPES = {
     "demo": (DemoLMConfig(), 2),
@@ -57,7 +58,7 @@ def make_models(name: str, root: Path) -> tuple[Path, Path]:
 def load_onnx_pair(target_dir: Path, draft_dir: Path, device: str):
     """The pair on onnxruntime, exported (and numerically checked) once beside the checkpoints."""
     from pcgtts.export.onnx_lm import export_lm
-    from pcgtts.runtime.backends.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
 
     lms = []
     for model_dir in (target_dir, draft_dir):
@@ -72,8 +73,8 @@ def sync_fn(device: str):
     return torch.cuda.synchronize if device.startswith("cuda") else None
 
 
-def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, lookahead):
-    config = DecodeConfig(policy=policy, lookahead=lookahead, max_new_tokens=tokens,
+def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length):
+    config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens,
                           sampling=SamplingConfig(temperature=0.8))
     gen = torch.Generator(device=device).manual_seed(seed)
     stats = DecodeStats()
@@ -112,7 +113,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tokens", type=int, default=200, help="speech tokens generated per run")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--lookahead", type=int, default=3)
+    ap.add_argument("--draft-length", type=int, default=3)
     ap.add_argument("--theta", type=float, default=0.25, help="0.25 ~ radius-sqrt(2) lattice balls on these embeddings")
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
@@ -141,16 +142,16 @@ def main() -> int:
     for backend, graphs in variants:
         if backend == "torch":
             target = TorchLM.load(target_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
-                                  lookahead=args.lookahead, tokenizer=tok)
+                                  graph_token_counts=(1, args.draft_length + 1), tokenizer=tok)
             draft = TorchLM.load(draft_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
-                                 lookahead=args.lookahead, tokenizer=target.tokenizer)
+                                 graph_token_counts=(1, args.draft_length + 1), tokenizer=target.tokenizer)
         else:
             target, draft = load_onnx_pair(target_dir, draft_dir, args.device)
         prompt = build_prompt(target.tokenizer, target.vocab, TEXT)
         for policy in args.policies.split(","):
-            run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.lookahead)  # warm-up
+            run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length)  # warm-up
             results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
-                                args.lookahead) for seed in range(1, args.runs + 1)]
+                                args.draft_length) for seed in range(1, args.runs + 1)]
             n = sum(r[0] for r in results)
             secs = sum(r[1] for r in results)
             st = [r[2] for r in results]
@@ -186,7 +187,7 @@ def main() -> int:
     base = {r["policy"]: r["tokens_per_s"] for r in rows if r["impl"].startswith("hf")}
     ar = next(r["tokens_per_s"] for r in rows if r["policy"] == "ar" and r["impl"].startswith("ours"))
     print(f"\n{args.model} on {args.device} ({args.dtype}), {args.tokens} tokens x {args.runs} runs, "
-          f"L={args.lookahead}, theta={args.theta}: {groups.num_groups} groups, "
+          f"L={args.draft_length}, theta={args.theta}: {groups.num_groups} groups, "
           f"mean size {groups.stats['mean_group_size']:.1f}")
     print(f"{'impl':13s} {'policy':8s} {'tok/s':>8s} {'x ours-ar':>9s} {'x hf-gen':>8s} {'x hf-asst':>9s} "
           f"{'tgt fwd/tok':>11s} {'accept':>7s} {'mean len':>8s} {'ms/step':>8s} {'outside':>8s}")
@@ -199,7 +200,7 @@ def main() -> int:
               f"{fmt('target_forwards_per_token', '11.3f')} {fmt('acceptance', '7.3f')} "
               f"{fmt('mean_accepted_length', '8.2f')} {fmt('ms_per_step', '8.2f')} {fmt('outside_forward_share', '8.1%')}")
     print(json.dumps({"model": args.model, "device": args.device, "dtype": args.dtype, "tokens": args.tokens,
-                      "runs": args.runs, "lookahead": args.lookahead, "theta": args.theta,
+                      "runs": args.runs, "draft_length": args.draft_length, "theta": args.theta,
                       "group_build_s": group_build_s, "rows": rows}))
     return 0
 

@@ -3,7 +3,7 @@
 For each StreamConfig setting, decodes the same token sequences (a) in one pass and (b) through
 `WindowDecoder` as a stream would, and reports the SNR of (b) against (a), a log-mel distance,
 the number of codec calls and the decode work per emitted token (window tokens decoded / tokens),
-and the first chunk's audio. Defaults in `runtime/streaming.py` come from this table.
+and the first chunk's audio. Defaults in `runtime/audio/streaming.py` come from this table.
 
     python benchmarks/bench_streaming.py [--codec DIR] [--tokens 400] [--seqs 4]
 
@@ -22,13 +22,14 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from pcgtts.runtime.streaming import StreamConfig, WindowDecoder
+from pcgtts.runtime.audio.streaming import WindowDecoder
+from pcgtts.runtime.config import StreamConfig
 
 SETTINGS = {
-    "no context, no fade": StreamConfig(left_context_tokens=0, lookahead_tokens=0, crossfade_samples=0),
-    "left 25, la 4, xf 320": StreamConfig(left_context_tokens=25, lookahead_tokens=4, crossfade_samples=320),
+    "no context, no fade": StreamConfig(left_context_tokens=0, codec_lookahead=0, crossfade_samples=0),
+    "left 25, la 4, xf 320": StreamConfig(left_context_tokens=25, codec_lookahead=4, crossfade_samples=320),
     "default (left 50, la 8, xf 640)": StreamConfig(),
-    "left 100, la 12, xf 960": StreamConfig(left_context_tokens=100, lookahead_tokens=12, crossfade_samples=960),
+    "left 100, la 12, xf 960": StreamConfig(left_context_tokens=100, codec_lookahead=12, crossfade_samples=960),
     "default, chunk 50": StreamConfig(chunk_tokens=50),
     "default, first 5": StreamConfig(first_chunk_tokens=5, crossfade_samples=640),
 }
@@ -54,10 +55,10 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=400)
     ap.add_argument("--seqs", type=int, default=4)
     args = ap.parse_args()
-    from pcgtts.runtime.codec import Codec
+    from pcgtts.runtime.audio.codec import Codec
 
     if args.codec is None:
-        from pcgtts.runtime.demo import ensure_demo
+        from pcgtts.tools.demo import ensure_demo
 
         args.codec = str(ensure_demo()["codec"])
     codec = Codec.from_pretrained(args.codec)

@@ -19,8 +19,8 @@ import time
 import torch
 
 from pcgtts.groups.build import build_groups
-from pcgtts.runtime.acceptance import draw_uniforms, verify
-from pcgtts.runtime.demo import structured_speech_embeddings
+from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
+from pcgtts.tools.demo import structured_speech_embeddings
 
 L, V = 3, 65537
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import soundfile as sf
 
-from pcgtts.runtime.codec import Codec
-from pcgtts.runtime.demo import ensure_demo
+from pcgtts.runtime.audio.codec import Codec
+from pcgtts.tools.demo import ensure_demo
 from pcgtts.runtime.synthesizer import Synthesizer
-from pcgtts.runtime.voice import Voice
+from pcgtts.runtime.audio.voice import Voice
 
 ref_audio, ref_text, text, out = sys.argv[1:5]
 models = {k: str(v) for k, v in ensure_demo().items()}  # or your own checkpoints

@@ -7,7 +7,7 @@ import sys
 
 import soundfile as sf
 
-from pcgtts.runtime.demo import ensure_demo
+from pcgtts.tools.demo import ensure_demo
 from pcgtts.runtime.synthesizer import Synthesizer
 
 text, path = sys.argv[1], sys.argv[2]

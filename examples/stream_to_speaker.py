@@ -7,8 +7,8 @@ With no model given it uses the built-in demo models (random weights: the audio 
 
 import argparse
 
-from pcgtts.runtime.demo import ensure_demo
-from pcgtts.runtime.playback import open_sink
+from pcgtts.tools.demo import ensure_demo
+from pcgtts.runtime.audio.playback import open_sink
 from pcgtts.runtime.synthesizer import Synthesizer
 
 ap = argparse.ArgumentParser()

@@ -25,8 +25,8 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-from pcgtts.export.onnx_common import OPSET, export_graph
-from pcgtts.runtime.backends.onnx_codec import CODEC_META, OrtCodec
+from pcgtts.export.onnx_common import OPSET, export_graph, staged_output
+from pcgtts.runtime.audio.onnx_codec import CODEC_META, OrtCodec
 
 CODEC_GRAPH = "codec_decoder.onnx"
 
@@ -84,22 +84,23 @@ class CodecDecodeGraph(nn.Module):
 
 
 def export_codec(codec_dir: str | Path, out_dir: str | Path, *, check: bool = True, tolerance: float = 1e-3) -> dict:
-    from pcgtts.runtime.codec import Codec
+    from pcgtts.runtime.audio.codec import Codec
 
     codec_dir, out_dir = Path(codec_dir), Path(out_dir)
     codec = Codec.from_pretrained(codec_dir, decode_only=True)
     graph = CodecDecodeGraph(codec.quantizer, codec.decoder).eval()
     example = (torch.randint(0, 65536, (1, 12)),)
-    export_graph(graph, example, out_dir / CODEC_GRAPH, ["codes"], ["audio"],
-                 ({1: torch.export.Dim("tokens", min=1)},))
     meta = {"format": "pcgtts-codec", "version": 1, "graph": CODEC_GRAPH, "sample_rate": Codec.sample_rate,
-            "samples_per_token": Codec.hop, "opset": OPSET, "source": str(codec_dir)}
-    if check:
-        codes = np.random.default_rng(0).integers(0, 65536, 75)
-        diff = float(np.abs(codec.decode(codes) - OrtCodec(out_dir, meta).decode(codes)).max())
-        meta["check"] = {"tokens": len(codes), "max_abs_diff": diff, "tolerance": tolerance, "ok": diff <= tolerance}
-    (out_dir / CODEC_META).write_text(json.dumps(meta, indent=2) + "\n")
-    if check and not meta["check"]["ok"]:
-        raise RuntimeError(f"exported codec decoder differs from PyTorch by {meta['check']['max_abs_diff']:.3g} "
-                           f"(tolerance {tolerance:.3g})")
+            "samples_per_token": Codec.samples_per_token, "opset": OPSET, "source": str(codec_dir)}
+    with staged_output(out_dir) as stage:
+        export_graph(graph, example, stage / CODEC_GRAPH, ["codes"], ["audio"],
+                     ({1: torch.export.Dim("tokens", min=1)},))
+        if check:
+            codes = np.random.default_rng(0).integers(0, 65536, 75)
+            diff = float(np.abs(codec.decode(codes) - OrtCodec(stage, meta).decode(codes)).max())
+            meta["check"] = {"tokens": len(codes), "max_abs_diff": diff, "tolerance": tolerance, "ok": diff <= tolerance}
+            if not meta["check"]["ok"]:
+                raise RuntimeError(f"exported codec decoder differs from PyTorch by {diff:.3g} "
+                                   f"(tolerance {tolerance:.3g}); nothing was written")
+        (stage / CODEC_META).write_text(json.dumps(meta, indent=2) + "\n")
     return meta

@@ -29,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-from pcgtts.runtime.llama import Llama
+from pcgtts.runtime.lm.llama import Llama
 
 
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,

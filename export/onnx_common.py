@@ -1,4 +1,8 @@
-"""One way to run `torch.onnx.export(dynamo=True)` for every graph we ship.
+"""One way to run `torch.onnx.export(dynamo=True)` for every graph we ship, and to publish it.
+
+Every export is written into a staging folder beside its destination, checked there against
+PyTorch, and only then moved into place (`staged_output`): a failed export or check leaves
+nothing behind and an existing export untouched.
 
 The exporter's own passes log every rewrite at INFO; they are held at WARNING here so an
 export prints our summary, not thousands of lines. Weights go to `<graph>.data` beside the
@@ -59,3 +63,29 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
     for name in _TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
+
+
+@contextlib.contextmanager
+def staged_output(out_dir: str | Path):
+    """Yields an empty staging folder next to `out_dir`; on a clean exit it replaces `out_dir`
+    (an existing one is moved aside first and deleted after), on an exception it is deleted."""
+    import tempfile
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out must be a directory, but {out_dir} is a file")
+    parent = out_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=parent))
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    old = None
+    if out_dir.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=parent))
+        out_dir.rename(old / "export")
+    stage.rename(out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from pcgtts.export.lm_graph import StepGraph, io_names
-from pcgtts.export.onnx_common import OPSET, copy_tokenizer, export_graph
-from pcgtts.runtime.backends.graph_meta import GraphMeta
-from pcgtts.runtime.checkpoint import load_tokenizer, read_config, resolve_dtype
-from pcgtts.runtime.vocab import SpeechVocab
+from pcgtts.export.onnx_common import OPSET, copy_tokenizer, export_graph, staged_output
+from pcgtts.runtime.lm.graph_meta import GraphMeta
+from pcgtts.runtime.lm.checkpoint import load_tokenizer, read_config, resolve_dtype
+from pcgtts.runtime.text.vocab import SpeechVocab
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,6 @@ class CheckResult:
 
 def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float32", max_length: int = 4096,
               check: bool = True, tolerance: float | None = None) -> tuple[GraphMeta, CheckResult | None]:
-    from pcgtts.runtime.lm import TorchLM
-
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     read_config(model_dir)  # a clear error for a folder that is not a LLaMA checkpoint
     tokenizer = load_tokenizer(model_dir)
@@ -50,6 +48,18 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
     torch_dtype = resolve_dtype(dtype)
     if torch_dtype == torch.bfloat16:
         raise ValueError("export in float32 or float16 (bfloat16 engines are built from a float32 graph)")
+    with staged_output(out_dir) as stage:
+        meta, result = _export_into(stage, model_dir, tokenizer, vocab, torch_dtype, max_length, check, tolerance)
+    if result is not None:
+        log.info("exported %s: max |logit diff| vs PyTorch %.2g (tolerance %.2g)", out_dir, result.max_abs_diff,
+                 result.tolerance)
+    return meta, result
+
+
+def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, torch_dtype: torch.dtype,
+                 max_length: int, check: bool, tolerance: float | None) -> tuple[GraphMeta, CheckResult | None]:
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
     lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16, tokenizer=tokenizer)
     model = lm.model
     args = model.args
@@ -63,24 +73,24 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
     tokens, keep, cache = torch.export.Dim("tokens", min=1), torch.export.Dim("logits", min=1), torch.export.Dim("cache", min=2)
     # *past is one variadic argument: its shapes go in as one tuple.
     dynamic = ({1: tokens}, {1: tokens}, {1: keep}, tuple({2: cache} for _ in past))
-    export_graph(graph, example, out_dir / GRAPH_FILE, inputs, outputs, dynamic)
+    export_graph(graph, example, stage / GRAPH_FILE, inputs, outputs, dynamic)
 
-    copy_tokenizer(model_dir, out_dir)
+    copy_tokenizer(model_dir, stage)
     meta = GraphMeta(
         graph=GRAPH_FILE, kind="onnx", dtype=str(torch_dtype).removeprefix("torch."), num_layers=args.num_layers,
         num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim, vocab=vocab,
         max_length=max_length, opset=OPSET, fingerprint=lm.fingerprint, source=str(model_dir),
         extra={"hidden_size": args.hidden_size, "torch": torch.__version__},
     )
-    meta.save(out_dir)
+    meta.save(stage)
     result = None
     if check:
-        result = check_lm(model_dir, out_dir, dtype=torch_dtype, tolerance=tolerance)
+        result = check_lm(model_dir, stage, dtype=torch_dtype, tolerance=tolerance)
         meta = GraphMeta(**{**meta.__dict__, "extra": {**meta.extra, "check": result.__dict__ | {"ok": result.ok}}})
-        meta.save(out_dir)
+        meta.save(stage)
         if not result.ok:
             raise RuntimeError(f"exported graph differs from PyTorch by {result.max_abs_diff:.3g} "
-                               f"(tolerance {result.tolerance:.3g}); the graph in {out_dir} is not usable")
+                               f"(tolerance {result.tolerance:.3g}); nothing was written")
     return meta, result
 
 
@@ -101,8 +111,8 @@ def compare_backends(reference, candidate, prompt: torch.Tensor, steps: list[tor
 def check_lm(model_dir: str | Path, onnx_dir: str | Path, *, dtype=torch.float32, tolerance: float | None = None,
              seed: int = 0) -> CheckResult:
     """Run the torch and onnxruntime backends side by side on a random prompt."""
-    from pcgtts.runtime.backends.onnxruntime import OrtLM
-    from pcgtts.runtime.lm import TorchLM
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
 
     reference = TorchLM.load(model_dir, dtype=torch.float32, max_length=64)
     candidate = OrtLM.load(onnx_dir, max_length=64, tokenizer=reference.tokenizer)

@@ -1,6 +1,6 @@
 """`pcgtts export tensorrt`: build a TensorRT engine from an exported ONNX step graph.
 
-The engine gets the three optimization profiles `runtime/backends/tensorrt.py` runs with
+The engine gets the three optimization profiles `runtime/lm/tensorrt.py` runs with
 (draft step, verify/short steps, prefill), a fixed cache capacity (the `past` inputs' slot
 axis: TensorRT plans kernels per shape range, and a fixed capacity keeps every profile's
 range tight), and fp16 or bf16 kernels. The folder it writes holds the engine, the tokenizer
@@ -18,25 +18,25 @@ from pathlib import Path
 import torch
 
 from pcgtts.export.onnx_common import copy_tokenizer
-from pcgtts.runtime.backends.graph_meta import GraphMeta
-from pcgtts.runtime.backends.tensorrt import PROFILES, gpu_identity, import_tensorrt
+from pcgtts.runtime.lm.graph_meta import GraphMeta
+from pcgtts.runtime.lm.tensorrt import PROFILES, gpu_identity, import_tensorrt
 
 log = logging.getLogger(__name__)
 
 ENGINE_FILE = "model.engine"
 
 
-def profile_ranges(lookahead: int, max_length: int) -> dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]]:
+def profile_ranges(draft_length: int, max_length: int) -> dict[str, tuple[tuple[int, int, int], tuple[int, int, int]]]:
     """(min, opt, max) of the token count T and of the logit rows K for each profile."""
-    step = lookahead + 2  # verify is L + 1; one spare for the draft's catch-up step
+    step = draft_length + 2  # verify is L + 1; one spare for the draft's catch-up step
     return {
         "draft": ((1, 1, 1), (1, 1, 1)),
-        "step": ((1, lookahead + 1, step), (1, lookahead + 1, step)),
+        "step": ((1, draft_length + 1, step), (1, draft_length + 1, step)),
         "prefill": ((1, min(256, max_length), max_length), (1, 1, 1)),
     }
 
 
-def build_engine(onnx_dir: str | Path, out_dir: str | Path, *, precision: str = "fp16", lookahead: int = 3,
+def build_engine(onnx_dir: str | Path, out_dir: str | Path, *, precision: str = "fp16", draft_length: int = 3,
                  max_length: int = 2048, workspace_gb: float = 8.0) -> GraphMeta:
     trt = import_tensorrt()
     if precision not in ("fp16", "bf16", "fp32"):
@@ -56,7 +56,7 @@ def build_engine(onnx_dir: str | Path, out_dir: str | Path, *, precision: str = 
         config.set_flag(trt.BuilderFlag.FP16)
     elif precision == "bf16":
         config.set_flag(trt.BuilderFlag.BF16)
-    ranges = profile_ranges(lookahead, max_length)
+    ranges = profile_ranges(draft_length, max_length)
     cache = (1, meta.num_kv_heads, max_length, meta.head_dim)
     for name in PROFILES:  # the order is the profile index the runtime selects
         tokens, logits = ranges[name]
@@ -89,8 +89,8 @@ def build_engine(onnx_dir: str | Path, out_dir: str | Path, *, precision: str = 
 def check_engine_against_onnx(onnx_dir: str | Path, engine_dir: str | Path, tolerance: float = 0.15) -> float:
     """Max |logit difference| between the engine and the ONNX graph over prefill, steps and a rollback."""
     from pcgtts.export.onnx_lm import compare_backends
-    from pcgtts.runtime.backends.onnxruntime import OrtLM
-    from pcgtts.runtime.backends.tensorrt import TrtLM
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.tensorrt import TrtLM
 
     engine = TrtLM.load(engine_dir)
     reference = OrtLM.load(onnx_dir, max_length=engine.max_length, tokenizer=engine.tokenizer)

@@ -29,25 +29,6 @@ def embedding_fingerprint(rows: torch.Tensor) -> str:
     return hashlib.sha256(f"{tuple(rows.shape)}".encode() + data.tobytes()).hexdigest()
 
 
-def load_speech_embeddings(model_dir: str | Path):
-    """(embedding rows of the speech tokens [N, H] float32, SpeechVocab, fingerprint) of a local
-    LLaSA checkpoint, read straight from the safetensors without building the model."""
-    from safetensors import safe_open
-
-    from pcgtts.runtime.checkpoint import load_tokenizer, weight_files
-    from pcgtts.runtime.vocab import SpeechVocab
-
-    model_dir = Path(model_dir)
-    vocab = SpeechVocab.from_tokenizer(load_tokenizer(model_dir))
-    key = "model.embed_tokens.weight"
-    for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            if key in f.keys():
-                rows = f.get_slice(key)[vocab.speech_offset:vocab.speech_offset + vocab.num_speech].float()
-                return rows, vocab, embedding_fingerprint(rows)
-    raise ValueError(f"{model_dir}: no {key} in the checkpoint")
-
-
 def _block_rows(num_tokens: int, device: torch.device) -> int:
     # ~256 MB of float32 similarities per block on CPU, 1 GB on a GPU.
     budget = (1 << 28) if device.type == "cpu" else (1 << 30)
@@ -145,10 +126,3 @@ def build_groups(embeddings: torch.Tensor, theta: float, top_k: int | None = Non
     table = GroupTable.from_groups_csr(group_offsets, group_members, embeddings.shape[0], theta, top_k)
     log.info("groups at theta=%.3f: %s", theta, json.dumps(table.stats))
     return table
-
-
-def build_groups_for_model(model_dir: str | Path, theta: float, top_k: int | None = None, device="cpu",
-                           progress: bool = True) -> GroupTable:
-    rows, vocab, fingerprint = load_speech_embeddings(model_dir)
-    table = build_groups(rows, theta, top_k, device, progress=progress)
-    return table.with_model(vocab.speech_offset, vocab.vocab_size, fingerprint)

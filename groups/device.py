@@ -10,7 +10,7 @@ has no indexable uint16, so they are stored as int16 holding the uint16 bit patt
 with `widen()` right before use. Offsets are int32.
 
 The stop token (restricted index `num_tokens`) is not in the table: the acceptance rules treat
-it as its own singleton group with id `num_groups` (see runtime/acceptance.py).
+it as its own singleton group with id `num_groups` (see runtime/decode/acceptance.py).
 """
 
 from __future__ import annotations

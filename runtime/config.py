@@ -1,10 +1,33 @@
-"""Per-call settings as frozen, validated dataclasses. Override with `dataclasses.replace`."""
+"""Every setting as a frozen, validated dataclass, and the one function that resolves them.
+
+    Settings
+      models     ModelPaths       target, draft, codec, groups
+      device     DeviceConfig     compute_device, dtype, backend, max_length
+      synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks
+        decode   DecodeConfig     policy, draft_length, ssd_beta, max_new_tokens, pcg_thinning_trials
+          sampling SamplingConfig temperature, top_p
+        stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
+                                  crossfade_samples
+
+`resolve_settings(explicit, config_file)` is where a value is decided, with one precedence order:
+an explicit argument (a `from_pretrained` keyword or a CLI flag that was given) > the config file
+> the default. Field names are unique across the sections, so a key names one setting wherever it
+is written: a TOML config file may use the section tables above (`[decode] policy = "sd"`) or flat
+keys. Change a resolved setting with `dataclasses.replace`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
 
 POLICIES = ("ar", "draft", "sd", "ssd", "pcg")
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -26,7 +49,7 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class DecodeConfig:
     policy: str = "pcg"  # ar | draft | sd | ssd | pcg
-    lookahead: int = 3  # draft tokens proposed per verify step (the paper's L_d)
+    draft_length: int = 3  # draft tokens proposed per verify step (the paper's L_d)
     ssd_beta: float = 0.4  # SSD's tolerance added to min(1, target/draft)
     max_new_tokens: int = 2000  # speech tokens per utterance (40 s of audio)
     pcg_thinning_trials: int = 16  # residual-sampler trials drawn at once before the exact fallback
@@ -35,11 +58,181 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if not (1 <= self.lookahead <= 16):
-            raise ValueError(f"lookahead must lie in [1, 16], got {self.lookahead}")
+        if not (1 <= self.draft_length <= 16):
+            raise ValueError(f"draft_length must lie in [1, 16], got {self.draft_length}")
         if self.ssd_beta < 0:
             raise ValueError(f"ssd_beta must be >= 0, got {self.ssd_beta}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.pcg_thinning_trials < 1:
             raise ValueError(f"pcg_thinning_trials must be >= 1, got {self.pcg_thinning_trials}")
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """How accepted tokens become audio chunks (`runtime/audio/streaming.py`)."""
+
+    first_chunk_tokens: int = 10  # 200 ms of audio: the first chunk, kept small for time to first audio
+    chunk_tokens: int = 25  # 500 ms per later chunk
+    left_context_tokens: int = 50  # 1 s of already-emitted tokens decoded again as context
+    codec_lookahead: int = 8  # tokens past the chunk that must exist before it is decoded
+    crossfade_samples: int = 640  # 40 ms raised-cosine blend with the previous window
+
+    def __post_init__(self) -> None:
+        for name in ("first_chunk_tokens", "chunk_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.left_context_tokens < 0 or self.codec_lookahead < 0 or self.crossfade_samples < 0:
+            raise ValueError("left_context_tokens, codec_lookahead and crossfade_samples must be >= 0")
+        if self.crossfade_samples > self.codec_lookahead * SAMPLES_PER_TOKEN:
+            raise ValueError("crossfade_samples cannot exceed the codec lookahead audio "
+                             f"({self.codec_lookahead} tokens = {self.codec_lookahead * SAMPLES_PER_TOKEN} samples)")
+        if self.crossfade_samples > min(self.first_chunk_tokens, self.chunk_tokens) * SAMPLES_PER_TOKEN:
+            raise ValueError("crossfade_samples cannot exceed a chunk")
+
+
+@dataclass(frozen=True)
+class SynthesisConfig:
+    """Per-call settings of `Synthesizer.stream`."""
+
+    decode: DecodeConfig = DecodeConfig()
+    stream: StreamConfig = StreamConfig()
+    seed: int | None = None  # None: a fresh random seed per call
+    max_sentence_chars: int = 300  # long text is split into pieces of at most this many characters
+    # LLaSA speaks ~15 characters/s (~3.5 tokens per character); generation past
+    # `min_tokens + tokens_per_char * chars` is a runaway (a known LLaSA failure) and is cut.
+    tokens_per_char: float = 12.0
+    min_tokens: int = 50
+    queue_chunks: int = 64  # how far generation may run ahead of the consumer
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_char <= 0 or self.min_tokens < 1:
+            raise ValueError("tokens_per_char must be > 0 and min_tokens >= 1")
+        if self.queue_chunks < 1:
+            raise ValueError(f"queue_chunks must be >= 1, got {self.queue_chunks}")
+        if self.max_sentence_chars < 20:
+            raise ValueError(f"max_sentence_chars must be >= 20, got {self.max_sentence_chars}")
+
+    def token_budget(self, text: str) -> int:
+        return min(self.decode.max_new_tokens, int(self.min_tokens + self.tokens_per_char * len(text)))
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    """Local model locations; None where a model is not used (or: the built-in voice's)."""
+
+    target: str | None = None  # LLaSA-format checkpoint directory (or an ONNX / TensorRT export of it)
+    draft: str | None = None  # draft checkpoint (same speech-token layout as the target)
+    codec: str | None = None  # X-codec2 directory, Hugging Face format (or its ONNX export)
+    groups: str | None = None  # .pcg group table of the target, for policy pcg
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    compute_device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: str = "float32"
+    backend: str = "torch"
+    max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not (self.compute_device == "cpu" or self.compute_device.split(":")[0] == "cuda"):
+            raise ValueError(f"compute_device must be cpu, cuda or cuda:N, got {self.compute_device!r}")
+        if self.max_length < 64:
+            raise ValueError(f"max_length must be >= 64, got {self.max_length}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    models: ModelPaths = ModelPaths()
+    device: DeviceConfig = DeviceConfig()
+    synthesis: SynthesisConfig = SynthesisConfig()
+
+
+# Where each flat key lives: a path of attribute names from Settings.
+def _key_paths() -> dict[str, tuple[str, ...]]:
+    paths: dict[str, tuple[str, ...]] = {}
+
+    def walk(cls, prefix: tuple[str, ...]) -> None:
+        for f in dataclasses.fields(cls):
+            sub = f.default if dataclasses.is_dataclass(f.default) else None
+            if sub is not None:
+                walk(type(sub), prefix + (f.name,))
+            else:
+                assert f.name not in paths, f"setting name {f.name!r} is used twice"
+                paths[f.name] = prefix + (f.name,)
+
+    walk(Settings, ())
+    return paths
+
+
+KEYS = _key_paths()
+SECTIONS = ("models", "device", "synthesis", "decode", "sampling", "stream")
+
+
+def _set(settings: Settings, path: tuple[str, ...], value: Any) -> Settings:
+    head, *rest = path
+    if not rest:
+        return dataclasses.replace(settings, **{head: value})
+    return dataclasses.replace(settings, **{head: _set(getattr(settings, head), tuple(rest), value)})
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Flat {key: value} from a TOML file; model paths are taken relative to the file's folder."""
+    import tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a valid TOML config file ({err})") from None
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        items = value.items() if key in SECTIONS and isinstance(value, dict) else [(key, value)]
+        for name, v in items:
+            if name not in KEYS:
+                raise ValueError(f"{path}: unknown setting {name!r} (known: {', '.join(sorted(KEYS))})")
+            if key in SECTIONS and KEYS[name][-2] != key:
+                raise ValueError(f"{path}: setting {name!r} belongs in [{KEYS[name][-2]}], not [{key}]")
+            if KEYS[name][0] == "models" and v is not None:
+                v = str((path.parent / v).resolve()) if not Path(v).is_absolute() else v
+            flat[name] = v
+    return flat
+
+
+def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str | Path | None = None,
+                     base: Settings | None = None) -> Settings:
+    """The settings in force: `explicit` (None values count as not given) > `config_file` > `base`
+    (the defaults when None). Unknown keys and invalid values raise ValueError."""
+    settings = base or Settings()
+    layers = [read_config_file(config_file) if config_file is not None else {},
+              {k: v for k, v in (explicit or {}).items() if v is not None}]
+    for layer in layers:
+        for key, value in layer.items():
+            if key not in KEYS:
+                raise ValueError(f"unknown setting {key!r}")
+            path = KEYS[key]
+            if path[0] == "models" and value is not None:
+                value = str(value)
+            settings = _set(settings, path, value)
+    return settings
+
+
+def settings_dict(settings: Settings) -> dict[str, Any]:
+    """Flat {key: value} of every setting (what a config file could say)."""
+    out: dict[str, Any] = {}
+    for key, path in KEYS.items():
+        value: Any = settings
+        for name in path:
+            value = getattr(value, name)
+        out[key] = value
+    return out
+
+
+__all__ = ["POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
+           "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict"]

@@ -6,8 +6,8 @@
 
 Generation runs ahead of the consumer on a worker thread feeding a bounded queue: the worker
 splits the text into sentences, builds each prompt, runs the decode loop
-(`runtime/speculative.py`) and pushes accepted tokens through the windowed codec decoder
-(`runtime/streaming.py`). All sentences share one window decoder, so the audio is one
+(`runtime/decode/speculative.py`) and pushes accepted tokens through the windowed codec decoder
+(`runtime/audio/streaming.py`). All sentences share one window decoder, so the audio is one
 continuous stream. Closing the stream early stops the worker and frees the KV caches. One
 stream at a time per Synthesizer: a second concurrent stream is refused with a clear error.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -25,39 +26,20 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from pcgtts.runtime.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
-from pcgtts.runtime.config import DecodeConfig
-from pcgtts.runtime.prompt import build_prompt
-from pcgtts.runtime.speculative import DecodeStats, decode
-from pcgtts.runtime.streaming import StreamConfig, WindowDecoder
-from pcgtts.runtime.text import split_sentences
-from pcgtts.runtime.voice import Voice
+from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
+from pcgtts.runtime.audio.codec import SpeechCodec
+from pcgtts.runtime.config import DeviceConfig, ModelPaths, Settings, SynthesisConfig, resolve_settings
+from pcgtts.runtime.text.prompt import build_prompt
+from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.lm.protocol import LM
+from pcgtts.runtime.audio.streaming import WindowDecoder
+from pcgtts.runtime.text.split import split_sentences
+from pcgtts.runtime.audio.voice import Voice
 
 log = logging.getLogger(__name__)
 
 _END = object()  # queue sentinel: the worker finished
-
-
-@dataclass(frozen=True)
-class SynthesisConfig:
-    decode: DecodeConfig = DecodeConfig()
-    stream: StreamConfig = StreamConfig()
-    seed: int | None = None  # None: a fresh random seed per call
-    max_sentence_chars: int = 300  # long text is split into pieces of at most this many characters
-    # LLaSA speaks ~15 characters/s (~3.5 tokens per character); generation past
-    # `min_tokens + tokens_per_char * chars` is a runaway (a known LLaSA failure) and is cut.
-    tokens_per_char: float = 12.0
-    min_tokens: int = 50
-    queue_chunks: int = 64  # how far generation may run ahead of the consumer
-
-    def __post_init__(self) -> None:
-        if self.tokens_per_char <= 0 or self.min_tokens < 1:
-            raise ValueError("tokens_per_char must be > 0 and min_tokens >= 1")
-        if self.queue_chunks < 1:
-            raise ValueError(f"queue_chunks must be >= 1, got {self.queue_chunks}")
-
-    def token_budget(self, text: str) -> int:
-        return min(self.decode.max_new_tokens, int(self.min_tokens + self.tokens_per_char * len(text)))
 
 
 @dataclass
@@ -126,9 +108,10 @@ class SynthesisStream:
 
 
 class Synthesizer:
-    def __init__(self, target, draft, codec, groups=None, config: SynthesisConfig = SynthesisConfig()):
-        # target / draft: `LM` backends; codec: `Codec` (decode-only is enough without ref audio);
-        # groups: `DeviceGroupTable` on the target's device, or None (pcg then unavailable).
+    def __init__(self, target: LM, draft: LM | None, codec: SpeechCodec, groups: DeviceGroupTable | None = None,
+                 config: SynthesisConfig = SynthesisConfig()):
+        # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
+        # from codec.source_dir); groups on the target's device, or None (pcg then unavailable).
         if draft is not None and draft.vocab != target.vocab:
             raise ValueError("draft and target have different speech vocabularies (tokenizers differ)")
         self.target, self.draft, self.codec, self.groups = target, draft, codec, groups
@@ -138,40 +121,52 @@ class Synthesizer:
         self._voices: dict[tuple, Voice] = {}
 
     @classmethod
-    def from_pretrained(cls, target: str | Path, draft: str | Path | None = None, codec: str | Path | None = None,
-                        groups: str | Path | None = None, policy: str = "pcg", device: str = "cpu",
-                        dtype: str = "float32", backend: str = "torch", max_length: int = 4096,
-                        config: SynthesisConfig | None = None) -> "Synthesizer":
-        from pcgtts.runtime.backends import load_lm
-        from pcgtts.runtime.backends.onnx_codec import OrtCodec, is_exported_codec
-        from pcgtts.runtime.codec import Codec
+    def from_pretrained(cls, target: str | Path | None = None, draft: str | Path | None = None,
+                        codec: str | Path | None = None, groups: str | Path | None = None, *,
+                        config: SynthesisConfig | None = None, config_file: str | Path | None = None,
+                        force_export: bool = False, **settings) -> "Synthesizer":
+        """Load models from local folders. No `target`: the built-in voice.
 
-        if codec is None:
-            raise ValueError("a codec directory (X-codec2, Hugging Face format) is required")
-        config = config or SynthesisConfig()
-        config = replace(config, decode=replace(config.decode, policy=policy))
-        if policy != "ar" and draft is None:
-            raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
-        lookahead = config.decode.lookahead
-        target_lm = load_lm(target, backend=backend, device=device, dtype=dtype, max_length=max_length,
-                            lookahead=lookahead)
+        Any setting of `runtime/config.py` may be given by name (`policy="sd"`, `temperature=0.6`,
+        `compute_device="cuda"`, `draft_length=4`, ...); precedence is keyword > `config_file`
+        (TOML) > `config` > default. Everything is validated before a model is loaded.
+        """
+        if config is not None and config_file is not None:
+            raise ValueError("give either config= or config_file=, not both")
+        explicit = {"target": target, "draft": draft, "codec": codec, "groups": groups, **settings}
+        resolved = resolve_settings(explicit, config_file, Settings(synthesis=config or SynthesisConfig()))
+        from pcgtts.builtin import with_builtin_models  # the built-in voice when no target is given
+
+        resolved = with_builtin_models(resolved)
+        return cls.load(resolved.models, resolved.device, resolved.synthesis, force_export=force_export)
+
+    @classmethod
+    def load(cls, models: ModelPaths, device: DeviceConfig, config: SynthesisConfig,
+             force_export: bool = False) -> "Synthesizer":
+        """Load resolved settings (`from_pretrained` is the convenient front of this)."""
+        from pcgtts.runtime.audio.codec import Codec
+        from pcgtts.runtime.audio.onnx_codec import OrtCodec, is_exported_codec
+        from pcgtts.runtime.lm.loader import load_lm
+
+        check_models(models, config.decode.policy, device)
+        common = dict(backend=device.backend, device=device.compute_device, dtype=device.dtype,
+                      max_length=device.max_length, draft_length=config.decode.draft_length,
+                      force_export=force_export)
+        target_lm = load_lm(models.target, **common)
         draft_lm = None
-        if draft is not None:
-            draft_lm = load_lm(draft, backend=backend, device=device, dtype=dtype, max_length=max_length,
-                               lookahead=lookahead, tokenizer=target_lm.tokenizer)
+        if models.draft is not None:
+            draft_lm = load_lm(models.draft, tokenizer=target_lm.tokenizer, **common)
         table = None
-        if groups is not None:
+        if models.groups is not None:
             from pcgtts.groups.table import GroupTable
 
-            table = GroupTable.load(groups, expect_vocab=target_lm.vocab, expect_fingerprint=target_lm.fingerprint)
+            table = GroupTable.load(models.groups, expect_vocab=target_lm.vocab,
+                                    expect_fingerprint=target_lm.fingerprint)
             table = table.to_device(target_lm.device)
-        elif policy == "pcg":
-            raise ValueError("policy 'pcg' needs a group table (build one with `pcgtts groups build`)")
-        if is_exported_codec(codec):
-            codec_model = OrtCodec(codec)
+        if is_exported_codec(models.codec):
+            codec_model = OrtCodec(models.codec, force=force_export)
         else:
-            codec_model = Codec.from_pretrained(codec, device=device, decode_only=True)
-            codec_model.source_dir = Path(codec)
+            codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
         return cls(target_lm, draft_lm, codec_model, table, config)
 
     # -- voices --------------------------------------------------------------------------
@@ -183,16 +178,18 @@ class Synthesizer:
             raise FileNotFoundError(f"reference audio not found: {path}")
         key = (str(path.resolve()), path.stat().st_mtime_ns, text)
         if key not in self._voices:
-            from pcgtts.runtime.backends.onnx_codec import is_exported_codec
-            from pcgtts.runtime.codec import Codec
-
-            if is_exported_codec(self.codec.source_dir):
-                raise ValueError("an exported codec decoder cannot encode reference audio: make a voice file "
-                                 "with `pcgtts voice add` and the Hugging Face X-codec2 checkpoint, then pass voice=")
-
-            encoder = Codec.from_pretrained(self.codec.source_dir, device="cpu", decode_only=False)
+            encoder = self.codec if self.codec.can_encode else self._encoder()
             self._voices[key] = Voice.from_audio(path, text, encoder)
         return self._voices[key]
+
+    def _encoder(self):
+        """The codec with its encoder, loaded from the decoder's own folder on first use."""
+        from pcgtts.runtime.audio.codec import Codec
+        from pcgtts.runtime.audio.onnx_codec import is_exported_codec
+
+        if is_exported_codec(self.codec.source_dir):
+            self.codec.encode(np.zeros(0, np.float32))  # raises the exported codec's clear error
+        return Codec.from_pretrained(self.codec.source_dir, device="cpu", decode_only=False)
 
     def _resolve_voice(self, voice, ref_audio, ref_text) -> Voice | None:
         if voice is not None and ref_audio is not None:
@@ -291,7 +288,8 @@ class Synthesizer:
         try:
             device = self.target.device
             generator = torch.Generator(device=device)
-            generator.manual_seed(config.seed if config.seed is not None else int(torch.seed() % 2**63))
+            # torch.seed() would reseed the global RNG; a fresh seed comes from the OS instead.
+            generator.manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
             window = WindowDecoder(self.codec.decode, config.stream)
             done = 0  # samples handed out so far
 
@@ -323,3 +321,25 @@ class Synthesizer:
                 put(_END)
         except BaseException as err:  # surfaced to the consumer's thread
             put(err)
+
+
+def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
+    """Fail fast, before anything loads: paths exist, and the policy has the models it needs."""
+    if models.codec is None:
+        raise ValueError("a codec directory (X-codec2, Hugging Face format) is required")
+    for name in ("target", "draft", "codec"):
+        path = getattr(models, name)
+        if path is not None and not Path(path).is_dir():
+            raise ValueError(f"{name} model directory not found: {path}")
+    if models.groups is not None and not Path(models.groups).is_file():
+        raise ValueError(f"group table not found: {models.groups}")
+    if policy != "ar" and models.draft is None:
+        raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
+    if policy == "pcg" and models.groups is None:
+        raise ValueError("policy 'pcg' needs a group table (build one with `pcgtts groups build`)")
+    if device.compute_device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"compute device {device.compute_device!r} asked for, but this torch has no CUDA "
+                             f"(torch {torch.__version__}); use --compute-device cpu")

@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def demo_codec_dir(tmp_path_factory):
     """A tiny X-codec2 checkpoint in the HKUSTAudio/xcodec2-hf layout (random weights)."""
-    from pcgtts.runtime.demo_codec import write_demo_codec
+    from pcgtts.tools.demo_codec import write_demo_codec
 
     return write_demo_codec(tmp_path_factory.mktemp("codec") / "codec", seed=0)
 
@@ -16,7 +16,7 @@ def demo_codec_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_lm_factory(tmp_path_factory):
     """Write small LLaSA-format checkpoints (512 speech tokens) with features switched on/off."""
-    from pcgtts.runtime.demo import DemoLMConfig, build_demo_tokenizer, write_demo_lm
+    from pcgtts.tools.demo import DemoLMConfig, build_demo_tokenizer, write_demo_lm
 
     tokenizer = build_demo_tokenizer(num_speech=512)
     made = {}
@@ -35,7 +35,7 @@ def tiny_lm_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def demo_lms(tmp_path_factory):
     """The built-in demo target and draft (all 65,536 speech tokens), made once."""
-    from pcgtts.runtime.demo import write_demo
+    from pcgtts.tools.demo import write_demo
 
     return write_demo(tmp_path_factory.mktemp("demo"), seed=0, with_codec=False)
 
@@ -49,8 +49,8 @@ def demo_models(demo_lms, demo_codec_dir):
 @pytest.fixture(scope="session")
 def demo_pair(demo_lms):
     """Loaded demo target and draft (torch backend, CPU, fp32) sharing one tokenizer."""
-    from pcgtts.runtime.checkpoint import load_tokenizer
-    from pcgtts.runtime.lm import TorchLM
+    from pcgtts.runtime.lm.checkpoint import load_tokenizer
+    from pcgtts.runtime.lm.torch_lm import TorchLM
 
     tok = load_tokenizer(demo_lms["target"])
     target = TorchLM.load(demo_lms["target"], max_length=1024, tokenizer=tok)
@@ -78,7 +78,7 @@ def lattice_neighbourhoods(num_tokens: int = 65536):
 @pytest.fixture(scope="session")
 def demo_groups_file(demo_lms, tmp_path_factory):
     """A group table file for the demo target (lattice neighbourhoods), tied to its vocabulary."""
-    from pcgtts.groups.build import load_speech_embeddings
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
     from pcgtts.groups.table import GroupTable
 
     _, vocab, fingerprint = load_speech_embeddings(demo_lms["target"])

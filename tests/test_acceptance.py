@@ -14,7 +14,7 @@ import torch
 from scipy.stats import chisquare
 
 from pcgtts.groups.device import DeviceGroupTable
-from pcgtts.runtime.acceptance import PLACEHOLDER, draw_uniforms, verify
+from pcgtts.runtime.decode.acceptance import PLACEHOLDER, draw_uniforms, verify
 
 ALPHA = 1e-4
 N = 200_000

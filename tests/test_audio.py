@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pcgtts.runtime.audio import load_audio
-from pcgtts.runtime.voice import Voice
+from pcgtts.runtime.audio.io import load_audio
+from pcgtts.runtime.audio.voice import Voice
 
 
 def tone(seconds: float, rate: int, channels: int = 1) -> np.ndarray:
@@ -43,7 +43,7 @@ def test_unusable_reference_audio(tmp_path, make, error, match):
 
 
 def test_voice_round_trip_and_corrupt_file(tmp_path, demo_codec_dir):
-    from pcgtts.runtime.codec import Codec
+    from pcgtts.runtime.audio.codec import Codec
 
     path = tmp_path / "ref.wav"
     sf.write(path, tone(1.0, 24000), 24000)

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def bench_report(demo_models, demo_groups_file, tmp_path_factory):
-    from pcgtts.runtime.cli import main
+    from pcgtts.cli import main
 
     out = tmp_path_factory.mktemp("bench")
     texts = out / "texts.txt"
@@ -27,7 +27,7 @@ def test_records_are_consistent(bench_report):
     assert [s["case"] for s in report["summaries"]] == ["ar", "pcg L=3"]
     assert len(report["utterances"]) == 2 * 2 * 2  # cases x runs x texts; warm-up excluded
     for u in report["utterances"]:
-        lookahead = 0 if u["case"] == "ar" else 3
+        draft_length = 0 if u["case"] == "ar" else 3
         assert u["tokens"] == sum(u["chunk_tokens"]) > 0
         assert u["audio_seconds"] == pytest.approx(u["tokens"] * 320 / 16000)
         assert 0 < u["time_to_first_audio"] < u["total_seconds"]
@@ -35,10 +35,10 @@ def test_records_are_consistent(bench_report):
         # stop token or past the cap are dropped (at most one step's worth per sentence).
         made = u["accepted"] + u["steps"]
         assert sum(n for _, n in u["trace"]) == made
-        assert u["tokens"] <= made <= u["tokens"] + (lookahead + 1) * u["sentences"]
+        assert u["tokens"] <= made <= u["tokens"] + (draft_length + 1) * u["sentences"]
         assert u["target_forwards"] == u["steps"]
-        assert u["draft_forwards"] == lookahead * u["steps"]
-        assert u["drafted"] == lookahead * u["steps"]
+        assert u["draft_forwards"] == draft_length * u["steps"]
+        assert u["drafted"] == draft_length * u["steps"]
         # The simulated listener plays at 2% speed: it never waits for a chunk.
         assert u["underruns"] == 0 and u["underrun_seconds"] == 0
         assert all(c["late"] <= 0 for c in u["chunks"])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcgtts.runtime.codec import Codec
-from pcgtts.runtime.streaming import StreamConfig, WindowDecoder
+from pcgtts.runtime.audio.codec import Codec
+from pcgtts.runtime.audio.streaming import WindowDecoder
+from pcgtts.runtime.config import StreamConfig
 
 # Streamed-vs-one-shot SNR of the default StreamConfig on the demo codec, measured by
 # benchmarks/bench_streaming.py (~12 dB on random weights, whose decoder attends globally);
@@ -51,8 +52,8 @@ def test_not_a_codec_directory(tmp_path, tiny_lm_factory):
 
 @pytest.mark.parametrize("config", [
     StreamConfig(),
-    StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, lookahead_tokens=0, crossfade_samples=0),
-    StreamConfig(first_chunk_tokens=5, chunk_tokens=40, left_context_tokens=10, lookahead_tokens=3, crossfade_samples=320),
+    StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, codec_lookahead=0, crossfade_samples=0),
+    StreamConfig(first_chunk_tokens=5, chunk_tokens=40, left_context_tokens=10, codec_lookahead=3, crossfade_samples=320),
 ])
 @pytest.mark.parametrize("burst", [1, 17])
 def test_stream_covers_every_sample_once(codecs, config, burst):
@@ -64,7 +65,7 @@ def test_stream_covers_every_sample_once(codecs, config, burst):
     assert sum(len(c) for c in chunks) == 320 * len(codes)
     assert all(len(c) % 320 == 0 for c in chunks)
     assert len(chunks[0]) == 320 * min(config.first_chunk_tokens, len(codes))
-    if config == StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, lookahead_tokens=0,
+    if config == StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, codec_lookahead=0,
                               crossfade_samples=0):
         # No context, no fade: each chunk is exactly that token decoded alone.
         assert np.array_equal(chunks[5], decode_only.decode(codes[5:6]))
@@ -79,7 +80,7 @@ def test_streamed_audio_matches_one_shot_decode(codecs):
         ref = decode_only.decode(codes)
         assert snr_db(ref, out) > MIN_SNR_DB
         # Without left context the seams are far worse: the bound above is not vacuous.
-        bare = WindowDecoder(decode_only.decode, StreamConfig(left_context_tokens=0, lookahead_tokens=0,
+        bare = WindowDecoder(decode_only.decode, StreamConfig(left_context_tokens=0, codec_lookahead=0,
                                                                crossfade_samples=0))
         naive = np.concatenate([*(c for i in range(0, 120, 5) for c in bare.push(codes[i:i + 5])), bare.flush()])
         assert snr_db(ref, naive) < snr_db(ref, out) - 3
@@ -98,8 +99,8 @@ def test_voice_prompt_codes_serve_as_left_context(codecs):
     assert snr_db(ref, out) > snr_db(ref, plain)
 
 
-@pytest.mark.parametrize("kwargs", [{"first_chunk_tokens": 0}, {"lookahead_tokens": -1},
-                                    {"lookahead_tokens": 1, "crossfade_samples": 640}])
+@pytest.mark.parametrize("kwargs", [{"first_chunk_tokens": 0}, {"codec_lookahead": -1},
+                                    {"codec_lookahead": 1, "crossfade_samples": 640}])
 def test_bad_stream_config(kwargs):
     with pytest.raises(ValueError):
         StreamConfig(**kwargs)

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from pcgtts.runtime.draft import make_layer_subset_draft, spread_layers
-from pcgtts.runtime.lm import TorchLM
+from pcgtts.runtime.lm.draft import make_layer_subset_draft, spread_layers
+from pcgtts.runtime.lm.torch_lm import TorchLM
 
 
 def test_spread_layers():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.speculative import DecodeStats, decode
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +30,15 @@ def test_export_checks_itself_and_writes_metadata(exported_pair, demo_lms):
     record = json.loads((out / "target" / "pcgtts-lm.json").read_text())
     assert record["num_layers"] == 12 and record["vocab"]["num_speech"] == 65536
     assert record["extra"]["check"]["ok"] is True
-    from pcgtts.runtime.lm import TorchLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
 
     assert record["fingerprint"] == TorchLM.load(demo_lms["target"], max_length=8).fingerprint
 
 
 def test_onnx_logits_match_torch_after_rollback(exported_pair, demo_lms):
     """Prefill, 1-token and 4-token steps, a rollback, then a 4-token step over the stale slots."""
-    from pcgtts.runtime.backends.onnxruntime import OrtLM
-    from pcgtts.runtime.lm import TorchLM
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
 
     out, _ = exported_pair
     ref = TorchLM.load(demo_lms["target"], max_length=128)
@@ -58,7 +58,7 @@ def test_onnx_logits_match_torch_after_rollback(exported_pair, demo_lms):
 
 
 def _run(target, draft, groups, policy, temperature, seed):
-    config = DecodeConfig(policy=policy, lookahead=3, max_new_tokens=40,
+    config = DecodeConfig(policy=policy, draft_length=3, max_new_tokens=40,
                           sampling=SamplingConfig(temperature=temperature))
     prompt = torch.tensor([5, 9, 17, 33, 2, 7])
     gen = torch.Generator().manual_seed(seed)
@@ -72,8 +72,8 @@ def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, demo_
     statistics (exact equality is expected; the logits agree to ~1e-5, far below any u draw's
     chance of landing between them)."""
     from pcgtts.groups.table import GroupTable
-    from pcgtts.runtime.backends.onnxruntime import OrtLM
-    from pcgtts.runtime.lm import TorchLM
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
 
     out, _ = exported_pair
     torch_pair = [TorchLM.load(demo_lms[n], max_length=256) for n in ("target", "draft")]
@@ -91,8 +91,8 @@ def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, demo_
 
 def test_codec_decoder_onnx_matches_torch(demo_codec_dir, tmp_path):
     from pcgtts.export.codec_graph import export_codec
-    from pcgtts.runtime.backends.onnx_codec import OrtCodec
-    from pcgtts.runtime.codec import Codec
+    from pcgtts.runtime.audio.onnx_codec import OrtCodec
+    from pcgtts.runtime.audio.codec import Codec
 
     meta = export_codec(demo_codec_dir, tmp_path / "codec")
     assert meta["check"]["ok"]
@@ -104,7 +104,7 @@ def test_codec_decoder_onnx_matches_torch(demo_codec_dir, tmp_path):
 
 def test_bad_inputs_give_clear_errors(exported_pair, tmp_path, demo_lms):
     from pcgtts.export.onnx_lm import export_lm
-    from pcgtts.runtime.backends.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
 
     with pytest.raises(ValueError, match="no config.json|not a LLaMA|no tokenizer"):
         export_lm(tmp_path, tmp_path / "x")
@@ -112,7 +112,7 @@ def test_bad_inputs_give_clear_errors(exported_pair, tmp_path, demo_lms):
         OrtLM.load(demo_lms["target"])
     out, _ = exported_pair
     # A graph beside another model's tokenizer: the vocabulary check names the mismatch.
-    from pcgtts.runtime.demo import build_demo_tokenizer
+    from pcgtts.tools.demo import build_demo_tokenizer
 
     with pytest.raises(ValueError, match="exported for vocabulary"):
         OrtLM.load(out / "target", tokenizer=build_demo_tokenizer(num_speech=512))
@@ -125,7 +125,7 @@ def test_bad_inputs_give_clear_errors(exported_pair, tmp_path, demo_lms):
 
 
 def test_tensorrt_missing_is_explained_and_profiles_cover_every_step():
-    from pcgtts.runtime.backends.tensorrt import PROFILES, choose_profile
+    from pcgtts.runtime.lm.tensorrt import PROFILES, choose_profile
 
     assert PROFILES[choose_profile(1, 1, 5)] == "draft"
     assert PROFILES[choose_profile(4, 4, 5)] == "step"
@@ -136,7 +136,7 @@ def test_tensorrt_missing_is_explained_and_profiles_cover_every_step():
     try:
         import tensorrt  # noqa: F401
     except ImportError:
-        from pcgtts.runtime.backends.tensorrt import import_tensorrt
+        from pcgtts.runtime.lm.tensorrt import import_tensorrt
 
         with pytest.raises(RuntimeError, match="NVIDIA"):
             import_tensorrt()
@@ -154,8 +154,8 @@ def _has_tensorrt() -> bool:
 @pytest.mark.skipif(not _has_tensorrt(), reason="needs TensorRT and an NVIDIA GPU")
 def test_tensorrt_engine_matches_onnx_and_greedy_tokens(exported_pair, tmp_path):
     from pcgtts.export.tensorrt import build_engine, check_engine_against_onnx
-    from pcgtts.runtime.backends.onnxruntime import OrtLM
-    from pcgtts.runtime.backends.tensorrt import TrtLM
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.tensorrt import TrtLM
 
     out, _ = exported_pair
     for name in ("target", "draft"):
@@ -169,7 +169,7 @@ def test_tensorrt_engine_matches_onnx_and_greedy_tokens(exported_pair, tmp_path)
 
 
 def test_export_cli_prints_the_check(tiny_lm_factory, tmp_path, capsys):
-    from pcgtts.runtime.cli import main
+    from pcgtts.cli import main
 
     model = tiny_lm_factory(tie_word_embeddings=False)
     assert main(["export", "onnx", "--model", str(model), "--out", str(tmp_path / "o")]) == 0

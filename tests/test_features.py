@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pcgtts.runtime.features import NUM_MEL_BINS, encoder_inputs, kaldi_fbank
+from pcgtts.runtime.audio.features import NUM_MEL_BINS, encoder_inputs, kaldi_fbank
 
 HAS_TORCHAUDIO = importlib.util.find_spec("torchaudio") is not None
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pcgtts.groups.build import build_groups, load_speech_embeddings, merge_identical, neighbour_lists
+from pcgtts.groups.build import build_groups, merge_identical, neighbour_lists
+from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
 from pcgtts.groups.table import GroupTable
 
 
@@ -101,9 +102,9 @@ def test_bad_files_are_clear_errors(tmp_path, clustered):
 def test_build_from_checkpoint_and_cli(tiny_lm_factory, tmp_path):
     import json
 
-    from pcgtts.runtime.checkpoint import load_tokenizer
-    from pcgtts.runtime.cli import main
-    from pcgtts.runtime.vocab import SpeechVocab
+    from pcgtts.runtime.lm.checkpoint import load_tokenizer
+    from pcgtts.cli import main
+    from pcgtts.runtime.text.vocab import SpeechVocab
 
     model_dir = tiny_lm_factory()
     rows, vocab, fingerprint = load_speech_embeddings(model_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcgtts.runtime.lm import TorchLM
+from pcgtts.runtime.lm.torch_lm import TorchLM
 
 FEATURES = [
     {},  # GQA, tied head, llama3 rope (LLaSA-1B's layout)
@@ -75,7 +75,7 @@ def test_not_a_model_directory(tmp_path):
 def test_cuda_graph_steps_match_eager(tiny_lm_factory):
     model_dir = tiny_lm_factory()
     eager = TorchLM.load(model_dir, device="cuda", max_length=64, cuda_graphs=False)
-    graphed = TorchLM.load(model_dir, device="cuda", max_length=64, cuda_graphs=True, lookahead=3)
+    graphed = TorchLM.load(model_dir, device="cuda", max_length=64, cuda_graphs=True, graph_token_counts=(1, 4))
     ids = torch.randint(0, eager.vocab.vocab_size, (30,), device="cuda")
     for lm in (eager, graphed):
         lm.prefill(ids[:20])

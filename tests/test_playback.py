@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pcgtts.runtime import playback
-from pcgtts.runtime.chunk import SAMPLE_RATE, AudioChunk
-from pcgtts.runtime.playback import NullSink, SoundDeviceSink, WavSink, open_sink, prebuffer_for
+from pcgtts.runtime.audio import playback
+from pcgtts.runtime.audio.chunk import SAMPLE_RATE, AudioChunk
+from pcgtts.runtime.audio.playback import NullSink, SoundDeviceSink, WavSink, open_sink
 
 
 def has_output_device() -> bool:
@@ -38,15 +38,6 @@ def chunks(total_seconds: float, chunk_seconds: float, seed: int = 0):
     for i in range(count):
         yield AudioChunk(rng.uniform(-0.5, 0.5, n).astype(np.float32), SAMPLE_RATE, i, i + 1, time.perf_counter(),
                          i == count - 1)
-
-
-def test_prebuffer_formula():
-    assert prebuffer_for(None, 10) == pytest.approx(0.2)
-    assert prebuffer_for(0.5, 10) == pytest.approx(0.2)  # faster than real time: jitter only
-    assert prebuffer_for(1.2, 10) == pytest.approx(2.2)  # (1.2 - 1) * 10 s behind, plus jitter
-    assert prebuffer_for(3.0, 100) == 5.0  # capped
-    with pytest.raises(ValueError):
-        prebuffer_for(1.0, -1)
 
 
 @needs_device

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcgtts.runtime.checkpoint import load_tokenizer
-from pcgtts.runtime.prompt import PINNED_DATE, build_prompt, check_text
-from pcgtts.runtime.text import split_sentences
-from pcgtts.runtime.vocab import SpeechVocab
+from pcgtts.runtime.lm.checkpoint import load_tokenizer
+from pcgtts.runtime.text.prompt import PINNED_DATE, build_prompt, check_text
+from pcgtts.runtime.text.split import split_sentences
+from pcgtts.runtime.text.vocab import SpeechVocab
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from pcgtts.runtime.config import SamplingConfig
-from pcgtts.runtime.sampling import logits_to_probs, sample, sample_from_weights
+from pcgtts.runtime.decode.sampling import logits_to_probs, sample, sample_from_weights
 
 
 def test_temperature_and_top_p():

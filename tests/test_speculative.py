@@ -9,8 +9,8 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.prompt import build_prompt
-from pcgtts.runtime.speculative import DecodeStats, decode
+from pcgtts.runtime.text.prompt import build_prompt
+from pcgtts.runtime.decode.speculative import DecodeStats, decode
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -28,8 +28,8 @@ def lattice_groups(demo_groups_file):
     return GroupTable.load(demo_groups_file).to_device("cpu")
 
 
-def run(target, draft, prompt, policy, sampling, tokens=40, seed=0, groups=None, lookahead=3):
-    config = DecodeConfig(policy=policy, max_new_tokens=tokens, lookahead=lookahead, sampling=sampling)
+def run(target, draft, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3):
+    config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling)
     stats = DecodeStats()
     out = [t for burst in decode(target, draft, prompt, config, torch.Generator().manual_seed(seed), groups, stats)
            for t in burst]
@@ -37,18 +37,18 @@ def run(target, draft, prompt, policy, sampling, tokens=40, seed=0, groups=None,
 
 
 @pytest.mark.parametrize("policy", ["sd", "ssd", "pcg"])
-@pytest.mark.parametrize("lookahead", [1, 3])
-def test_greedy_speculative_equals_plain_greedy(demo_pair, prompt, lattice_groups, policy, lookahead):
+@pytest.mark.parametrize("draft_length", [1, 3])
+def test_greedy_speculative_equals_plain_greedy(demo_pair, prompt, lattice_groups, policy, draft_length):
     target, draft = demo_pair
     reference, _ = run(target, draft, prompt, "ar", GREEDY)
-    output, stats = run(target, draft, prompt, policy, GREEDY, groups=lattice_groups, lookahead=lookahead)
+    output, stats = run(target, draft, prompt, policy, GREEDY, groups=lattice_groups, draft_length=draft_length)
     assert output == reference
     assert stats.target_forwards < len(reference) or stats.accepted == 0
 
 
 def test_draft_equal_to_target_accepts_everything(demo_pair, prompt):
     target, _ = demo_pair
-    from pcgtts.runtime.lm import TorchLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
 
     twin = TorchLM.load(target.model_dir, max_length=1024, tokenizer=target.tokenizer)
     _, stats = run(target, twin, prompt, "sd", SamplingConfig(), tokens=60)
@@ -116,4 +116,4 @@ def test_policies_need_their_parts(demo_pair, prompt):
     with pytest.raises(ValueError, match="group table"):
         decode(target, target, prompt, DecodeConfig(policy="pcg"), torch.Generator())
     with pytest.raises(ValueError):
-        replace(DecodeConfig(), lookahead=0)
+        replace(DecodeConfig(), draft_length=0)

@@ -24,7 +24,7 @@ def synth(demo_models, demo_groups_file):
 
 
 def test_stream_matches_one_shot_decode_of_the_same_tokens(synth):
-    from pcgtts.runtime.streaming import WindowDecoder
+    from pcgtts.runtime.audio.streaming import WindowDecoder
 
     stream = synth.stream("Hello world, streaming test.")
     chunks = list(stream)
@@ -115,8 +115,8 @@ def test_greedy_policies_agree_through_the_synthesizer(synth):
 def test_cli_speak_writes_a_wav_and_reports(demo_models, demo_groups_file, tmp_path, capsys, monkeypatch):
     import json
 
-    from pcgtts.runtime import demo
-    from pcgtts.runtime.cli import main
+    from pcgtts.tools import demo
+    from pcgtts.cli import main
 
     monkeypatch.setattr(demo, "ensure_demo", lambda: {**demo_models, "groups": demo_groups_file})
     out = tmp_path / "hello.wav"

@@ -1,0 +1,192 @@
+"""`pcgtts bench`: the latency harness (`tools/bench.py`) as a command, with sweeps and plots.
+
+    pcgtts bench                                   # demo models, every rule, built-in sentences
+    pcgtts bench --policy ar,pcg --theta 0.2,0.3 --draft-length 1,3,5 --json out.json --plot out.png
+
+Models are loaded once; each configuration of the sweep (rule x draft_length x theta for pcg x
+beta for ssd) runs the same texts with the same seeds after its warm-up. `ar` is always run
+as the baseline the speed-ups are measured against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+
+from pcgtts.cli.flags import deprecated_alias
+from pcgtts.runtime.config import POLICIES
+
+log = logging.getLogger(__name__)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _policies(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in POLICIES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown policy {bad}; choose from {', '.join(POLICIES)}")
+    return names
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from pcgtts.cli.commands import add_model_args
+
+    bench = sub.add_parser("bench", help="latency harness: TTFA, RTF, acceptance, underruns, sweeps, plots")
+    add_model_args(bench, policy=False)
+    bench.add_argument("--policy", type=_policies, default=list(POLICIES), help="comma list (default: all)")
+    bench.add_argument("--theta", type=_floats, help="comma list of group thresholds to sweep (pcg; builds tables)")
+    bench.add_argument("--draft-length", type=_ints, default=[3], help="comma list of draft lengths L")
+    deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length")
+    bench.add_argument("--beta", type=_floats, help="comma list of SSD betas")
+    bench.add_argument("--texts", help="text file, one utterance per line (default: built-in sentences)")
+    bench.add_argument("--runs", type=int, default=1, help="measured runs over the text set")
+    bench.add_argument("--warmup", type=int, default=1, help="warm-up utterances per configuration (excluded)")
+    bench.add_argument("--max-tokens", type=int, help="cap speech tokens per sentence (default: 150 on the demo)")
+    bench.add_argument("--temperature", type=float, default=0.8)
+    bench.add_argument("--speed", type=float, default=1.0, help="simulated playback speed (< 1: a slower listener)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", help="write every record and summary here")
+    bench.add_argument("--plot", help="write a PNG: one utterance's timeline and the sweep")
+    bench.set_defaults(func=_bench)
+
+
+def cases(args) -> list:
+    from pcgtts.tools.bench import BenchCase
+
+    out = [BenchCase("ar")]
+    for policy, draft_length in itertools.product(args.policy, args.draft_length):
+        if policy == "ar":
+            continue
+        if policy == "draft":
+            if draft_length == args.draft_length[0]:
+                out.append(BenchCase("draft"))
+        elif policy == "pcg":
+            out += [BenchCase("pcg", draft_length, theta) for theta in (args.theta or [None])]
+        elif policy == "ssd":
+            out += [BenchCase("ssd", draft_length, ssd_beta=beta) for beta in (args.beta or [None])]
+        else:
+            out.append(BenchCase(policy, draft_length))
+    return out
+
+
+def group_table(target_dir: str, target_lm, theta: float):
+    """A group table for the loaded target at `theta`, built once and cached beside the user's cache."""
+    from pcgtts.tools.model_groups import build_groups_for_model
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.tools.demo import default_cache_dir
+
+    fingerprint = target_lm.fingerprint
+    path = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-t{theta:.3f}.pcg"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        build_groups_for_model(target_dir, theta, device=target_lm.device.type, progress=True).save(path)
+    return GroupTable.load(path, expect_fingerprint=fingerprint).to_device(target_lm.device)
+
+
+def _bench(args) -> int:
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
+    from pcgtts.tools.bench import DEFAULT_TEXTS, add_speedups, case_config, measure, summarize
+    from pcgtts.cli.commands import load_synthesizer
+    from pcgtts.runtime.synthesizer import Synthesizer
+
+    texts = list(DEFAULT_TEXTS)
+    if args.texts:
+        texts = [line.strip() for line in Path(args.texts).read_text().splitlines() if line.strip()]
+        if not texts:
+            raise ValueError(f"{args.texts} holds no text")
+    demo = not args.target  # no target: the built-in demo models
+    # The harness caps tokens on purpose; each utterance's finish reason is in the JSON instead.
+    logging.getLogger("pcgtts.runtime.synthesizer").setLevel(logging.ERROR)
+    max_tokens = args.max_tokens if args.max_tokens is not None else (150 if demo else None)
+    args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
+    todo = cases(args)
+    needs_draft = any(c.policy != "ar" for c in todo)
+    args.policy = "pcg" if any(c.policy == "pcg" for c in todo) else ("sd" if needs_draft else "ar")
+    base, settings = load_synthesizer(args)
+    models = dataclasses.asdict(settings.models)
+
+    summaries, utterances = [], []
+    total = len(todo) * (args.warmup + args.runs * len(texts))
+    with tqdm(total=total, desc="bench", unit="utt", file=sys.stderr) as bar:
+        for case in todo:
+            groups = base.groups
+            if case.policy == "pcg" and case.theta is not None:
+                groups = group_table(models["target"], base.target, case.theta)
+            synth = Synthesizer(base.target, base.draft if case.policy != "ar" else None, base.codec, groups)
+            records = []
+            for i in range(args.warmup):
+                measure(synth, texts[i % len(texts)], case_config(base.config, case, args.seed, max_tokens), args.speed)
+                bar.update()
+            for run in range(args.runs):
+                for j, text in enumerate(texts):
+                    config = case_config(base.config, case, args.seed + 1000 * run + j, max_tokens)
+                    record = measure(synth, text, config, args.speed)
+                    records.append({"case": case.label, "run": run, **record})
+                    bar.update()
+            summaries.append(summarize(case, records))
+            utterances += records
+    add_speedups(summaries)
+    report = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "device": str(base.target.device), "backend": settings.device.backend,
+                    "dtype": settings.device.dtype},
+        "date": time.strftime("%Y-%m-%d"),
+        "models": {k: (str(v) if v else None) for k, v in models.items()},
+        "demo_models": demo,
+        "texts": texts, "runs": args.runs, "warmup": args.warmup, "max_tokens": max_tokens, "speed": args.speed,
+        "summaries": summaries,
+        "utterances": utterances,
+    }
+    print_table(summaries, demo)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    if args.plot:
+        from pcgtts.tools.bench_plots import plot_report
+
+        plot_report(report, args.plot)
+    print(json.dumps({"summaries": summaries}))
+    return 0
+
+
+def print_table(summaries: list[dict], demo: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(value, spec=".2f"):
+        return "-" if value is None else format(value, spec)
+
+    table = Table(title="pcgtts bench" + (" (demo models: random weights, not speech)" if demo else ""))
+    for name in ("case", "tok/s", "×ar", "eff", "TTFA50 ms", "TTFA90 ms", "RTF", "accept", "len",
+                 "fw/tok", "underruns", "late99 ms"):
+        table.add_column(name, justify="left" if name == "case" else "right")
+    for s in summaries:
+        late = s["chunk_lateness"]["p99"]
+        table.add_row(
+            s["case"], fmt(s["tokens_per_second"], ".1f"), fmt(s["speedup_vs_ar"]), fmt(s["efficiency"]),
+            fmt(s["time_to_first_audio"]["p50"] and 1000 * s["time_to_first_audio"]["p50"], ".0f"),
+            fmt(s["time_to_first_audio"]["p90"] and 1000 * s["time_to_first_audio"]["p90"], ".0f"),
+            fmt(s["real_time_factor"]), fmt(s["acceptance_rate"]), fmt(s["mean_accepted_length"]),
+            fmt(s["target_forwards_per_token"]), str(s["underruns"]),
+            fmt(None if late is None else 1000 * late, ".0f"),
+        )
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console = Console(stderr=True, width=140)  # a log file: do not squeeze the table to 80 columns
+    console.print(table)

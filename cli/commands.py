@@ -1,0 +1,153 @@
+"""Sub-commands of the runtime: `models demo`, `draft init`, `speak`.
+
+Handlers import the heavy machinery lazily so `pcgtts --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pcgtts.cli.flags import deprecated_alias
+from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    models = sub.add_parser("models", help="built-in demo models").add_subparsers(dest="models_cmd", required=True)
+    demo = models.add_parser("demo", help="write the demo target, draft and codec (random weights, not speech)")
+    demo.add_argument("--out", required=True, help="output directory")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(func=_models_demo)
+
+    draft = sub.add_parser("draft", help="draft models").add_subparsers(dest="draft_cmd", required=True)
+    init = draft.add_parser("init", help="make a draft from a subset of the target's layers")
+    init.add_argument("--target", required=True, help="target checkpoint directory")
+    init.add_argument("--layers", required=True, help="a count (spread over the depth) or indices like 0,7,15")
+    init.add_argument("--out", required=True)
+    init.set_defaults(func=_draft_init)
+
+    speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write a WAV)")
+    speak.add_argument("text")
+    voice = speak.add_mutually_exclusive_group()
+    voice.add_argument("--voice", help="a voice file made by `pcgtts voice add`")
+    voice.add_argument("--ref-audio", help="reference recording to clone (needs --ref-text)")
+    speak.add_argument("--ref-text", help="transcript of --ref-audio")
+    add_model_args(speak)
+    speak.add_argument("--out", help="write a WAV file instead of playing")
+    speak.add_argument("--audio-device", help="playback device name or index; 'null' discards the audio")
+    deprecated_alias(speak, "--device", "audio_device", "--audio-device")
+    speak.add_argument("--seed", type=int)
+    speak.add_argument("--temperature", type=float, help="sampling temperature (default 0.8; 0 = greedy)")
+    speak.add_argument("--max-tokens", type=int, help="speech tokens per sentence at most (50 per s; default 2000)")
+    speak.set_defaults(func=_speak)
+
+    from pcgtts.cli import bench as bench_cli, voice as voice_cli
+
+    voice_cli.register(sub)
+    bench_cli.register(sub)
+
+
+def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None:
+    """Model and device selection shared by `speak`, `bench`, `eval` and `serve`. Defaults are None
+    so that a --config file's values stand unless a flag is given (see `resolve_cli_settings`)."""
+    parser.add_argument("--config", help="TOML settings file (runtime/config.py names); flags override it")
+    parser.add_argument("--target", help="target LLaSA checkpoint directory (default: the built-in voice)")
+    parser.add_argument("--draft", help="draft checkpoint directory (needs --target)")
+    parser.add_argument("--codec", help="X-codec2 directory, Hugging Face format (needs --target)")
+    parser.add_argument("--groups", help="group table (.pcg) for policy pcg (needs --target)")
+    if policy:
+        parser.add_argument("--policy", choices=POLICIES, help="decoding rule (default: pcg)")
+    parser.add_argument("--backend", choices=BACKENDS, help="torch (default), onnxruntime or tensorrt")
+    parser.add_argument("--compute-device", help="cpu (default), cuda or cuda:N")
+    parser.add_argument("--dtype", choices=DTYPES, help="float32 (default), bfloat16 or float16")
+
+
+def resolve_cli_settings(args: argparse.Namespace, **overrides):
+    """The settings in force for a command: flags > --config file > defaults; the built-in voice
+    when no --target is given. One resolution per command (so every notice appears once)."""
+    from pcgtts.builtin import with_builtin_models
+    from pcgtts.runtime.config import resolve_settings
+
+    names = ("target", "draft", "codec", "groups", "policy", "backend", "compute_device", "dtype",
+             "temperature", "seed")
+    explicit = {name: getattr(args, name, None) for name in names}
+    explicit["max_new_tokens"] = getattr(args, "max_tokens", None)
+    explicit.update(overrides)
+    return with_builtin_models(resolve_settings(explicit, getattr(args, "config", None)))
+
+
+def load_synthesizer(args: argparse.Namespace, **overrides):
+    """(Synthesizer, Settings) for a command's flags."""
+    from pcgtts.runtime.synthesizer import Synthesizer
+
+    settings = resolve_cli_settings(args, **overrides)
+    return Synthesizer.load(settings.models, settings.device, settings.synthesis), settings
+
+
+def _models_demo(args) -> int:
+    from pcgtts.tools.demo import NOT_SPEECH_NOTICE, write_demo
+
+    paths = write_demo(args.out, seed=args.seed)
+    print(f"demo models written ({NOT_SPEECH_NOTICE}):")
+    for name, path in paths.items():
+        print(f"  {name:7s} {path}")
+    print(json.dumps({k: str(v) for k, v in paths.items()}))
+    return 0
+
+
+def _draft_init(args) -> int:
+    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+
+    spec = args.layers.strip()
+    layers = [int(x) for x in spec.split(",")] if "," in spec else int(spec)
+    out = make_layer_subset_draft(args.target, args.out, layers)
+    print(json.dumps({"draft": str(out), "layers": json.loads((out / "config.json").read_text())["pcgtts_draft"]["layers"]}))
+    return 0
+
+
+def _speak(args) -> int:
+    from pcgtts.runtime.audio.playback import open_sink
+
+    synth, _ = load_synthesizer(args)
+    sink = open_sink(args.audio_device, out_path=args.out)
+    stream = synth.stream(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text, voice=args.voice)
+    try:
+        with sink:
+            for chunk in stream:
+                sink.write(chunk)
+    finally:
+        stream.close()
+    report = speak_report(stream.stats, sink.stats())
+    print_report(report)
+    return 0
+
+
+def speak_report(stats, playback) -> dict:
+    totals = stats.totals()
+    return {
+        "time_to_first_audio_s": stats.time_to_first_audio,
+        "real_time_factor": stats.real_time_factor,
+        "audio_s": stats.audio_seconds,
+        "tokens": totals.emitted,
+        "acceptance_rate": totals.acceptance_rate,
+        "mean_accepted_length": totals.mean_accepted_length,
+        "target_forwards_per_token": totals.target_forwards / max(totals.emitted, 1),
+        "underruns": playback.underruns,
+        "underrun_s": playback.underrun_seconds,
+        "truncated_sentences": stats.truncated,
+        "cancelled": stats.cancelled,
+    }
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="pcgtts speak")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in report.items():
+        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    Console(stderr=True).print(table)
+    print(json.dumps(report))

@@ -1,0 +1,71 @@
+"""Reference-audio input: any file soundfile reads, any rate and channel count -> mono 16 kHz.
+
+Clear errors for everything that cannot serve as a voice prompt: a missing or non-audio file,
+NaN/inf samples, silence, or a clip too short / too long to be a useful reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from pcgtts.runtime.audio.chunk import SAMPLE_RATE
+
+MIN_SECONDS = 0.5  # ~25 codec tokens: less gives the LM almost nothing of the voice
+MAX_SECONDS = 30.0  # LLaSA was trained on clips up to ~30 s; longer references crowd the KV cache
+SILENCE_PEAK = 10 ** (-60 / 20)  # -60 dBFS
+
+
+def to_mono_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    """[N] or [N, channels] at any rate -> float32 [M] mono at 16 kHz (soxr, high quality)."""
+    import soxr
+
+    if sample_rate <= 0:
+        raise ValueError(f"invalid sample rate {sample_rate}")
+    audio = np.asarray(samples, dtype=np.float32)
+    if audio.ndim == 2:
+        audio = audio.mean(axis=1)
+    elif audio.ndim != 1:
+        raise ValueError(f"expected [samples] or [samples, channels], got shape {audio.shape}")
+    if not np.isfinite(audio).all():
+        raise ValueError("audio contains NaN or infinite samples")
+    if sample_rate != SAMPLE_RATE and audio.size:
+        audio = soxr.resample(audio, sample_rate, SAMPLE_RATE, quality="HQ").astype(np.float32)
+    return audio
+
+
+def check_reference(audio: np.ndarray, name: str = "reference audio") -> np.ndarray:
+    seconds = audio.size / SAMPLE_RATE
+    if seconds < MIN_SECONDS:
+        raise ValueError(f"{name} is {seconds:.2f} s long; a voice reference needs at least {MIN_SECONDS} s")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{name} is {seconds:.1f} s long; use at most {MAX_SECONDS:.0f} s (trim it)")
+    if np.abs(audio).max() < SILENCE_PEAK:
+        raise ValueError(f"{name} is silent (peak below -60 dBFS)")
+    return audio
+
+
+def load_audio(path: str | Path) -> np.ndarray:
+    """Read a reference recording as float32 mono 16 kHz, validated."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"audio file not found: {path}")
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError) as err:
+        raise ValueError(f"{path} is not a readable audio file: {err}") from None
+    try:
+        audio = to_mono_16k(samples, rate)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return check_reference(audio, str(path))
+
+
+def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> Path:
+    import soundfile as sf
+
+    sf.write(str(path), np.asarray(samples, dtype=np.float32), sample_rate, subtype="PCM_16")
+    return Path(path)

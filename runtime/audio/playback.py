@@ -1,0 +1,279 @@
+"""Real-time playback: sinks that consume `AudioChunk`s.
+
+* `SoundDeviceSink`: a PortAudio output stream (sounddevice) whose callback drains a buffer,
+  paced by the device's clock.
+* `NullSink`: discards audio; with `realtime=True` it drains the buffer on a simulated 16 kHz
+  clock instead, for machines with no sound card (and for the latency harness).
+* `WavSink`: writes a WAV file as chunks arrive, so a stream closed early leaves a valid file.
+
+Playback starts once a pre-buffer is filled (or the stream ends). When the buffer runs dry
+mid-stream the device plays silence: that is an *underrun*, counted with its duration, never
+an error. `sounddevice` is imported lazily: without PortAudio the error says to use --out.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pcgtts.runtime.audio.chunk import SAMPLE_RATE, AudioChunk
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlaybackStats:
+    samples_written: int = 0
+    samples_played: int = 0  # stream samples handed to the device (silence padding excluded)
+    underruns: int = 0  # device blocks that found the buffer dry mid-stream
+    underrun_seconds: float = 0.0  # silence played because of underruns
+    prebuffer_seconds: float = 0.0
+    first_audio_at: float | None = None  # perf_counter() when the first stream sample was played
+
+
+class _Player:
+    """The buffer between producer and clock, with underrun accounting (shared by the sinks)."""
+
+    def __init__(self, prebuffer_seconds: float, rate: int):
+        self.rate = rate
+        self.prebuffer = int(prebuffer_seconds * rate)
+        self.prebuffer_seconds = prebuffer_seconds
+        self.lock = threading.Lock()
+        self.queue: collections.deque[np.ndarray] = collections.deque()
+        self.buffered = 0
+        self.ended = False
+        self.playing = False
+        self.written = self.played = self.underruns = self.underrun_samples = 0
+        self.first_audio_at: float | None = None
+        self.drained = threading.Event()
+
+    def push(self, samples: np.ndarray) -> None:
+        with self.lock:
+            self.queue.append(samples)
+            self.buffered += len(samples)
+            self.written += len(samples)
+
+    def end(self) -> None:
+        with self.lock:
+            self.ended = True
+            if self.buffered == 0:
+                self.drained.set()
+
+    def pull(self, out: np.ndarray) -> None:
+        """Fill `out` (float32 [frames]) with the next samples, or silence."""
+        frames = len(out)
+        with self.lock:
+            if not self.playing:
+                if self.buffered >= max(self.prebuffer, 1) or (self.ended and self.buffered):
+                    self.playing = True
+                else:
+                    out.fill(0)
+                    if self.ended:
+                        self.drained.set()
+                    return
+            got = 0
+            while got < frames and self.queue:
+                head = self.queue[0]
+                take = min(frames - got, len(head))
+                out[got:got + take] = head[:take]
+                got += take
+                if take == len(head):
+                    self.queue.popleft()
+                else:
+                    self.queue[0] = head[take:]
+            self.buffered -= got
+            self.played += got
+            if got and self.first_audio_at is None:
+                self.first_audio_at = time.perf_counter()
+            if got < frames:
+                out[got:] = 0
+                if not self.ended:
+                    self.underruns += 1
+                    self.underrun_samples += frames - got
+            if self.ended and self.buffered == 0:
+                self.drained.set()
+
+    def stats(self) -> PlaybackStats:
+        with self.lock:
+            return PlaybackStats(self.written, self.played, self.underruns, self.underrun_samples / self.rate,
+                                 self.prebuffer_seconds, self.first_audio_at)
+
+
+class _Sink:
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None: ...
+
+    def write(self, chunk: AudioChunk) -> None: ...
+
+    def close(self) -> None: ...
+
+    def stats(self) -> PlaybackStats: ...
+
+
+def _import_sounddevice():
+    try:
+        import sounddevice
+    except OSError as err:  # the PortAudio shared library is missing
+        raise RuntimeError(f"audio playback needs the PortAudio library ({err}); install it "
+                           "(apt install libportaudio2), or write a file with --out FILE.wav, "
+                           "or discard the audio with --device null") from None
+    except ImportError:
+        raise RuntimeError("audio playback needs the 'sounddevice' package (pip install 'pcgtts[audio]'); "
+                           "or write a file with --out FILE.wav, or use --device null") from None
+    return sounddevice
+
+
+def list_output_devices() -> list[dict]:
+    sd = _import_sounddevice()
+    return [dict(d, index=i) for i, d in enumerate(sd.query_devices()) if d["max_output_channels"] > 0]
+
+
+class SoundDeviceSink(_Sink):
+    """Plays through PortAudio; resamples to the device's rate when it is not 16 kHz."""
+
+    def __init__(self, device: str | int | None = None, prebuffer_seconds: float = 0.2, blocksize: int = 1024,
+                 drain_timeout: float = 5.0):
+        self.device, self.blocksize, self.drain_timeout = device, blocksize, drain_timeout
+        self.prebuffer_seconds = prebuffer_seconds
+        self._stream = None
+        self._player: _Player | None = None
+        self._resampler = None
+        self.tap: list[np.ndarray] | None = None  # set to a list to capture what the device was given
+
+    def start(self) -> None:
+        sd = _import_sounddevice()
+        try:
+            info = sd.query_devices(self.device, "output")
+        except (ValueError, sd.PortAudioError) as err:
+            raise RuntimeError(f"no playback device {self.device!r} ({err}); see `python -m sounddevice` "
+                               "for the list, or use --out FILE.wav / --device null") from None
+        self.rate = int(info["default_samplerate"])
+        if self.rate != SAMPLE_RATE:
+            import soxr
+
+            self._resampler = soxr.ResampleStream(SAMPLE_RATE, self.rate, 1, dtype="float32")
+        self._player = _Player(self.prebuffer_seconds, self.rate)
+        self._stream = sd.OutputStream(samplerate=self.rate, channels=1, dtype="float32", device=info["index"],
+                                       blocksize=self.blocksize, callback=self._callback)
+        self._stream.start()
+
+    def _callback(self, outdata, frames, time_info, status) -> None:
+        self._player.pull(outdata[:, 0])
+        if self.tap is not None:
+            self.tap.append(outdata[:, 0].copy())
+
+    def write(self, chunk: AudioChunk) -> None:
+        samples = chunk.samples
+        if self._resampler is not None:
+            samples = self._resampler.resample_chunk(samples)  # flushed in close()
+        self._player.push(np.asarray(samples, dtype=np.float32))
+
+    def close(self) -> None:
+        if self._stream is None:
+            return
+        if self._resampler is not None:
+            self._player.push(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+            self._resampler = None
+        self._player.end()
+        pending = self._player.buffered / self.rate
+        if not self._player.drained.wait(pending + self.drain_timeout):
+            log.warning("playback did not drain within %.1f s", pending + self.drain_timeout)
+        self._stream.stop()
+        self._stream.close()
+        self._stream = None
+
+    def stats(self) -> PlaybackStats:
+        return self._player.stats() if self._player else PlaybackStats()
+
+
+class NullSink(_Sink):
+    """Discards audio. With `realtime`, a thread consumes it at 16 kHz like a sound card would."""
+
+    def __init__(self, realtime: bool = False, prebuffer_seconds: float = 0.2, block: int = 320):
+        self.realtime, self.block = realtime, block
+        self._player = _Player(prebuffer_seconds if realtime else 0.0, SAMPLE_RATE)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        if self.realtime and self._thread is None:
+            self._thread = threading.Thread(target=self._clock, name="pcgtts-null-clock", daemon=True)
+            self._thread.start()
+
+    def _clock(self) -> None:
+        buf = np.zeros(self.block, np.float32)
+        period = self.block / SAMPLE_RATE
+        next_tick = time.perf_counter()
+        while not self._stop.is_set():
+            self._player.pull(buf)
+            if self._player.drained.is_set():
+                return
+            next_tick += period
+            time.sleep(max(0.0, next_tick - time.perf_counter()))
+
+    def write(self, chunk: AudioChunk) -> None:
+        if self.realtime:
+            self._player.push(chunk.samples)
+        else:
+            with self._player.lock:
+                self._player.written += len(chunk.samples)
+                self._player.played += len(chunk.samples)
+
+    def close(self) -> None:
+        self._player.end()
+        if self._thread is not None:
+            self._player.drained.wait(self._player.buffered / SAMPLE_RATE + 5.0)
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def stats(self) -> PlaybackStats:
+        return self._player.stats()
+
+
+class WavSink(_Sink):
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._file = None
+        self._written = 0
+
+    def start(self) -> None:
+        import soundfile as sf
+
+        self._file = sf.SoundFile(str(self.path), "w", samplerate=SAMPLE_RATE, channels=1, subtype="PCM_16")
+
+    def write(self, chunk: AudioChunk) -> None:
+        self._file.write(np.clip(chunk.samples, -1.0, 1.0))
+        self._written += len(chunk.samples)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def stats(self) -> PlaybackStats:
+        return PlaybackStats(self._written, self._written)
+
+
+def open_sink(device: str | None = None, out_path: str | Path | None = None,
+              prebuffer_seconds: float = 0.2) -> _Sink:
+    """--out FILE -> WavSink; --device null -> real-time NullSink; else a sound device (None = default)."""
+    if out_path is not None:
+        return WavSink(out_path)
+    if device is not None and str(device).lower() == "null":
+        return NullSink(realtime=True, prebuffer_seconds=prebuffer_seconds)
+    if device is not None and str(device).isdigit():
+        device = int(device)
+    return SoundDeviceSink(device, prebuffer_seconds)

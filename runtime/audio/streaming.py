@@ -1,0 +1,74 @@
+"""Windowed streaming decode of X-codec2 tokens with left context, lookahead and a cross-fade.
+
+X-codec2's decoder attends over its whole input and its convolutions reach about ±11 tokens,
+so audio for tokens [a, b) decoded alone differs from the same span in a one-shot decode. A
+chunk for [a, b) is therefore emitted only once b + lookahead tokens exist, by decoding the
+window [a - left_context, b + lookahead) and keeping the samples of [a, b); the first
+`crossfade` samples are blended with the previous window's decode of the same stretch (which
+that window produced as lookahead), so seams are continuous. Every sample is emitted exactly
+once: the stream holds 320 samples per token, no gaps, no duplicates.
+
+The first chunk is small (low time to first audio), later chunks larger (fewer decodes).
+Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
+from pcgtts.runtime.config import StreamConfig
+
+
+class WindowDecoder:
+    """Feed tokens with `push`, get audio chunks back; `flush` at the end of the stream."""
+
+    def __init__(self, decode: Callable[[np.ndarray], np.ndarray], config: StreamConfig = StreamConfig(),
+                 context: np.ndarray | None = None):
+        # decode: codes [T] -> samples [320 T]. context: tokens that precede the stream (e.g. the
+        # voice prompt's codes) used as left context for the first chunk, never emitted.
+        self.decode = decode
+        self.config = config
+        ctx = np.zeros(0, np.int64) if context is None else np.asarray(context, np.int64)[-config.left_context_tokens:]
+        self.offset = len(ctx) if config.left_context_tokens else 0  # tokens before the stream's first
+        self.tokens = list(ctx[-self.offset:]) if self.offset else []
+        self.done = 0  # stream tokens already emitted
+        self.tail: np.ndarray | None = None  # previous window's audio just past its chunk
+        fade = np.arange(config.crossfade_samples, dtype=np.float32) + 0.5
+        self.fade_in = (0.5 - 0.5 * np.cos(np.pi * fade / max(config.crossfade_samples, 1))).astype(np.float32)
+
+    @property
+    def available(self) -> int:
+        return len(self.tokens) - self.offset
+
+    def push(self, tokens) -> list[np.ndarray]:
+        self.tokens.extend(int(t) for t in tokens)
+        out = []
+        while True:
+            size = self.config.first_chunk_tokens if self.done == 0 else self.config.chunk_tokens
+            if self.available < self.done + size + self.config.codec_lookahead:
+                return out
+            out.append(self._emit(self.done + size, self.config.codec_lookahead))
+
+    def flush(self) -> np.ndarray:
+        """Audio for every token not emitted yet (possibly empty)."""
+        if self.done >= self.available:
+            return np.zeros(0, np.float32)
+        return self._emit(self.available, 0)
+
+    def _emit(self, end: int, right: int) -> np.ndarray:
+        cfg, hop = self.config, SAMPLES_PER_TOKEN
+        start = self.done
+        first = max(0, self.offset + start - cfg.left_context_tokens)  # window bounds, in self.tokens
+        last = self.offset + end + right
+        audio = self.decode(np.asarray(self.tokens[first:last], dtype=np.int64))
+        lead = (self.offset + start - first) * hop
+        chunk = audio[lead:lead + (end - start) * hop].copy()
+        if self.tail is not None and len(self.tail):
+            n = min(len(self.tail), len(chunk), len(self.fade_in))
+            chunk[:n] = self.tail[:n] * (1 - self.fade_in[:n]) + chunk[:n] * self.fade_in[:n]
+        self.tail = audio[lead + (end - start) * hop:lead + (end - start) * hop + cfg.crossfade_samples]
+        self.done = end
+        return chunk

@@ -1,0 +1,290 @@
+"""Acceptance rules for speculative decoding: pure functions over tensors with fixed-shape outputs.
+
+Terms (as in vLLM): the draft proposes L tokens; the leading ones the rule keeps are
+*accepted*; at the first rejection one *recovered* token is sampled instead; when all L are
+accepted a *bonus* token is sampled from the target's last row. Output per sequence:
+`tokens[L + 1]` = accepted + one recovered/bonus token, padded with -1, and `num_accepted`.
+
+Rules (all over the restricted vocabulary of runtime/text/vocab.py, stop token = index V - 1):
+  greedy  temperature 0: accept while the draft equals the target's argmax, then emit the
+          target's argmax. Every rule uses this at temperature 0, so speculative output equals
+          plain greedy decoding token for token (PCG's group test would otherwise accept a
+          group-mate of the argmax, which greedy decoding never emits).
+  sd      standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept x with
+          min(1, target(x)/draft(x)); recover from norm(max(0, target - draft)). Exact: the
+          emitted token is distributed as the target.
+  ssd     SSD (Lin et al., Interspeech 2025): accept if u < min(1, target/draft) + beta; recover
+          as SD. beta = 0 is SD; beta > 0 trades exactness for acceptance.
+  pcg     Principled Coarse-Graining (Yanuka et al.), Algorithm 1 with equal-split weights.
+          Groups G_k overlap; S(t) = {k : t in G_k}, N(t) = |S(t)|, and the coarse
+          distributions are P_c(k) = sum_{t in G_k} draft(t)/N(t), Q_c(k) likewise for the
+          target. For draft token x pick K uniformly from S(x) (so K ~ P_c), accept with
+          min(1, Q_c(K)/P_c(K)) keeping x; on rejection sample K from the residual
+          [Q_c - P_c]_+ (thinning, with an exact fallback) and emit t in G_K with probability
+          proportional to target(t)/N(t). The emitted group is distributed exactly as Q_c.
+          The stop token is its own singleton group, id = groups.num_groups.
+
+Randomness is injected: `uniforms[B, L]` decide accept/reject (tests force outcomes through
+them) and `generator` draws everything else. Nothing here syncs with the host, except PCG's
+exact fallback on CPU, where a sync is free (see `_residual_groups`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from pcgtts.groups.device import DeviceGroupTable, widen
+from pcgtts.runtime.decode.sampling import cdf_of, draw, sample_from_weights
+
+RULES = ("greedy", "sd", "ssd", "pcg")
+PLACEHOLDER = -1  # output slots after the recovered / bonus token
+_THINNING_ROUNDS = 32  # CPU: extra batches of thinning trials before the exact fallback
+
+
+class Verdict(NamedTuple):
+    tokens: torch.Tensor  # [B, L + 1] int64: accepted, then one recovered/bonus token, then -1
+    num_accepted: torch.Tensor  # [B] int64 in [0, L]
+    groups: torch.Tensor | None = None  # [B, L + 1] group emitted per slot (pcg only; -1 where none)
+
+
+def draw_uniforms(batch: int, length: int, generator: torch.Generator, device) -> torch.Tensor:
+    return torch.rand(batch, length, generator=generator, device=device)
+
+
+def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
+    """accept: [B, L] bool -> length of the all-True prefix [B]."""
+    return accept.long().cumprod(-1).sum(-1)
+
+
+def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
+    """[B, L], [B], [B] -> tokens [B, L + 1]: draft prefix, the next token at slot n, then -1."""
+    b, l = draft_tokens.shape
+    slots = torch.arange(l + 1, device=draft_tokens.device).expand(b, -1)
+    padded = torch.cat([draft_tokens, draft_tokens.new_full((b, 1), PLACEHOLDER)], dim=1)
+    n = num_accepted[:, None]
+    return torch.where(slots < n, padded, torch.where(slots == n, next_token[:, None], PLACEHOLDER))
+
+
+def _row(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """probs: [B, R, V], index: [B] -> probs[b, index[b]]: [B, V]."""
+    return probs[torch.arange(probs.shape[0], device=probs.device), index]
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> Verdict:
+    # draft_tokens: [B, L]; target_probs: [B, L + 1, V] (one-hot at temperature 0)
+    best = target_probs.argmax(-1)  # [B, L + 1]
+    n = _accepted_prefix(draft_tokens == best[:, :-1])
+    return Verdict(_assemble(draft_tokens, n, best.gather(1, n[:, None]).squeeze(1)), n)
+
+
+def verify_sd(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+              uniforms: torch.Tensor, generator: torch.Generator, beta: float = 0.0) -> Verdict:
+    # draft_tokens: [B, L]; draft_probs: [B, L, V]; target_probs: [B, L + 1, V]; uniforms: [B, L]
+    b, l = draft_tokens.shape
+    on_draft = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, L]
+    on_target = target_probs[:, :l].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    # The draft never samples a token it gives probability 0; the clamp only avoids a NaN.
+    ratio = on_target / on_draft.clamp_min(torch.finfo(on_draft.dtype).tiny)
+    n = _accepted_prefix(uniforms < ratio.clamp(max=1.0) + beta)
+    target_row = _row(target_probs, n)
+    draft_row = _row(draft_probs, n.clamp(max=l - 1))
+    residual = (target_row - draft_row).clamp_min(0.0)
+    # All accepted: the bonus comes from the target itself. A rejection with an all-zero
+    # residual happens only when target == draft (or via beta); then the target is the residual.
+    use_target = (n == l) | (residual.sum(-1) <= 0)
+    weights = torch.where(use_target[:, None], target_row, residual)
+    next_token = sample_from_weights(weights, torch.rand(b, generator=generator, device=weights.device))
+    return Verdict(_assemble(draft_tokens, n, next_token), n)
+
+
+class _CoarseView(NamedTuple):
+    """A group table seen from the restricted vocabulary (speech tokens + the stop token)."""
+
+    table: DeviceGroupTable
+    inv_n: torch.Tensor  # [V] float: 1 / N(t); the stop token is in exactly one group
+
+    @property
+    def stop_group(self) -> int:
+        return self.table.num_groups
+
+
+def _coarse_view(groups: DeviceGroupTable, vocab_size: int) -> _CoarseView:
+    if vocab_size != groups.num_tokens + 1:
+        raise ValueError(f"group table covers {groups.num_tokens} speech tokens but the distributions have "
+                         f"{vocab_size} entries (expected speech tokens + stop)")
+    return _CoarseView(groups, groups.inv_groups_per_token)
+
+
+def _pick_group(view: _CoarseView, tokens: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """K uniform over S(t) for each token (any shape); the stop token maps to its own group."""
+    t = view.table
+    is_stop = tokens == t.num_tokens
+    safe = tokens.clamp(max=t.num_tokens - 1)
+    start = t.token_offsets[safe].long()
+    count = (t.token_offsets[safe + 1].long() - start)
+    pick = (uniforms * count).long().clamp_(max=count - 1)
+    group = widen(t.token_groups[start + pick])
+    return torch.where(is_stop, torch.full_like(group, view.stop_group), group)
+
+
+def _members(view: _CoarseView, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed-width member lists of groups [...] -> (tokens [..., W], valid [..., W]); W = max group size."""
+    t = view.table
+    is_stop = group == view.stop_group
+    g = group.clamp(max=t.num_groups - 1)
+    start = t.group_offsets[g].long()
+    size = t.group_offsets[g + 1].long() - start
+    size = torch.where(is_stop, torch.ones_like(size), size)
+    slot = torch.arange(t.max_group_size, device=group.device)
+    valid = slot < size[..., None]
+    entry = (start[..., None] + slot).clamp_(max=t.group_members.numel() - 1)
+    members = widen(t.group_members[entry])
+    members = torch.where(is_stop[..., None], torch.full_like(members, t.num_tokens), members)
+    return members, valid
+
+
+def _coarse_masses(view: _CoarseView, first: torch.Tensor, second: torch.Tensor,
+                   group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P_c, Q_c) of `group` under two distributions, gathering only the groups' members.
+
+    first, second: [B, R, V] (or [B, V]); group: [B, R, ...] of the same leading dims -> two [B, R, ...].
+    """
+    members, valid = _members(view, group)
+    weights = view.inv_n[members] * valid  # 1/N(t) on members, 0 on padding
+    flat = members.reshape(*first.shape[:-1], -1)
+    shape = members.shape
+    p = (first.gather(-1, flat).view(shape) * weights).sum(-1)
+    q = (second.gather(-1, flat).view(shape) * weights).sum(-1)
+    return p, q
+
+
+def _all_coarse_masses(view: _CoarseView, probs: torch.Tensor) -> torch.Tensor:
+    """P_c for every group (stop group last): probs [B, V] -> [B, M + 1].
+
+    A sparse matrix-vector product done as differences of a float64 cumulative sum over the
+    group-major member list, so it needs no per-entry group index (which would cost 8 bytes
+    per table entry) and stays exact enough for masses down to ~1e-15.
+    """
+    t = view.table
+    scaled = (probs * view.inv_n).double()
+    entries = scaled[:, widen(t.group_members)]  # [B, nnz]
+    cdf = torch.nn.functional.pad(entries.cumsum(-1), (1, 0))
+    offsets = t.group_offsets.long()
+    masses = cdf[:, offsets[1:]] - cdf[:, offsets[:-1]]
+    return torch.cat([masses, scaled[:, -1:]], dim=1)
+
+
+def _residual_groups(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor, target_cdf: torch.Tensor,
+                     y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Sample K ~ [Q_c - P_c]_+ (normalised) for each row. draft_row, target_row: [B, V];
+    target_cdf: cdf_of(target_row); y: [B, T] independent draws from it (thinning candidates) -> [B].
+
+    Thinning: draw y ~ target and K ~ uniform S(y), so K ~ Q_c; keep K with probability
+    1 - P_c(K)/Q_c(K). `trials` candidates are drawn at once and the first kept one wins; a
+    kept candidate is an exact residual sample, and when none is kept the residual is sampled
+    exactly from all groups' masses. That fallback is a sparse mat-vec: cheap on a GPU, so
+    there it is always computed and selected with `where` (no host sync); on a CPU a sync is
+    free and it is computed only for the rows that need it.
+    """
+    (b, trials), device = y.shape, draft_row.device
+
+    def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cand = _pick_group(view, candidates_y, torch.rand(b, trials, generator=generator, device=device))  # [B, T]
+        p_c, q_c = _coarse_masses(view, draft_row, target_row, cand)
+        keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
+        kept = torch.rand(b, trials, generator=generator, device=device) < keep_prob
+        return kept.any(-1), cand.gather(1, kept.long().argmax(-1)[:, None]).squeeze(1)
+
+    any_kept, chosen = thin(y)
+    if device.type != "cpu":
+        # Sync-free: the exact residual over all groups is a cheap sparse mat-vec on a GPU.
+        return torch.where(any_kept, chosen, _exact_residual_group(view, draft_row, target_row, generator))
+    # On a CPU syncs are free but the mat-vec is not (millions of entries). A rejection happens
+    # with probability TV(P_c, Q_c) and each trial succeeds with probability ~TV, so repeating
+    # thinning costs O(1) batches in expectation; the exact mat-vec is the rare last resort.
+    for _ in range(_THINNING_ROUNDS):
+        if bool(any_kept.all()):
+            return chosen
+        more_y = draw(target_cdf, torch.rand(b, trials, generator=generator, device=device))
+        kept_now, chosen_now = thin(more_y)
+        chosen = torch.where(any_kept, chosen, chosen_now)
+        any_kept = any_kept | kept_now
+    if bool(any_kept.all()):
+        return chosen
+    rows = (~any_kept).nonzero().squeeze(1)
+    chosen = chosen.clone()
+    chosen[rows] = _exact_residual_group(view, draft_row[rows], target_row[rows], generator)
+    return chosen
+
+
+def _exact_residual_group(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor,
+                          generator: torch.Generator) -> torch.Tensor:
+    """K ~ normalised [Q_c - P_c]_+ computed over every group. [B, V] x 2 -> [B]"""
+    q_all = _all_coarse_masses(view, target_row)
+    residual = (q_all - _all_coarse_masses(view, draft_row)).clamp_min(0)
+    # An all-zero residual means Q_c == P_c, where no rejection can happen; fall back to Q_c.
+    residual = torch.where(residual.sum(-1, keepdim=True) <= 0, q_all, residual)
+    return sample_from_weights(residual, torch.rand(residual.shape[0], generator=generator, device=residual.device))
+
+
+def _token_in_group(view: _CoarseView, target_row: torch.Tensor, group: torch.Tensor,
+                    generator: torch.Generator) -> torch.Tensor:
+    """t in G_K with probability proportional to target(t)/N(t). target_row [B, V], group [B] -> [B]."""
+    members, valid = _members(view, group)
+    weights = target_row.gather(1, members) * view.inv_n[members] * valid
+    pick = sample_from_weights(weights, torch.rand(group.shape[0], generator=generator, device=group.device))
+    return members.gather(1, pick[:, None]).squeeze(1)
+
+
+def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+               uniforms: torch.Tensor, generator: torch.Generator, groups: DeviceGroupTable,
+               thinning_trials: int = 16) -> Verdict:
+    # draft_tokens: [B, L]; draft_probs: [B, L, V]; target_probs: [B, L + 1, V]; uniforms: [B, L]
+    b, l = draft_tokens.shape
+    device = draft_tokens.device
+    view = _coarse_view(groups, draft_probs.shape[-1])
+    proposed = _pick_group(view, draft_tokens, torch.rand(b, l, generator=generator, device=device))  # [B, L]
+    p_c, q_c = _coarse_masses(view, draft_probs, target_probs[:, :l], proposed)
+    # P_c(K) > 0 because the draft sampled a member of K; the clamp only avoids a NaN.
+    ratio = q_c / p_c.clamp_min(torch.finfo(p_c.dtype).tiny)
+    n = _accepted_prefix(uniforms < ratio.clamp(max=1.0))
+
+    target_row = _row(target_probs, n)
+    draft_row = _row(draft_probs, n.clamp(max=l - 1))
+    # One CDF of the target row serves the bonus token (all accepted) and the thinning
+    # candidates (a rejection): both are independent draws from the same row.
+    target_cdf = cdf_of(target_row)
+    draws = draw(target_cdf, torch.rand(b, 1 + thinning_trials, generator=generator, device=device))
+    bonus = draws[:, 0]
+    residual_group = _residual_groups(view, draft_row, target_row, target_cdf, draws[:, 1:], generator)
+    recovered = _token_in_group(view, target_row, residual_group, generator)
+    all_accepted = n == l
+    next_token = torch.where(all_accepted, bonus, recovered)
+    next_group = torch.where(all_accepted, torch.full_like(residual_group, PLACEHOLDER), residual_group)
+    tokens = _assemble(draft_tokens, n, next_token)
+    group_ids = _assemble(proposed, n, next_group)
+    return Verdict(tokens, n, group_ids)
+
+
+def verify(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+           uniforms: torch.Tensor, generator: torch.Generator, *, groups: DeviceGroupTable | None = None,
+           ssd_beta: float = 0.0, thinning_trials: int = 16) -> Verdict:
+    """Dispatch to one rule. Shapes: draft_tokens [B, L], draft_probs [B, L, V],
+    target_probs [B, L + 1, V], uniforms [B, L]."""
+    if draft_tokens.dim() != 2 or draft_probs.dim() != 3 or target_probs.dim() != 3:
+        raise ValueError("expected draft_tokens [B, L], draft_probs [B, L, V], target_probs [B, L+1, V]")
+    if target_probs.shape[1] != draft_tokens.shape[1] + 1:
+        raise ValueError("target_probs must have one more row than there are draft tokens")
+    if rule == "greedy":
+        return verify_greedy(draft_tokens, target_probs)
+    if rule == "sd":
+        return verify_sd(draft_tokens, draft_probs, target_probs, uniforms, generator)
+    if rule == "ssd":
+        return verify_sd(draft_tokens, draft_probs, target_probs, uniforms, generator, beta=ssd_beta)
+    if rule == "pcg":
+        if groups is None:
+            raise ValueError("the pcg rule needs a group table")
+        return verify_pcg(draft_tokens, draft_probs, target_probs, uniforms, generator, groups, thinning_trials)
+    raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")

@@ -1,0 +1,67 @@
+"""The `LM` contract for exported graphs: the runtime owns the static KV buffers.
+
+ONNX Runtime and TensorRT run the same step graph (`export/lm_graph.py`): the whole cache
+buffer goes in, the T new keys/values come out. This base class owns the buffers (torch
+tensors on the backend's device, so their memory can be bound zero-copy by pointer), writes
+each step's new entries at their slots and implements prefill / forward / rollback; a backend
+only implements `_execute`; prefill / forward / rollback come from `SequenceMixin`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pcgtts.runtime.lm.graph_meta import GraphMeta
+from pcgtts.runtime.lm.checkpoint import load_tokenizer, resolve_dtype
+from pcgtts.runtime.lm.protocol import SequenceMixin, check_fits
+from pcgtts.runtime.text.vocab import SpeechVocab
+
+
+class BufferedLM(SequenceMixin):
+    def __init__(self, meta: GraphMeta, folder: Path, device: torch.device, max_length: int, tokenizer=None):
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        tokenizer = tokenizer or load_tokenizer(folder)
+        vocab = SpeechVocab.from_tokenizer(tokenizer)
+        meta.check_tokenizer(vocab, str(folder))
+        self.meta, self.vocab, self.tokenizer = meta, vocab, tokenizer
+        self.model_dir = folder
+        self.fingerprint = meta.fingerprint
+        self.device = device
+        self.max_length = max_length
+        self.cache_dtype = resolve_dtype(meta.dtype)
+        self.length = 0
+        self.cache: list[torch.Tensor] = []  # [2 * layers] of [1, kv, max_length, D]: k0, v0, k1, ...
+        self.ensure_cache()
+
+    def ensure_cache(self) -> None:
+        if not self.cache:
+            shape = (1, self.meta.num_kv_heads, self.max_length, self.meta.head_dim)
+            self.cache = [torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
+                          for _ in range(2 * self.meta.num_layers)]
+
+    def release(self) -> None:
+        self.cache = []
+        self.length = 0
+
+    def _execute(self, ids: torch.Tensor, positions: torch.Tensor, logits_index: torch.Tensor
+                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """ids, positions: [1, T]; logits_index: [1, K] (int64, on `device`). Returns logits
+        [1, K, V_r] float32 and the new entries [2 * layers] of [1, kv, T, D]."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        ids = ids.to(self.device, torch.long).view(1, -1)
+        n = ids.shape[1]
+        check_fits(self.length, n, self.max_length)
+        self.ensure_cache()
+        positions = torch.arange(self.length, self.length + n, device=self.device).view(1, -1)
+        index = torch.arange(n - 1 if last_only else 0, n, device=self.device).view(1, -1)
+        logits, present = self._execute(ids, positions, index)
+        for buf, new in zip(self.cache, present):
+            buf[:, :, self.length:self.length + n] = new
+        self.length += n
+        return logits[0]

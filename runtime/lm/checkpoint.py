@@ -1,0 +1,134 @@
+"""Reading local Hugging Face `LlamaForCausalLM` directories (config.json + safetensors + tokenizer).
+
+Nothing here downloads: a path that is not a local LLaSA-format directory is a clear error.
+Single-file (`model.safetensors`) and sharded (`model.safetensors.index.json`) layouts are
+read; tied and untied LM heads are handled the way transformers does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from pcgtts.runtime.lm.llama import Llama, LlamaArgs, rope_inv_freq
+from pcgtts.runtime.text.vocab import SpeechVocab
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def read_config(model_dir: str | Path) -> dict:
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_dir}")
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{model_dir} is not a Hugging Face model directory: no config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / s for s in shards]
+    raise ValueError(f"{model_dir} has no model.safetensors or model.safetensors.index.json")
+
+
+def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for path in weight_files(model_dir):
+        if not path.is_file():
+            raise ValueError(f"missing weight shard {path}")
+        try:
+            state.update(load_file(str(path)))
+        except Exception as err:  # safetensors raises its own error types for corrupt files
+            raise ValueError(f"cannot read {path}: {err}") from None
+    return state
+
+
+def load_tokenizer(model_dir: str | Path):
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory not found: {model_dir}")
+    if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
+        raise ValueError(f"{model_dir} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dtype = "float32",
+               device: str | torch.device = "cpu") -> Llama:
+    """Build `Llama` from a checkpoint, keeping only the restricted LM-head rows."""
+    model_dir = Path(model_dir)
+    args = LlamaArgs.from_hf_config(read_config(model_dir))
+    if args.vocab_size < vocab.vocab_size:
+        raise ValueError(f"model vocabulary ({args.vocab_size}) is smaller than the tokenizer's ({vocab.vocab_size})")
+    state = read_state_dict(model_dir)
+    prefix = "model."
+    head_key = "lm_head.weight"
+    if args.tie_word_embeddings or head_key not in state:
+        if not args.tie_word_embeddings:
+            raise ValueError(f"{model_dir}: untied model without lm_head.weight")
+        head = state[prefix + "embed_tokens.weight"]
+    else:
+        head = state[head_key]
+    rows = vocab.head_rows()
+    with torch.device("meta"):
+        model = Llama(args, rows)
+    params = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    params["head.weight"] = head[rows]
+    missing = set(model.state_dict()) - set(params)
+    unexpected = set(params) - set(model.state_dict())
+    if missing:
+        raise ValueError(f"{model_dir}: checkpoint is missing {sorted(missing)[:5]} ...")
+    if unexpected:
+        log.debug("ignoring unexpected keys: %s", sorted(unexpected)[:5])
+        params = {k: v for k, v in params.items() if k not in unexpected}
+    target_dtype = resolve_dtype(dtype)
+    model.load_state_dict({k: v.to(target_dtype) for k, v in params.items()}, assign=True)
+    # Non-persistent buffers were created on the meta device: recreate them for real.
+    model.head_rows = rows.clone()
+    model.inv_freq = rope_inv_freq(args)
+    model.causal = torch.zeros(0, dtype=torch.bool)
+    return model.to(device).eval()
+
+
+def load_speech_embeddings(model_dir: str | Path):
+    """(embedding rows of the speech tokens [N, H] float32, SpeechVocab, fingerprint) of a local
+    LLaSA checkpoint, read straight from the safetensors without building the model."""
+    from safetensors import safe_open
+
+    from pcgtts.groups.build import embedding_fingerprint
+
+    model_dir = Path(model_dir)
+    vocab = SpeechVocab.from_tokenizer(load_tokenizer(model_dir))
+    key = "model.embed_tokens.weight"
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            if key in f.keys():
+                rows = f.get_slice(key)[vocab.speech_offset:vocab.speech_offset + vocab.num_speech].float()
+                return rows, vocab, embedding_fingerprint(rows)
+    raise ValueError(f"{model_dir}: no {key} in the checkpoint")

@@ -1,0 +1,241 @@
+"""A lean LLaMA forward pass with a preallocated static KV cache written at explicit positions.
+
+This is the reference model every backend must match. It is deliberately small: the weights
+come from a Hugging Face `LlamaForCausalLM` checkpoint (see `runtime/lm/checkpoint.py`), the
+cache is a fixed `[B, kv_heads, max_length, head_dim]` buffer per layer, and each call writes
+the new keys/values at `positions` and attends to every slot `<= position`. Rolling back is
+therefore O(1): the caller just reuses positions, stale slots are masked by causality and
+later overwritten. The LM head is computed only over the rows of the restricted vocabulary
+(speech tokens + stop, `runtime/text/vocab.py`), about a third of LLaSA's 193,800-row head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    # llama3 rope scaling (None = plain RoPE): factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings
+    rope_scaling: tuple[float, float, float, int] | None = None
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even for RoPE")
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "LlamaArgs":
+        """From a Hugging Face config.json dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
+        if cfg.get("model_type") != "llama":
+            raise ValueError(f"not a LLaMA checkpoint: model_type={cfg.get('model_type')!r}")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type == "llama3":
+            scaling = (
+                float(rope["factor"]),
+                float(rope["low_freq_factor"]),
+                float(rope["high_freq_factor"]),
+                int(rope["original_max_position_embeddings"]),
+            )
+        elif rope_type in ("default", None):
+            scaling = None
+        else:
+            raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, llama3)")
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+            attention_bias=cfg.get("attention_bias", False),
+            mlp_bias=cfg.get("mlp_bias", False),
+        )
+
+
+def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
+    """Inverse RoPE frequencies, with Llama 3's wavelength-dependent scaling when configured. [head_dim/2]"""
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
+    if args.rope_scaling is None:
+        return inv_freq.float()
+    factor, low_ff, high_ff, old_len = args.rope_scaling
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = old_len / low_ff, old_len / high_ff
+    # Long wavelengths are slowed down by `factor`, short ones kept, the band between interpolated.
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low_ff) / (high_ff - low_ff)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled).float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, H, T, D]; cos/sin: [T, D] (Hugging Face's rotate-half layout)
+    return x * cos + rotate_half(x) * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like the reference implementation, then cast back.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.args = args
+        h, d = args.hidden_size, args.head_dim
+        self.q_proj = nn.Linear(h, args.num_heads * d, bias=args.attention_bias)
+        self.k_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.v_proj = nn.Linear(h, args.num_kv_heads * d, bias=args.attention_bias)
+        self.o_proj = nn.Linear(args.num_heads * d, h, bias=args.attention_bias)
+        self.k_cache: torch.Tensor | None = None  # [B, kv_heads, max_length, head_dim]
+        self.v_cache: torch.Tensor | None = None
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Queries, keys and values of the new tokens, RoPE applied. x: [B, T, H]"""
+        b, t, _ = x.shape
+        d = self.args.head_dim
+        q = self.q_proj(x).view(b, t, -1, d).transpose(1, 2)  # [B, heads, T, D]
+        k = self.k_proj(x).view(b, t, -1, d).transpose(1, 2)  # [B, kv_heads, T, D]
+        v = self.v_proj(x).view(b, t, -1, d).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """q: [B, heads, T, D]; k, v: [B, kv_heads, S, D]; mask: [T, S] bool (True = visible)."""
+        rep = self.args.num_heads // self.args.num_kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def forward(self, x, cos, sin, positions, mask, end: int | None):
+        # positions: [T] int64 cache slots of the new tokens; end: attend to slots [0, end)
+        # (None = the whole buffer, the fixed-shape form CUDA graphs need).
+        q, k, v = self.project(x, cos, sin)
+        self.k_cache.index_copy_(2, positions, k.to(self.k_cache.dtype))
+        self.v_cache.index_copy_(2, positions, v.to(self.v_cache.dtype))
+        keys, values = (self.k_cache, self.v_cache) if end is None else (self.k_cache[:, :, :end], self.v_cache[:, :, :end])
+        return self.attend(q, keys, values, mask)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        h, i = args.hidden_size, args.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(h, i, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(i, h, bias=args.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin, positions, mask, end):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, mask, end)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Llama(nn.Module):
+    """LLaMA decoder whose head covers only `head_rows` (the restricted speech vocabulary)."""
+
+    def __init__(self, args: LlamaArgs, head_rows: torch.Tensor):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        # [V_restricted, hidden]: filled from lm_head (or the tied embedding) at load time.
+        self.head = nn.Linear(args.hidden_size, len(head_rows), bias=False)
+        self.register_buffer("head_rows", head_rows.clone(), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        self.register_buffer("causal", torch.zeros(0, dtype=torch.bool), persistent=False)
+        self.max_length = 0
+
+    def setup_cache(self, max_length: int, batch_size: int = 1) -> None:
+        """Allocate the static KV cache once; its size bounds prompt + generated tokens."""
+        p = self.embed_tokens.weight
+        shape = (batch_size, self.args.num_kv_heads, max_length, self.args.head_dim)
+        for layer in self.layers:
+            layer.self_attn.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
+            layer.self_attn.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
+        slots = torch.arange(max_length, device=p.device)
+        self.causal = slots[None, :] <= slots[:, None]  # [S, S]: row = query position
+        self.max_length = max_length
+
+    def free_cache(self) -> None:
+        for layer in self.layers:
+            layer.self_attn.k_cache = layer.self_attn.v_cache = None
+        self.causal = torch.zeros(0, dtype=torch.bool, device=self.causal.device)
+        self.max_length = 0
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.embed_tokens.weight.dtype
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """input_ids: [B, T]; positions: [T] int64 consecutive cache slots.
+
+        Returns restricted-vocabulary logits [B, T, V_r] (float32), or [B, 1, V_r] with `last_only`.
+        `end` (python int, = positions[-1] + 1) lets eager mode attend to the used prefix only.
+        """
+        cos, sin = self.rope(positions)
+        mask = self.causal[positions] if end is None else self.causal[positions, :end]  # [T, S]
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, positions, mask, end)
+        if last_only:
+            x = x[:, -1:]
+        return self.head(self.norm(x)).float()

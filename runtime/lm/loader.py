@@ -1,0 +1,32 @@
+"""`load_lm`: an `LM` (`runtime/lm/protocol.py`) from a model folder, on the backend named.
+
+torch reads a Hugging Face checkpoint; onnxruntime and tensorrt read `pcgtts export` output. The
+decode loop and the acceptance rules never know which one runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pcgtts.runtime.config import BACKENDS
+
+
+def load_lm(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
+            max_length: int = 4096, draft_length: int = 3, tokenizer=None, force_export: bool = False):
+    """draft_length sizes the CUDA graphs of the torch backend (1-token steps, L+1-token verifies);
+    force_export loads an export whose recorded numeric check failed."""
+    if backend == "torch":
+        from pcgtts.runtime.lm.torch_lm import TorchLM
+
+        return TorchLM.load(model_dir, device=device, dtype=dtype, max_length=max_length,
+                            graph_token_counts=(1, draft_length + 1), tokenizer=tokenizer)
+    if backend == "onnxruntime":
+        from pcgtts.runtime.lm.onnxruntime import OrtLM
+
+        return OrtLM.load(model_dir, device=device, max_length=max_length, tokenizer=tokenizer, force=force_export)
+    if backend == "tensorrt":
+        from pcgtts.runtime.lm.tensorrt import TrtLM
+
+        return TrtLM.load(model_dir, device="cuda" if device == "cpu" else device, max_length=max_length,
+                          tokenizer=tokenizer, force=force_export)
+    raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")

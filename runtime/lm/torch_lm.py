@@ -1,0 +1,116 @@
+"""`TorchLM`: the `LM` protocol (`runtime/lm/protocol.py`) on the lean torch LLaMA, with CUDA graphs.
+
+Logits are over the restricted vocabulary (`runtime/text/vocab.py`). On CUDA the 1-token (draft)
+and (L+1)-token (verify) steps replay captured graphs; every step returns logits the caller owns.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+import torch
+
+from pcgtts.runtime.lm.checkpoint import load_llama, load_tokenizer, resolve_dtype
+from pcgtts.runtime.lm.llama import Llama
+from pcgtts.runtime.lm.protocol import SequenceMixin, check_fits
+from pcgtts.runtime.text.vocab import SpeechVocab
+
+log = logging.getLogger(__name__)
+
+
+class TorchLM(SequenceMixin):
+    """`LM` on the lean torch model; on CUDA the 1-token and (L+1)-token steps replay CUDA graphs."""
+
+    def __init__(self, model: Llama, vocab: SpeechVocab, max_length: int, graph_sizes: tuple[int, ...] = (),
+                 tokenizer=None, model_dir: str | Path | None = None):
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        self.model = model
+        self.vocab = vocab
+        self.tokenizer = tokenizer
+        self.model_dir = Path(model_dir) if model_dir is not None else None
+        self.max_length = max_length
+        self.device = model.embed_tokens.weight.device
+        self.length = 0
+        if graph_sizes and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.graph_sizes = tuple(graph_sizes)
+        self._graphs: dict[int, _StepGraph] = {}
+        self._fingerprint: str | None = None
+        self.ensure_cache()
+
+    @classmethod
+    def load(cls, model_dir: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "float32",
+             max_length: int = 4096, cuda_graphs: bool | None = None, graph_token_counts: tuple[int, ...] = (1, 4),
+             tokenizer=None) -> "TorchLM":
+        """graph_token_counts: the step sizes captured as CUDA graphs (a draft step is 1 token, a
+        verify pass draft_length + 1); ignored unless `cuda_graphs` (default: on for CUDA)."""
+        tokenizer = tokenizer or load_tokenizer(model_dir)
+        vocab = SpeechVocab.from_tokenizer(tokenizer)
+        model = load_llama(model_dir, vocab, resolve_dtype(dtype), device)
+        if cuda_graphs is None:
+            cuda_graphs = torch.device(device).type == "cuda"
+        sizes = tuple(sorted(set(graph_token_counts))) if cuda_graphs else ()
+        return cls(model, vocab, max_length, graph_sizes=sizes, tokenizer=tokenizer, model_dir=model_dir)
+
+    @torch.inference_mode()
+    def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        ids = ids.to(self.device).view(1, -1)
+        n = ids.shape[1]
+        check_fits(self.length, n, self.max_length)
+        graph = self._graphs.get(n)
+        if graph is not None and not last_only:
+            out = graph.run(ids, self.length).clone()  # the graph's output buffer is rewritten next replay
+        else:
+            positions = torch.arange(self.length, self.length + n, device=self.device)
+            out = self.model(ids, positions, end=self.length + n, last_only=last_only)[0]
+        self.length += n
+        return out
+
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of the speech-token embedding rows: what a group table is checked against."""
+        if self._fingerprint is None:
+            from pcgtts.groups.build import embedding_fingerprint
+
+            v = self.vocab
+            self._fingerprint = embedding_fingerprint(self.model.embed_tokens.weight[v.speech_offset:v.speech_offset + v.num_speech])
+        return self._fingerprint
+
+    def release(self) -> None:
+        """Free the KV cache and graphs (the weights stay loaded)."""
+        self._graphs.clear()
+        self.model.free_cache()
+        self.length = 0
+
+    def ensure_cache(self) -> None:
+        """(Re)allocate the cache and capture the step graphs after `release()`."""
+        if self.model.max_length != self.max_length:
+            self.model.setup_cache(self.max_length)
+            self._graphs = {n: _StepGraph(self.model, n) for n in self.graph_sizes}
+
+
+class _StepGraph:
+    """One captured forward of `n` tokens attending over the whole (masked) static cache."""
+
+    def __init__(self, model: Llama, n: int):
+        dev = model.embed_tokens.weight.device
+        self.ids = torch.zeros(1, n, dtype=torch.long, device=dev)
+        self.positions = torch.arange(n, device=dev)
+        self.n = n
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):  # warm up kernels/allocator outside the capture
+                model(self.ids, self.positions)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.inference_mode():
+            self.logits = model(self.ids, self.positions)[0]
+        # The warm-up wrote garbage into slots [0, n); harmless: slots are rewritten before use.
+
+    def run(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        self.ids.copy_(ids)
+        torch.arange(start, start + self.n, out=self.positions)
+        self.graph.replay()
+        return self.logits
