@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--policy", type=_policies, default=list(POLICIES), help="comma list (default: all)")
     bench.add_argument("--theta", type=_floats, help="comma list of group thresholds to sweep (pcg; builds tables)")
     bench.add_argument("--draft-length", type=_ints, default=[3], help="comma list of draft lengths L")
-    deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length")
+    deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=_ints)
     bench.add_argument("--beta", type=_floats, help="comma list of SSD betas")
     bench.add_argument("--texts", help="text file, one utterance per line (default: built-in sentences)")
     bench.add_argument("--runs", type=int, default=1, help="measured runs over the text set")

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     trt.add_argument("--out", required=True, help="output directory")
     trt.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
     trt.add_argument("--draft-length", type=int, default=3, help="draft tokens per step the engine is tuned for")
-    deprecated_alias(trt, "--lookahead", "draft_length", "--draft-length")
+    deprecated_alias(trt, "--lookahead", "draft_length", "--draft-length", type=int)
     trt.add_argument("--max-length", type=int, default=2048, help="fixed KV cache capacity of the engine")
     trt.add_argument("--no-check", action="store_true", help="skip the comparison with the ONNX graph")
     trt.set_defaults(func=_tensorrt)

@@ -17,7 +17,7 @@ class _DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def deprecated_alias(parser: argparse.ArgumentParser, old_flag: str, dest: str, new_flag: str) -> None:
-    """`old_flag` sets `dest` like `new_flag` does, warns, and is hidden from --help."""
+def deprecated_alias(parser: argparse.ArgumentParser, old_flag: str, dest: str, new_flag: str, **kwargs) -> None:
+    """`old_flag` sets `dest` like `new_flag` does (pass its `type=`), warns, and is hidden from --help."""
     parser.add_argument(old_flag, dest=dest, action=_DeprecatedAlias, new_flag=new_flag, help=argparse.SUPPRESS,
-                        default=argparse.SUPPRESS)
+                        default=argparse.SUPPRESS, **kwargs)

@@ -7,12 +7,10 @@ import sys
 
 import soundfile as sf
 
-from pcgtts.tools.demo import ensure_demo
-from pcgtts.runtime.synthesizer import Synthesizer
+from pcgtts import Synthesizer
 
 text, path = sys.argv[1], sys.argv[2]
-models = {k: str(v) for k, v in ensure_demo().items()}  # or your own target/draft/codec/groups paths
-synth = Synthesizer.from_pretrained(**models, policy="pcg")
+synth = Synthesizer.from_pretrained()  # the built-in voice; or target=..., draft=..., codec=..., groups=...
 audio = synth.synthesize(text)
 sf.write(path, audio, 16000)
 print(f"wrote {path}: {len(audio) / 16000:.2f} s")

@@ -177,3 +177,24 @@ def test_export_cli_prints_the_check(tiny_lm_factory, tmp_path, capsys):
     assert record["check"]["ok"] and record["check"]["max_abs_diff"] < 2e-3
     assert main(["export", "onnx", "--model", str(tmp_path), "--out", str(tmp_path / "p")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_every_backend_satisfies_the_protocols(exported_pair, demo_codec_dir, tmp_path):
+    """OrtLM and OrtCodec are checked on live objects; TrtLM (no GPU here) on its class."""
+    from pcgtts.export.codec_graph import export_codec
+    from pcgtts.runtime.audio.codec import SpeechCodec
+    from pcgtts.runtime.audio.onnx_codec import OrtCodec
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.protocol import LM
+    from pcgtts.runtime.lm.tensorrt import TrtLM
+
+    out, _ = exported_pair
+    assert isinstance(OrtLM.load(out / "target", max_length=64), LM)
+    export_codec(demo_codec_dir, tmp_path / "codec")
+    codec = OrtCodec(tmp_path / "codec")
+    assert isinstance(codec, SpeechCodec) and codec.source_dir == tmp_path / "codec" and not codec.can_encode
+    with pytest.raises(ValueError, match="cannot encode"):
+        codec.encode(np.zeros(320, np.float32))
+    methods = [name for name in dir(LM) if not name.startswith("_") and callable(getattr(LM, name))]
+    assert {"prefill", "forward", "rollback", "ensure_cache", "release"} <= set(methods)
+    assert all(callable(getattr(TrtLM, name, None)) for name in methods)

@@ -1,0 +1,192 @@
+"""The package's shape: public API, one-way dependencies, protocols, one settings resolution,
+caller-owned step outputs, staged exports, deprecated flags."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# folder -> import name, as pyproject.toml maps them
+FOLDERS = {"pcgtts": "pcgtts", "runtime": "pcgtts.runtime", "groups": "pcgtts.groups", "export": "pcgtts.export",
+           "cli": "pcgtts.cli", "tools": "pcgtts.tools", "train": "pcgtts.train", "quality": "pcgtts.quality",
+           "serve": "pcgtts.serve"}
+
+
+def imports_of(folder: str) -> dict[str, set[str]]:
+    """{module file: pcgtts modules it imports anywhere (top level or inside functions)}."""
+    out = {}
+    for path in sorted((ROOT / folder).glob("**/*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        out[str(path.relative_to(ROOT))] = {n for n in names if n == "pcgtts" or n.startswith("pcgtts.")}
+    return out
+
+
+def test_public_api_from_a_fresh_interpreter():
+    code = ("import sys, pcgtts; from pcgtts import Synthesizer, AudioChunk, Voice, SynthesisConfig, DecodeConfig, "
+            "StreamConfig, SamplingConfig, ModelPaths, DeviceConfig; "
+            "assert pcgtts.__version__ and Synthesizer.__module__ == 'pcgtts.runtime.synthesizer'; print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+@pytest.mark.parametrize("name", ["pcgtts.groups", "pcgtts.groups.table", "pcgtts.groups.build",
+                                  "pcgtts.runtime", "pcgtts.runtime.synthesizer", "pcgtts.export.onnx_lm",
+                                  "pcgtts.cli", "pcgtts.tools.bench"])
+def test_each_package_imports_alone(name):
+    """No import cycle: each imports in a fresh interpreter; groups never pulls in the runtime."""
+    code = (f"import sys, {name}; "
+            "bad = sorted(m for m in sys.modules if m.startswith(('pcgtts.runtime', 'pcgtts.cli', 'pcgtts.tools')))"
+            f"; print(','.join(bad) if '{name}'.startswith('pcgtts.groups') else '')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"{name} imported {result.stdout.strip()}"
+
+
+def test_dependencies_point_one_way():
+    """tools -> runtime -> groups: groups imports nothing of pcgtts, the runtime no tool."""
+    for path, names in imports_of("groups").items():
+        assert all(n.startswith("pcgtts.groups") for n in names), (path, names)
+    tools = tuple(FOLDERS[f] for f in ("cli", "tools", "train", "quality", "serve", "export"))
+    for path, names in imports_of("runtime").items():
+        # pcgtts.builtin: from_pretrained() without a target asks where the built-in voice is
+        assert not [n for n in names if n.startswith(tools)], (path, names)
+        assert all(n.startswith(("pcgtts.runtime", "pcgtts.groups")) or n == "pcgtts.builtin" for n in names), path
+
+
+def test_torch_backend_and_codec_satisfy_their_protocols(tiny_lm_factory, demo_codec_dir):
+    from pcgtts.runtime.audio.codec import Codec, SpeechCodec
+    from pcgtts.runtime.lm.loader import load_lm
+    from pcgtts.runtime.lm.protocol import LM
+
+    lm = load_lm(tiny_lm_factory(), max_length=64)
+    assert isinstance(lm, LM) and lm.model_dir is not None and lm.tokenizer is not None
+    codec = Codec.from_pretrained(demo_codec_dir)
+    assert isinstance(codec, SpeechCodec) and codec.source_dir == Path(demo_codec_dir)
+    assert codec.samples_per_token == 320 and codec.sample_rate == 16000 and not codec.can_encode
+    with pytest.raises(ValueError, match="decode-only"):
+        codec.encode(torch.zeros(320).numpy())
+
+
+def test_step_outputs_are_owned_by_the_caller(tiny_lm_factory):
+    """Two consecutive steps never share storage (the CUDA-graph path clones its static output;
+    on CPU the eager path is held to the same contract)."""
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        lm = TorchLM.load(tiny_lm_factory(), device=device, max_length=64, graph_token_counts=(1, 4))
+        lm.prefill(torch.tensor([1, 2, 3]))
+        first = lm.forward(torch.tensor([5, 6, 7, 8]))
+        kept = first.clone()
+        second = lm.forward(torch.tensor([9, 10, 11, 12]))
+        assert first.data_ptr() != second.data_ptr()
+        assert torch.equal(first, kept), f"{device}: the second step overwrote the first step's logits"
+
+
+def test_settings_precedence_explicit_over_file_over_default(tmp_path):
+    from pcgtts.runtime.config import Settings, resolve_settings
+
+    (tmp_path / "models").mkdir()
+    config = tmp_path / "pcgtts.toml"
+    config.write_text('[models]\ntarget = "models/t"\n[decode]\npolicy = "sd"\ndraft_length = 5\n'
+                      '[sampling]\ntemperature = 0.5\n[stream]\ncodec_lookahead = 6\n[device]\ndtype = "bfloat16"\n')
+    defaults = Settings()
+    from_file = resolve_settings({}, config)
+    assert from_file.synthesis.decode.policy == "sd" and from_file.synthesis.decode.draft_length == 5
+    assert from_file.synthesis.decode.sampling.temperature == 0.5 and from_file.device.dtype == "bfloat16"
+    assert from_file.synthesis.stream.codec_lookahead == 6
+    assert from_file.models.target == str((tmp_path / "models" / "t").resolve())  # relative to the file
+    assert from_file.synthesis.max_sentence_chars == defaults.synthesis.max_sentence_chars  # untouched: default
+    both = resolve_settings({"policy": "ar", "temperature": None, "draft_length": 2}, config)
+    assert both.synthesis.decode.policy == "ar" and both.synthesis.decode.draft_length == 2
+    assert both.synthesis.decode.sampling.temperature == 0.5  # None = not given: the file's value stands
+    assert resolve_settings({}).synthesis.decode.policy == defaults.synthesis.decode.policy == "pcg"
+
+
+@pytest.mark.parametrize("text, message", [('polic = "sd"\n', "unknown setting 'polic'"),
+                                           ('[stream]\npolicy = "sd"\n', r"belongs in \[decode\]"),
+                                           ('[decode]\npolicy = "fast"\n', "policy must be one of"),
+                                           ("policy = \n", "not a valid TOML")])
+def test_bad_config_files_are_clear_errors(tmp_path, text, message):
+    from pcgtts.runtime.config import resolve_settings
+
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        resolve_settings({}, path)
+
+
+def test_from_pretrained_takes_the_policy_from_the_config_file_and_validates_first(tmp_path, tiny_lm_factory,
+                                                                                     demo_codec_dir):
+    """Once a default overrode the file's policy; now the file's `sd` stands, and its missing draft
+    is reported before anything loads."""
+    from pcgtts import Synthesizer
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'[models]\ntarget = "{tiny_lm_factory()}"\ncodec = "{demo_codec_dir}"\n[decode]\npolicy = "sd"\n')
+    with pytest.raises(ValueError, match="policy 'sd' needs a draft"):
+        Synthesizer.from_pretrained(config_file=config)
+    synth = Synthesizer.from_pretrained(config_file=config, policy="ar", max_length=128)
+    assert synth.config.decode.policy == "ar" and synth.draft is None and synth.target.max_length == 128
+    with pytest.raises(ValueError, match="unknown setting 'lookahead'"):
+        Synthesizer.from_pretrained(config_file=config, lookahead=3)
+
+
+def test_cli_flags_resolve_through_the_same_function(tmp_path):
+    from pcgtts.cli import _build_parser
+    from pcgtts.cli.commands import resolve_cli_settings
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'target = "{tmp_path}"\npolicy = "sd"\ntemperature = 0.3\n')
+    args = _build_parser().parse_args(["speak", "hi", "--config", str(config), "--temperature", "0.9"])
+    settings = resolve_cli_settings(args)
+    assert settings.synthesis.decode.policy == "sd"  # from the file: no default overrides it
+    assert settings.synthesis.decode.sampling.temperature == 0.9  # the flag wins
+
+
+def test_deprecated_flags_still_work_and_warn(capsys):
+    from pcgtts.cli import _build_parser
+
+    args = _build_parser().parse_args(["groups", "build", "--target", "t", "--out", "o.pcg", "--device", "cuda"])
+    assert args.compute_device == "cuda" and "--device is deprecated" in capsys.readouterr().err
+    args = _build_parser().parse_args(["speak", "hi", "--device", "null"])
+    assert args.audio_device == "null" and "use --audio-device" in capsys.readouterr().err
+    args = _build_parser().parse_args(["bench", "--lookahead", "1,2"])
+    assert args.draft_length == [1, 2]
+
+
+def test_failed_or_interrupted_export_leaves_nothing_and_keeps_the_old_one(tmp_path):
+    from pcgtts.export.onnx_common import staged_output
+
+    out = tmp_path / "export"
+    with staged_output(out) as stage:
+        (stage / "graph.onnx").write_text("v1")
+    assert (out / "graph.onnx").read_text() == "v1"
+    with pytest.raises(RuntimeError):
+        with staged_output(out) as stage:
+            (stage / "graph.onnx").write_text("v2")
+            raise RuntimeError("check failed")
+    assert (out / "graph.onnx").read_text() == "v1" and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_runtime_refuses_an_export_whose_check_failed(tmp_path, caplog):
+    from pcgtts.runtime.lm.graph_meta import check_recorded
+
+    failed = {"max_abs_diff": 0.5, "tolerance": 0.002, "ok": False}
+    with pytest.raises(ValueError, match="failed its numeric check"):
+        check_recorded(failed, tmp_path, force=False)
+    check_recorded(failed, tmp_path, force=True)
+    check_recorded({"ok": True}, tmp_path, force=False)
+    check_recorded(None, tmp_path, force=False)
+    assert "without a numeric check" in caplog.text
