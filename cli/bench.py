@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from pcgtts.cli.flags import deprecated_alias
+from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive
 from pcgtts.runtime.config import POLICIES
 
 log = logging.getLogger(__name__)
@@ -53,11 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=_ints)
     bench.add_argument("--beta", type=_floats, help="comma list of SSD betas")
     bench.add_argument("--texts", help="text file, one utterance per line (default: built-in sentences)")
-    bench.add_argument("--runs", type=int, default=1, help="measured runs over the text set")
-    bench.add_argument("--warmup", type=int, default=1, help="warm-up utterances per configuration (excluded)")
-    bench.add_argument("--max-tokens", type=int, help="cap speech tokens per sentence (default: 150 on the demo)")
+    bench.add_argument("--runs", type=positive(int), default=1, help="measured runs over the text set")
+    bench.add_argument("--warmup", type=non_negative_int, default=1, help="warm-up utterances per configuration (excluded)")
+    bench.add_argument("--max-tokens", type=positive(int), help="cap speech tokens per sentence (default: 150 on the demo)")
     bench.add_argument("--temperature", type=float, default=0.8)
-    bench.add_argument("--speed", type=float, default=1.0, help="simulated playback speed (< 1: a slower listener)")
+    bench.add_argument("--speed", type=positive(float), default=1.0, help="simulated playback speed (< 1: a slower listener)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--json", help="write every record and summary here")
     bench.add_argument("--plot", help="write a PNG: one utterance's timeline and the sweep")
@@ -106,6 +106,13 @@ def _bench(args) -> int:
     from pcgtts.cli.commands import load_synthesizer
     from pcgtts.runtime.synthesizer import Synthesizer
 
+    from pcgtts.runtime.files import check_output_file
+
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output_file(path, flag)
+    if args.texts and not Path(args.texts).is_file():
+        raise ValueError(f"--texts {args.texts}: file not found")
     texts = list(DEFAULT_TEXTS)
     if args.texts:
         texts = [line.strip() for line in Path(args.texts).read_text().splitlines() if line.strip()]
@@ -156,7 +163,10 @@ def _bench(args) -> int:
     }
     print_table(summaries, demo)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        from pcgtts.runtime.files import atomic_output
+
+        with atomic_output(args.json) as tmp:
+            tmp.write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:
         from pcgtts.tools.bench_plots import plot_report
 

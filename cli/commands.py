@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from pcgtts.cli.flags import deprecated_alias
-from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES
+from pcgtts.cli.flags import deprecated_alias, positive
+from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES, check_compute_device
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     deprecated_alias(speak, "--device", "audio_device", "--audio-device")
     speak.add_argument("--seed", type=int)
     speak.add_argument("--temperature", type=float, help="sampling temperature (default 0.8; 0 = greedy)")
-    speak.add_argument("--max-tokens", type=int, help="speech tokens per sentence at most (50 per s; default 2000)")
+    speak.add_argument("--max-tokens", type=positive(int), help="speech tokens per sentence at most (50 per s; default 2000)")
     speak.set_defaults(func=_speak)
 
     from pcgtts.cli import bench as bench_cli, voice as voice_cli
@@ -67,14 +67,17 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
     """The settings in force for a command: flags > --config file > defaults; the built-in voice
     when no --target is given. One resolution per command (so every notice appears once)."""
     from pcgtts.builtin import with_builtin_models
-    from pcgtts.runtime.config import resolve_settings
 
+    return with_builtin_models(resolve_settings_from_flags(args, **overrides))
+
+
+def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
     names = ("target", "draft", "codec", "groups", "policy", "backend", "compute_device", "dtype",
              "temperature", "seed")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)
     explicit.update(overrides)
-    return with_builtin_models(resolve_settings(explicit, getattr(args, "config", None)))
+    return explicit
 
 
 def load_synthesizer(args: argparse.Namespace, **overrides):
@@ -86,8 +89,10 @@ def load_synthesizer(args: argparse.Namespace, **overrides):
 
 
 def _models_demo(args) -> int:
+    from pcgtts.runtime.files import check_output_dir
     from pcgtts.tools.demo import NOT_SPEECH_NOTICE, write_demo
 
+    check_output_dir(args.out)
     paths = write_demo(args.out, seed=args.seed)
     print(f"demo models written ({NOT_SPEECH_NOTICE}):")
     for name, path in paths.items():
@@ -97,8 +102,10 @@ def _models_demo(args) -> int:
 
 
 def _draft_init(args) -> int:
+    from pcgtts.runtime.files import check_output_dir
     from pcgtts.runtime.lm.draft import make_layer_subset_draft
 
+    check_output_dir(args.out)
     spec = args.layers.strip()
     layers = [int(x) for x in spec.split(",")] if "," in spec else int(spec)
     out = make_layer_subset_draft(args.target, args.out, layers)
@@ -109,6 +116,7 @@ def _draft_init(args) -> int:
 def _speak(args) -> int:
     from pcgtts.runtime.audio.playback import open_sink
 
+    check_speak_args(args)  # everything checkable is checked before a model loads
     synth, _ = load_synthesizer(args)
     sink = open_sink(args.audio_device, out_path=args.out)
     stream = synth.stream(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text, voice=args.voice)
@@ -121,6 +129,44 @@ def _speak(args) -> int:
     report = speak_report(stream.stats, sink.stats())
     print_report(report)
     return 0
+
+
+def check_speak_args(args) -> None:
+    """One-line errors for bad input, before any model is loaded or made."""
+    from pcgtts.runtime.text.prompt import check_text
+
+    check_text(args.text)
+    if args.ref_text is not None and args.ref_audio is None:
+        raise ValueError("--ref-text is the transcript of --ref-audio, which is missing")
+    if args.ref_audio is not None:
+        from pcgtts.runtime.audio.io import load_audio
+
+        if not args.ref_text:
+            raise ValueError("--ref-audio needs --ref-text: the transcript of the recording")
+        check_text(args.ref_text)
+        load_audio(args.ref_audio)  # readable, long enough, not silent
+    if args.voice is not None:
+        from pcgtts.runtime.audio.voice import Voice
+
+        Voice.load(args.voice)
+    if args.out is not None:
+        if args.audio_device is not None:
+            raise ValueError("give either --out (write a file) or --audio-device (play), not both")
+        from pcgtts.runtime.files import check_output_file
+
+        check_output_file(args.out)
+    else:
+        from pcgtts.runtime.audio.playback import check_output_device
+
+        check_output_device(args.audio_device)
+    check_compute_device(resolve_settings_from_flags(args).device.compute_device)
+
+
+def resolve_settings_from_flags(args, **overrides):
+    """The flags' settings without filling in the built-in voice (cheap: validates names and values)."""
+    from pcgtts.runtime.config import resolve_settings
+
+    return resolve_settings(_explicit(args, overrides), getattr(args, "config", None))
 
 
 def speak_report(stats, playback) -> dict:

@@ -42,12 +42,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     trt.set_defaults(func=_tensorrt)
 
 
+def _check_paths(source: str, out: str) -> None:
+    from pathlib import Path
+
+    from pcgtts.runtime.files import check_output_dir
+
+    if not Path(source).is_dir():
+        raise ValueError(f"{source}: directory not found")
+    check_output_dir(out)
+
+
 def _report(record: dict, line: str) -> None:
     print(line, file=sys.stderr)
     print(json.dumps(record))
 
 
 def _onnx(args) -> int:
+    _check_paths(args.model, args.out)
     from pcgtts.export.onnx_lm import export_lm
 
     meta, check = export_lm(args.model, args.out, dtype=args.dtype, max_length=args.max_length, check=not args.no_check)
@@ -59,6 +70,7 @@ def _onnx(args) -> int:
 
 
 def _codec(args) -> int:
+    _check_paths(args.codec, args.out)
     from pcgtts.export.codec_graph import export_codec
 
     meta = export_codec(args.codec, args.out, check=not args.no_check)
@@ -69,6 +81,7 @@ def _codec(args) -> int:
 
 
 def _tensorrt(args) -> int:
+    _check_paths(args.onnx, args.out)
     from pcgtts.export.onnx_common import staged_output
     from pcgtts.export.tensorrt import build_engine, check_engine_against_onnx
 

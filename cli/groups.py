@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from pcgtts.cli.flags import deprecated_alias
 
@@ -29,6 +30,13 @@ def _build(args) -> int:
 
     from pcgtts.tools.model_groups import build_groups_for_model
 
+    from pcgtts.runtime.config import check_compute_device
+    from pcgtts.runtime.files import check_output_file
+
+    if not Path(args.target).is_dir():
+        raise ValueError(f"--target {args.target}: directory not found")
+    check_output_file(args.out)
+    check_compute_device(args.compute_device)
     start = time.perf_counter()
     table = build_groups_for_model(args.target, args.theta, args.top_k, args.compute_device)
     table.save(args.out)

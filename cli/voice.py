@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,15 @@ def _add(args) -> int:
     from pcgtts.runtime.audio.codec import Codec
     from pcgtts.runtime.audio.voice import Voice
 
+    from pcgtts.runtime.audio.io import load_audio
+    from pcgtts.runtime.files import check_output_file
+    from pcgtts.runtime.text.prompt import check_text
+
+    check_text(args.text)
+    load_audio(args.wav)  # readable, long enough, not silent: before the codec loads
+    check_output_file(args.out)
+    if args.codec is not None and not Path(args.codec).is_dir():
+        raise ValueError(f"--codec {args.codec}: directory not found")
     codec_dir = args.codec
     if codec_dir is None:
         from pcgtts.builtin import builtin_models

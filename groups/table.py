@@ -127,19 +127,22 @@ class GroupTable:
             raise ValueError(f"{path} is not a pcgtts group table (bad magic bytes)")
         if data[len(MAGIC)] != VERSION:
             raise ValueError(f"{path}: group table format version {data[len(MAGIC)]}, this pcgtts reads {VERSION}")
+        # The checksum covers everything before it: check it first, so a flipped byte anywhere
+        # (header included) is reported as corruption rather than as whatever it parses into.
+        if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
+            raise ValueError(f"{path}: group table checksum mismatch (the file is corrupt or truncated)")
         (head_len,) = struct.unpack("<I", data[len(MAGIC) + 1:fixed])
         try:
             header = json.loads(data[fixed:fixed + head_len])
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(f"{path}: group table header is corrupt (truncated file?)") from None
-        m, n, nnz = header["num_groups"], header["num_tokens"], header["nnz"]
+            m, n, nnz = (int(header[k]) for k in ("num_groups", "num_tokens", "nnz"))
+            header["theta"], header["top_k"], header["speech_offset"], header["vocab_size"], header["fingerprint"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path}: group table header is corrupt ({type(err).__name__}: {err})") from None
         sizes = [(np.uint32, m + 1), (np.uint16, nnz)]
         expected = fixed + head_len + sum(np.dtype(t).itemsize * k for t, k in sizes) + _DIGEST
         if len(data) != expected:
             raise ValueError(f"{path}: group table is truncated or has trailing data "
                              f"({len(data)} bytes, expected {expected})")
-        if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
-            raise ValueError(f"{path}: group table checksum mismatch (the file is corrupt)")
         arrays, pos = [], fixed + head_len
         for dtype, count in sizes:
             arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"), count=count, offset=pos)

@@ -3,7 +3,8 @@
     Settings
       models     ModelPaths       target, draft, codec, groups
       device     DeviceConfig     compute_device, dtype, backend, max_length
-      synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks
+      synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
+                                  abandon_after_s
         decode   DecodeConfig     policy, draft_length, ssd_beta, max_new_tokens, pcg_thinning_trials
           sampling SamplingConfig temperature, top_p
         stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
@@ -104,12 +105,15 @@ class SynthesisConfig:
     tokens_per_char: float = 12.0
     min_tokens: int = 50
     queue_chunks: int = 64  # how far generation may run ahead of the consumer
+    abandon_after_s: float = 60.0  # a stream not read for this long (queue full) stops and frees its worker
 
     def __post_init__(self) -> None:
         if self.tokens_per_char <= 0 or self.min_tokens < 1:
             raise ValueError("tokens_per_char must be > 0 and min_tokens >= 1")
         if self.queue_chunks < 1:
             raise ValueError(f"queue_chunks must be >= 1, got {self.queue_chunks}")
+        if self.abandon_after_s <= 0:
+            raise ValueError(f"abandon_after_s must be > 0, got {self.abandon_after_s}")
         if self.max_sentence_chars < 20:
             raise ValueError(f"max_sentence_chars must be >= 20, got {self.max_sentence_chars}")
 
@@ -221,6 +225,20 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
                 value = str(value)
             settings = _set(settings, path, value)
     return settings
+
+
+def check_compute_device(name: str) -> None:
+    """A clear error for a compute device this torch cannot use (e.g. cuda with a CPU-only build)."""
+    DeviceConfig(compute_device=name)  # the spelling
+    if name.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"compute device {name!r} asked for, but this torch ({torch.__version__}) has no "
+                             "usable CUDA; use --compute-device cpu")
+        index = int(name.split(":")[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"compute device {name!r}: this machine has {torch.cuda.device_count()} CUDA devices")
 
 
 def settings_dict(settings: Settings) -> dict[str, Any]:

@@ -19,9 +19,9 @@ import queue
 import secrets
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -29,7 +29,8 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import DeviceConfig, ModelPaths, Settings, SynthesisConfig, resolve_settings
+from pcgtts.runtime.config import (DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
+                                   resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.speculative import DecodeStats, decode
 from pcgtts.runtime.lm.protocol import LM
@@ -85,26 +86,126 @@ class StreamStats:
 
 
 class SynthesisStream:
-    """Iterator of `AudioChunk`s for one call; `close()` (or leaving a `with`) stops the worker."""
+    """Iterator of `AudioChunk`s for one call.
 
-    def __init__(self, gen: Iterator[AudioChunk], stats: StreamStats):
-        self._gen = gen
-        self.stats = stats
+    `close()`, leaving a `with` block, or dropping the last reference stops the worker thread and
+    frees the KV caches and the Synthesizer's lock. A stream that is kept but not read for
+    `SynthesisConfig.abandon_after_s` while its queue is full is abandoned: the worker frees both
+    by itself, and reading the stream afterwards raises."""
+
+    def __init__(self, job: "_Job"):
+        self.stats = job.stats
+        self._job = job
+        self._finalizer = weakref.finalize(self, job.shutdown)
 
     def __iter__(self) -> "SynthesisStream":
         return self
 
     def __next__(self) -> AudioChunk:
-        return next(self._gen)
+        return self._job.next_chunk()
 
     def close(self) -> None:
-        self._gen.close()
+        self._finalizer()
 
     def __enter__(self) -> "SynthesisStream":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Job:
+    """One stream's state, apart from the models: its queue, worker thread, lock ownership."""
+
+    def __init__(self, synth: "Synthesizer", prompts: list, budgets: list[int], config: SynthesisConfig):
+        if not synth._lock.acquire(blocking=False):
+            raise RuntimeError("this Synthesizer is already streaming; finish or close that stream first "
+                               "(or use one Synthesizer per concurrent stream)")
+        self.synth, self.prompts, self.budgets, self.config = synth, prompts, budgets, config
+        self.stats = StreamStats()
+        self.queue: queue.Queue = queue.Queue(maxsize=config.queue_chunks)
+        self.stop = threading.Event()
+        self.worker: threading.Thread | None = None
+        self.finished = self.closed = self.abandoned = False
+        self._holds_lock = True
+        self._guard = threading.Lock()
+
+    def _start(self) -> None:
+        self.stats.started_at = time.perf_counter()
+        for lm in (self.synth.target, self.synth.draft):
+            if lm is not None:
+                lm.ensure_cache()
+        self.worker = threading.Thread(target=self.synth._produce, args=(self,), name="pcgtts-synthesis",
+                                       daemon=True)
+        self.worker.start()
+
+    def next_chunk(self) -> AudioChunk:
+        if self.closed:
+            raise StopIteration
+        if self.worker is None:
+            self._start()
+        while True:
+            try:
+                item = self.queue.get(timeout=0.1)
+            except queue.Empty:
+                if self.abandoned:
+                    self.shutdown()
+                    raise RuntimeError(f"this stream was abandoned: it was not read for "
+                                       f"{self.config.abandon_after_s:g} s, so its worker stopped") from None
+                continue
+            if item is _END:
+                self.finished = True
+                self.shutdown()
+                raise StopIteration
+            if isinstance(item, BaseException):
+                self.shutdown()
+                raise item
+            if self.stats.first_audio_at is None:
+                self.stats.first_audio_at = item.ready_time
+            self.stats.audio_samples += len(item.samples)
+            return item
+
+    def put(self, item) -> bool:
+        """Worker side: hand `item` to the consumer; False once the stream is closed or abandoned."""
+        waiting_since = time.monotonic()
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                if time.monotonic() - waiting_since > self.config.abandon_after_s:
+                    log.warning("a stream was not read for %g s: abandoning it (worker and lock freed)",
+                                self.config.abandon_after_s)
+                    self.abandoned = self.stats.cancelled = True
+                    self.synth.release()
+                    self._release_lock()
+                    return False
+        return False
+
+    def _release_lock(self) -> None:
+        with self._guard:
+            if self._holds_lock:
+                self._holds_lock = False
+                self.synth._lock.release()
+
+    def shutdown(self) -> None:
+        """Stop the worker, free the caches unless it finished, release the lock. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.stop.set()
+        if self.worker is not None:
+            while self.worker.is_alive():  # unblock a worker waiting on a full queue
+                try:
+                    self.queue.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            self.worker.join()
+            self.stats.finished_at = time.perf_counter()
+        if not self.finished and not self.abandoned:
+            self.stats.cancelled = True
+            self.synth.release()
+        self._release_lock()
 
 
 class Synthesizer:
@@ -214,13 +315,32 @@ class Synthesizer:
             raise ValueError("policy 'pcg' needs a group table")
         if config.decode.policy != "ar" and self.draft is None:
             raise ValueError(f"policy {config.decode.policy!r} needs a draft model")
-        pieces = split_sentences(text, config.max_sentence_chars)
         resolved = self._resolve_voice(voice, ref_audio, ref_text)
-        prompts = [build_prompt(self.tokenizer, self.target.vocab, p, resolved.text if resolved else None,
-                                torch.as_tensor(resolved.codes) if resolved else None) for p in pieces]
-        budgets = [config.token_budget(p) for p in pieces]
-        stats = StreamStats()
-        return SynthesisStream(self._run(prompts, budgets, config, stats), stats)
+        prompts, budgets = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
+        return SynthesisStream(_Job(self, prompts, budgets, config))
+
+    def _fit(self, pieces: list[str], voice: Voice | None, config: SynthesisConfig) -> tuple[list, list[int]]:
+        """Prompts and token budgets, splitting any piece whose prompt + budget would overflow the
+        KV cache (so a sentence is never cut by the cache for being long)."""
+        models = [lm for lm in (self.target, self.draft) if lm is not None]
+        capacity = min(lm.max_length for lm in models) - config.decode.draft_length - 2
+        codes = torch.as_tensor(voice.codes) if voice is not None else None
+        prompts, budgets = [], []
+        todo = list(pieces)
+        while todo:
+            piece = todo.pop(0)
+            prompt = build_prompt(self.tokenizer, self.target.vocab, piece, voice.text if voice else None, codes)
+            budget = config.token_budget(piece)
+            if len(prompt) + budget <= capacity:
+                prompts.append(prompt)
+                budgets.append(budget)
+            elif len(piece) > 20:
+                todo[:0] = split_sentences(piece, max(20, len(piece) // 2))
+            else:
+                raise ValueError(f"the prompt ({len(prompt)} tokens, with the reference voice's codes) leaves no "
+                                 f"room in the KV cache of {capacity} tokens; use a shorter reference or raise "
+                                 f"max_length")
+        return prompts, budgets
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
         """The whole waveform (float32, 16 kHz), by consuming `stream`."""
@@ -234,57 +354,9 @@ class Synthesizer:
             if lm is not None:
                 lm.release()
 
-    def _run(self, prompts, budgets, config, stats: StreamStats) -> Iterator[AudioChunk]:
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("this Synthesizer is already streaming; finish or close that stream first "
-                               "(or use one Synthesizer per concurrent stream)")
-        stats.started_at = time.perf_counter()
-        chunks: queue.Queue = queue.Queue(maxsize=config.queue_chunks)
-        stop = threading.Event()
-        worker = threading.Thread(target=self._produce, args=(prompts, budgets, config, stats, chunks, stop),
-                                  name="pcgtts-synthesis", daemon=True)
-        finished = False
-        try:
-            for lm in (self.target, self.draft):
-                if lm is not None:
-                    lm.ensure_cache()
-            worker.start()
-            while True:
-                item = chunks.get()
-                if item is _END:
-                    finished = True
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                if stats.first_audio_at is None:
-                    stats.first_audio_at = item.ready_time
-                stats.audio_samples += len(item.samples)
-                yield item
-        finally:
-            stop.set()
-            while worker.is_alive():  # unblock a worker waiting on a full queue
-                try:
-                    chunks.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            worker.join()
-            stats.finished_at = time.perf_counter()
-            if not finished:
-                stats.cancelled = True
-                self.release()
-            self._lock.release()
-
-    def _produce(self, prompts, budgets, config: SynthesisConfig, stats: StreamStats,
-                 chunks: queue.Queue, stop: threading.Event) -> None:
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    chunks.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
+    def _produce(self, job: _Job) -> None:
+        """The worker thread: decode each sentence and push its audio through the window decoder."""
+        prompts, budgets, config, stats, put, stop = job.prompts, job.budgets, job.config, job.stats, job.put, job.stop
         try:
             device = self.target.device
             generator = torch.Generator(device=device)
@@ -299,7 +371,7 @@ class Synthesizer:
                 done += len(samples)
                 return put(AudioChunk(samples.astype(np.float32, copy=False), SAMPLE_RATE,
                                       start // SAMPLES_PER_TOKEN, done // SAMPLES_PER_TOKEN,
-                                      time.perf_counter(), last))
+                                      time.perf_counter(), last, stats.truncated))
 
             for prompt, budget in zip(prompts, budgets):
                 sentence = DecodeStats()
@@ -312,10 +384,12 @@ class Synthesizer:
                             return
                     if stop.is_set():
                         return
-                if sentence.finish == "max_tokens":
+                if sentence.finish in ("max_tokens", "cache_full"):
                     stats.truncated += 1
-                    log.warning("a sentence reached its budget of %d tokens without the stop token; cut there",
-                                budget)
+                    why = (f"its budget of {budget} tokens" if sentence.finish == "max_tokens"
+                           else "the end of the KV cache")
+                    log.warning("sentence %d reached %s without the stop token; cut there",
+                                len(stats.sentences), why)
             tail = window.flush()
             if emit(tail, True):
                 put(_END)
@@ -337,9 +411,4 @@ def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
         raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
     if policy == "pcg" and models.groups is None:
         raise ValueError("policy 'pcg' needs a group table (build one with `pcgtts groups build`)")
-    if device.compute_device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"compute device {device.compute_device!r} asked for, but this torch has no CUDA "
-                             f"(torch {torch.__version__}); use --compute-device cpu")
+    check_compute_device(device.compute_device)

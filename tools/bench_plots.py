@@ -72,6 +72,9 @@ def plot_report(report: dict, path: str | Path) -> Path:
     fig.suptitle("pcgtts bench" + (" — demo models (random weights, not speech)" if report.get("demo_models") else ""))
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=100)
+    from pcgtts.runtime.files import atomic_output
+
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
     return path

@@ -202,11 +202,12 @@ def ensure_demo(cache_dir: str | Path | None = None, seed: int = 0) -> dict[str,
     paths["groups"] = cache / f"groups-t{DEMO_THETA:.2f}.pcg"
     if all(p.exists() for p in paths.values()):
         return paths
-    log.info("making the demo models in %s (once)", cache)
+    log.warning("making the built-in demo models in %s: once, about a minute on a 2-core CPU", cache)
     tmp = cache.with_name(cache.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     made = write_demo(tmp, seed=seed)
-    build_groups_for_model(made["target"], DEMO_THETA, progress=False).save(tmp / paths["groups"].name)
+    log.warning("building their group table (65,536 tokens; the progress bar counts blocks)")
+    build_groups_for_model(made["target"], DEMO_THETA, progress=True).save(tmp / paths["groups"].name)
     shutil.rmtree(cache, ignore_errors=True)
     tmp.rename(cache)  # atomic: a half-made cache is never picked up
     return paths

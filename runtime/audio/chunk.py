@@ -24,6 +24,8 @@ class AudioChunk:
     """`time.perf_counter()` when the chunk was ready for playback."""
     is_last: bool = False
     """True for the final chunk of a stream."""
+    truncated_sentences: int = 0
+    """Sentences of this stream cut so far (budget or KV cache reached before the stop token)."""
 
     @property
     def duration(self) -> float:

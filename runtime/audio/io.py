@@ -56,7 +56,9 @@ def load_audio(path: str | Path) -> np.ndarray:
     try:
         samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
-        raise ValueError(f"{path} is not a readable audio file: {err}") from None
+        formats = ", ".join(sorted(sf.available_formats()))
+        raise ValueError(f"{path} is not an audio file this machine can read (libsndfile: {err}); "
+                         f"readable formats: {formats}") from None
     try:
         audio = to_mono_16k(samples, rate)
     except ValueError as err:

@@ -14,6 +14,7 @@ an error. `sounddevice` is imported lazily: without PortAudio the error says to 
 from __future__ import annotations
 
 import collections
+import os
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, AudioChunk
+from pcgtts.runtime.files import check_output_file
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,23 @@ def list_output_devices() -> list[dict]:
     return [dict(d, index=i) for i, d in enumerate(sd.query_devices()) if d["max_output_channels"] > 0]
 
 
+def check_output_device(device: str | None) -> None:
+    """A clear error, before any work, for a playback device that does not exist."""
+    if device is None or str(device).lower() == "null":
+        if device is None and not list_output_devices():
+            raise ValueError("no audio output device found; write a file with --out FILE.wav, "
+                             "or discard the audio with --audio-device null")
+        return
+    devices = list_output_devices()
+    if str(device).isdigit():
+        if any(d["index"] == int(device) for d in devices):
+            return
+    elif any(str(device).lower() in d["name"].lower() for d in devices):
+        return
+    names = ", ".join(f"{d['index']}: {d['name']}" for d in devices) or "none"
+    raise ValueError(f"no audio output device {device!r}; output devices here: {names}")
+
+
 class SoundDeviceSink(_Sink):
     """Plays through PortAudio; resamples to the device's rate when it is not 16 kHz."""
 
@@ -244,24 +263,40 @@ class NullSink(_Sink):
 
 
 class WavSink(_Sink):
+    """Writes a 16-bit WAV beside `path` and moves it into place when the stream ends. A failure
+    leaves an existing file untouched; Ctrl-C keeps what was made (a valid, shorter WAV)."""
+
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        self.path = check_output_file(path)
         self._file = None
+        self._tmp: Path | None = None
         self._written = 0
 
     def start(self) -> None:
+        import tempfile
+
         import soundfile as sf
 
-        self._file = sf.SoundFile(str(self.path), "w", samplerate=SAMPLE_RATE, channels=1, subtype="PCM_16")
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial.wav", dir=self.path.parent)
+        os.close(fd)
+        self._tmp = Path(tmp)
+        self._file = sf.SoundFile(tmp, "w", samplerate=SAMPLE_RATE, channels=1, subtype="PCM_16", format="WAV")
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(keep=exc_type is None or issubclass(exc_type, KeyboardInterrupt))
 
     def write(self, chunk: AudioChunk) -> None:
         self._file.write(np.clip(chunk.samples, -1.0, 1.0))
         self._written += len(chunk.samples)
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+            if keep:
+                os.replace(self._tmp, self.path)
+            else:
+                self._tmp.unlink(missing_ok=True)
 
     def stats(self) -> PlaybackStats:
         return PlaybackStats(self._written, self._written)

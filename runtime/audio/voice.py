@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from pcgtts.runtime.audio.io import load_audio
+from pcgtts.runtime.files import atomic_output, check_output_file
 from pcgtts.runtime.text.prompt import check_text
 
 FORMAT = "pcgtts-voice-1"
@@ -38,8 +39,8 @@ class Voice:
         return cls(np.asarray(codec.encode(samples), dtype=np.int64), check_text(text), source)
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        with open(path, "wb") as f:  # a file object keeps numpy from appending ".npz"
+        path = check_output_file(path)
+        with atomic_output(path) as tmp, open(tmp, "wb") as f:  # a file object keeps numpy from adding ".npz"
             np.savez(f, format=np.array(FORMAT), codes=self.codes.astype(np.int64), text=np.array(self.text),
                      source=np.array(self.source))
         return path
@@ -49,11 +50,19 @@ class Voice:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"voice file not found: {path}")
+        not_a_voice = f"{path} is not a pcgtts voice file (make one with `pcgtts voice add`)"
         try:
-            with np.load(path, allow_pickle=False) as data:
+            data = np.load(path, allow_pickle=False)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+            reason = "it holds pickled objects, which are never loaded" if "pickle" in str(err) else str(err)
+            raise ValueError(f"{not_a_voice}: {reason}") from None
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError(f"{not_a_voice}: it is a bare numpy array")
+        try:
+            with data:
                 fields = {k: data[k] for k in ("format", "codes", "text", "source")}
-        except (zipfile.BadZipFile, KeyError, OSError, EOFError, ValueError) as err:
-            raise ValueError(f"{path} is not a pcgtts voice file ({err})") from None
+        except (KeyError, ValueError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{not_a_voice}: {err}") from None
         if str(fields["format"]) != FORMAT:
             raise ValueError(f"{path}: unsupported voice format {str(fields['format'])!r}")
         return cls(fields["codes"].astype(np.int64), str(fields["text"]), str(fields["source"]))

@@ -1,0 +1,52 @@
+"""Writing outputs without losing anything: a file appears under its real name only when complete.
+
+    with atomic_output("out.wav") as tmp:
+        write(tmp)            # an exception here leaves out.wav as it was and no temporary file behind
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def check_output_file(path: str | Path, flag: str = "--out") -> Path:
+    """A clear ValueError, before any work, if `path` cannot be written as a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a file name")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path}: folder {folder} does not exist")
+    try:  # os.access says yes to root on a read-only file system: try for real
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot write in {folder} ({err.strerror or err})") from None
+    return path
+
+
+def check_output_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Like `check_output_file` for an output folder (made if missing; its parent must be writable)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path} is a file; give a directory")
+    check_output_file(path.parent / f".{path.name}.probe-dir", flag)
+    return path
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path):
+    """Yields a temporary path beside `path`; renamed to `path` on success, removed on failure."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial" + path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
