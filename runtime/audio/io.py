@@ -57,8 +57,8 @@ def load_audio(path: str | Path) -> np.ndarray:
         samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, TypeError) as err:
         formats = ", ".join(sorted(sf.available_formats()))
-        raise ValueError(f"{path} is not an audio file this machine can read (libsndfile: {err}); "
-                         f"readable formats: {formats}") from None
+        raise ValueError(f"{path} is not a readable audio file (libsndfile: {err}); "
+                         f"formats this machine reads: {formats}") from None
     try:
         audio = to_mono_16k(samples, rate)
     except ValueError as err:
