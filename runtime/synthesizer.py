@@ -213,8 +213,8 @@ class Synthesizer:
                  config: SynthesisConfig = SynthesisConfig()):
         # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
         # from codec.source_dir); groups on the target's device, or None (pcg then unavailable).
-        if draft is not None and draft.vocab != target.vocab:
-            raise ValueError("draft and target have different speech vocabularies (tokenizers differ)")
+        if draft is not None:
+            target.vocab.check_same_layout(draft.vocab)
         self.target, self.draft, self.codec, self.groups = target, draft, codec, groups
         self.tokenizer = target.tokenizer
         self.config = config
@@ -256,6 +256,9 @@ class Synthesizer:
         target_lm = load_lm(models.target, **common)
         draft_lm = None
         if models.draft is not None:
+            from pcgtts.runtime.lm.draft import check_draft_layout
+
+            check_draft_layout(models.target, target_lm.tokenizer, models.draft)  # before its weights load
             draft_lm = load_lm(models.draft, tokenizer=target_lm.tokenizer, **common)
         table = None
         if models.groups is not None:
@@ -362,7 +365,10 @@ class Synthesizer:
             generator = torch.Generator(device=device)
             # torch.seed() would reseed the global RNG; a fresh seed comes from the OS instead.
             generator.manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
-            window = WindowDecoder(self.codec.decode, config.stream)
+            # A cloned voice's reference codes end every prompt: they are the first chunk's left
+            # context, as in a one-shot decode of reference + speech.
+            context = self.target.vocab.prompt_codes(prompts[0]).numpy() if prompts else None
+            window = WindowDecoder(self.codec.decode, config.stream, context=context)
             done = 0  # samples handed out so far
 
             def emit(samples: np.ndarray, last: bool) -> bool:

@@ -79,6 +79,26 @@ def load_tokenizer(model_dir: str | Path):
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
+def lm_head_weight(state: dict[str, torch.Tensor], tied: bool, model_dir: Path) -> torch.Tensor:
+    """The LM head `LlamaForCausalLM.from_pretrained` ends up with (transformers 5.x, checked in
+    tests/test_fidelity.py): a stored `lm_head.weight` is used whenever present -- with
+    `tie_word_embeddings: true` too, where transformers unties the pair when the stored head
+    differs from the embeddings (some released checkpoints ship exactly that); only a checkpoint
+    without one reuses the embeddings, and only when tied."""
+    embed = state.get("model.embed_tokens.weight")
+    if embed is None:
+        raise ValueError(f"{model_dir}: checkpoint has no model.embed_tokens.weight")
+    head = state.get("lm_head.weight")
+    if head is None:
+        if not tied:
+            raise ValueError(f"{model_dir}: untied model (tie_word_embeddings is false) without lm_head.weight")
+        return embed
+    if tied and not torch.equal(head, embed):
+        log.warning("%s: config.json ties the LM head to the embeddings but the checkpoint stores a different "
+                    "lm_head.weight; using the stored head, as transformers does", model_dir)
+    return head
+
+
 def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dtype = "float32",
                device: str | torch.device = "cpu") -> Llama:
     """Build `Llama` from a checkpoint, keeping only the restricted LM-head rows."""
@@ -88,13 +108,7 @@ def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dty
         raise ValueError(f"model vocabulary ({args.vocab_size}) is smaller than the tokenizer's ({vocab.vocab_size})")
     state = read_state_dict(model_dir)
     prefix = "model."
-    head_key = "lm_head.weight"
-    if args.tie_word_embeddings or head_key not in state:
-        if not args.tie_word_embeddings:
-            raise ValueError(f"{model_dir}: untied model without lm_head.weight")
-        head = state[prefix + "embed_tokens.weight"]
-    else:
-        head = state[head_key]
+    head = lm_head_weight(state, args.tie_word_embeddings, model_dir)
     rows = vocab.head_rows()
     with torch.device("meta"):
         model = Llama(args, rows)
@@ -114,6 +128,22 @@ def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dty
     model.inv_freq = rope_inv_freq(args)
     model.causal = torch.zeros(0, dtype=torch.bool)
     return model.to(device).eval()
+
+
+def embedding_rows(model_dir: str | Path) -> int | None:
+    """Rows of the embedding table of a Hugging Face checkpoint, read from the safetensors header
+    (no weights loaded); None for a folder that is not one (an ONNX / TensorRT export)."""
+    from safetensors import safe_open
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        return None
+    key = "model.embed_tokens.weight"
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            if key in f.keys():
+                return int(f.get_slice(key).get_shape()[0])
+    raise ValueError(f"{model_dir}: no {key} in the checkpoint")
 
 
 def load_speech_embeddings(model_dir: str | Path):

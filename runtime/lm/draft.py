@@ -1,9 +1,11 @@
-"""Draft construction: a draft LM made of a subset of the target's layers.
+"""Drafts: making one from a subset of the target's layers, and checking one fits its target.
 
 The PCG paper's draft is a 3-layer subset of the target initialised from its weights (then
 fine-tuned). `make_layer_subset_draft` writes such a checkpoint in the same Hugging Face
 format as the target, keeping embeddings, final norm, LM head and tokenizer, so every loader
-and export path treats it like any other LLaSA model.
+and export path treats it like any other LLaSA model. `check_draft_layout` refuses, before the
+draft's weights load, a draft whose own tokenizer or embedding table does not match the
+target's: the decode loop feeds both models the same token ids.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from pcgtts.runtime.lm.checkpoint import read_config, read_state_dict
+from pcgtts.runtime.lm.checkpoint import embedding_rows, load_tokenizer, read_config, read_state_dict
+from pcgtts.runtime.text.vocab import SpeechVocab
 
 log = logging.getLogger(__name__)
 
@@ -61,3 +64,26 @@ def make_layer_subset_draft(target_dir: str | Path, out_dir: str | Path, layers:
             shutil.copy(target_dir / name, out_dir / name)
     log.info("draft with layers %s of %d written to %s", keep, n, out_dir)
     return out_dir
+
+
+def check_draft_layout(target_dir: str | Path, target_tokenizer, draft_dir: str | Path) -> None:
+    """Raise a ValueError unless the draft folder's own tokenizer gives the target's token ids and
+    its embedding table has the target's number of rows (exports: the tokenizer they carry)."""
+    target_dir, draft_dir = Path(target_dir), Path(draft_dir)
+    draft_tokenizer = load_tokenizer(draft_dir)
+    target_vocab = SpeechVocab.from_tokenizer(target_tokenizer)
+    try:
+        draft_vocab = SpeechVocab.from_tokenizer(draft_tokenizer)
+    except ValueError as err:
+        raise ValueError(f"draft {draft_dir}: {err}") from None
+    target_vocab.check_same_layout(draft_vocab, f"target ({target_dir})", f"draft ({draft_dir})")
+    mine, theirs = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if mine != theirs:
+        differ = sorted(t for t in mine.keys() | theirs.keys() if mine.get(t) != theirs.get(t))
+        raise ValueError(f"draft {draft_dir}: its tokenizer has the target's speech-token layout "
+                         f"({target_vocab.describe()}) but maps {len(differ)} other tokens differently "
+                         f"(e.g. {differ[:3]}); prompts are tokenized once for both models")
+    rows = embedding_rows(target_dir), embedding_rows(draft_dir)
+    if None not in rows and rows[0] != rows[1]:
+        raise ValueError(f"draft {draft_dir} has {rows[1]} embedding rows (vocab_size), the target "
+                         f"{target_dir} has {rows[0]}; the draft was not made for this target")

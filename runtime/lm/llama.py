@@ -28,12 +28,12 @@ class LlamaArgs:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
+    rms_norm_eps: float
+    rope_theta: float
     # llama3 rope scaling (None = plain RoPE): factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings
-    rope_scaling: tuple[float, float, float, int] | None = None
-    tie_word_embeddings: bool = True
+    rope_scaling: tuple[float, float, float, int] | None
+    tie_word_embeddings: bool
     attention_bias: bool = False
     mlp_bias: bool = False
 
@@ -45,11 +45,20 @@ class LlamaArgs:
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "LlamaArgs":
-        """From a Hugging Face config.json dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
+        """From a Hugging Face config.json dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`).
+
+        The dict is read through transformers' own `LlamaConfig`, so every field config.json
+        leaves out (tie_word_embeddings, rms_norm_eps, rope_theta, head_dim, ...) takes exactly
+        the default `LlamaForCausalLM` would use; nothing is restated here."""
+        from transformers import LlamaConfig
+
         if cfg.get("model_type") != "llama":
             raise ValueError(f"not a LLaMA checkpoint: model_type={cfg.get('model_type')!r}")
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        try:
+            hf = LlamaConfig.from_dict(cfg)
+        except (TypeError, ValueError, KeyError) as err:
+            raise ValueError(f"invalid LLaMA config.json: {err}") from None
+        rope = dict(hf.rope_parameters or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type == "llama3":
             scaling = (
@@ -62,21 +71,20 @@ class LlamaArgs:
             scaling = None
         else:
             raise ValueError(f"unsupported rope type {rope_type!r} (supported: default, llama3)")
-        heads = cfg["num_attention_heads"]
         return cls(
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
-            rope_theta=float(theta),
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=hf.num_hidden_layers,
+            num_heads=hf.num_attention_heads,
+            num_kv_heads=hf.num_key_value_heads or hf.num_attention_heads,
+            head_dim=hf.head_dim or hf.hidden_size // hf.num_attention_heads,
+            rms_norm_eps=float(hf.rms_norm_eps),
+            rope_theta=float(rope["rope_theta"]),
             rope_scaling=scaling,
-            tie_word_embeddings=cfg.get("tie_word_embeddings", True),
-            attention_bias=cfg.get("attention_bias", False),
-            mlp_bias=cfg.get("mlp_bias", False),
+            tie_word_embeddings=bool(hf.tie_word_embeddings),
+            attention_bias=bool(hf.attention_bias),
+            mlp_bias=bool(hf.mlp_bias),
         )
 
 

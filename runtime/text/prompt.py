@@ -6,6 +6,11 @@
 rendered with the checkpoint's own chat template, continuing the assistant turn (no end-of-turn
 token), so the model's next tokens are speech tokens. Llama-3 templates print today's date;
 it is pinned here so the same input always gives the same prompt.
+
+The user's words (text and ref_text) never become control tokens: they are tokenized apart from
+the template, through the tokenizer's normaliser, pre-tokenizer and model only, skipping its
+added-token vocabulary, so a typed `<|SPEECH_GENERATION_START|>`, `<|s_123|>` or `<|eot_id|>` is
+read as the characters it is made of (the same ids for ordinary text as tokenizing the whole).
 """
 
 from __future__ import annotations
@@ -41,6 +46,23 @@ def check_text(text: str) -> str:
     return text
 
 
+def tokenize_plain(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` as plain text: no added or special token (control, speech, chat) is
+    matched, whatever the tokenizer marks as special."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # a slow tokenizer: remove every added-token string instead
+        for token in sorted(tokenizer.get_added_vocab(), key=len, reverse=True):
+            text = text.replace(token, "")
+        return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer is not None else [(text, None)]
+    return [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
+
+
+_USER_TEXT = "\x00pcgtts-user-text\x00"  # placeholder for the user's words while the template renders
+
+
 def build_prompt(tokenizer, vocab: SpeechVocab, text: str, ref_text: str | None = None,
                  ref_codes: torch.Tensor | None = None) -> torch.Tensor:
     """Token ids [T] of the prompt that makes the model speak `text` (in the voice of ref_codes)."""
@@ -50,12 +72,19 @@ def build_prompt(tokenizer, vocab: SpeechVocab, text: str, ref_text: str | None 
     # The model card joins transcript and text without a separator; a space keeps words apart.
     spoken = f"{check_text(ref_text)} {text}" if ref_text else text
     chat = [
-        {"role": "user", "content": f"{INSTRUCTION}{TEXT_UNDERSTANDING_START}{spoken}{TEXT_UNDERSTANDING_END}"},
+        {"role": "user", "content": f"{INSTRUCTION}{TEXT_UNDERSTANDING_START}{_USER_TEXT}{TEXT_UNDERSTANDING_END}"},
         {"role": "assistant", "content": SPEECH_GENERATION_START},
     ]
     rendered = tokenizer.apply_chat_template(chat, tokenize=False, continue_final_message=True,
                                              date_string=PINNED_DATE)
-    ids = tokenizer(rendered, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    before, found, after = rendered.partition(_USER_TEXT)
+    if not found or _USER_TEXT in after:
+        raise ValueError("the chat template must place the user's message exactly once")
+
+    def template(part: str) -> list[int]:
+        return tokenizer(part, add_special_tokens=False)["input_ids"]
+
+    ids = torch.tensor(template(before) + tokenize_plain(tokenizer, spoken) + template(after), dtype=torch.long)
     if int(ids[-1]) != vocab.speech_start_id:
         raise ValueError("chat template did not end the prompt with <|SPEECH_GENERATION_START|>")
     if ref_codes is not None:

@@ -83,6 +83,28 @@ class SpeechVocab:
             raise ValueError(f"codec indices must lie in [0, {self.num_speech})")
         return codes.to(torch.long) + self.speech_offset
 
+    def prompt_codes(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Codec indices of the speech tokens that end a prompt after its last
+        <|SPEECH_GENERATION_START|> (a cloned voice's reference codes; empty without one). [N]"""
+        ids = torch.as_tensor(prompt_ids).view(-1)
+        starts = (ids == self.speech_start_id).nonzero()
+        tail = ids[int(starts[-1]) + 1:] if len(starts) else ids[:0]
+        if ((tail < self.speech_offset) | (tail >= self.speech_offset + self.num_speech)).any():
+            raise ValueError("the prompt continues <|SPEECH_GENERATION_START|> with tokens that are not speech tokens")
+        return (tail - self.speech_offset).to(torch.long).cpu()
+
+    def describe(self) -> str:
+        """The layout in one line, for error messages."""
+        return (f"<|s_0|>..<|s_{self.num_speech - 1}|> at ids {self.speech_offset}..{self.speech_offset + self.num_speech - 1}, "
+                f"stop {self.stop_id}, speech start {self.speech_start_id}, text start/end "
+                f"{self.text_start_id}/{self.text_end_id}, {self.vocab_size} tokens")
+
+    def check_same_layout(self, other: "SpeechVocab", mine: str = "target", theirs: str = "draft") -> None:
+        """Raise a ValueError naming both layouts unless `other` lays out the vocabulary identically."""
+        if other != self:
+            raise ValueError(f"the {theirs}'s tokenizer has a different speech-token layout from the {mine}'s: "
+                             f"{mine}: {self.describe()}; {theirs}: {other.describe()}")
+
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "SpeechVocab":
         """Read the layout from a Hugging Face tokenizer; fail clearly if it is not LLaSA's."""
