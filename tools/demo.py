@@ -177,7 +177,6 @@ def write_demo(out_dir: str | Path, seed: int = 0, config: DemoLMConfig = DemoLM
         from pcgtts.tools.demo_codec import write_demo_codec
 
         paths["codec"] = write_demo_codec(out_dir / "codec", seed=seed)
-    log.warning("%s", NOT_SPEECH_NOTICE)
     return paths
 
 
