@@ -17,10 +17,16 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # Each module exposes register(sub) and sets `func` on its parsers.
     from pcgtts.cli import commands, export, groups
+    from pcgtts.quality import cli as quality_cli
+    from pcgtts.serve import cli as serve_cli
+    from pcgtts.train import cli as lab_cli
 
     commands.register(sub)
     groups.register(sub)
     export.register(sub)
+    quality_cli.register(sub)  # pcgtts eval
+    serve_cli.register(sub)  # pcgtts serve
+    lab_cli.register(sub)  # pcgtts lab
     return parser
 
 

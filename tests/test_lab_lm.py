@@ -1,0 +1,83 @@
+"""Speech lab LM + draft: a tiny factorised LLaSA-format LM trains, exports a plain Llama with the
+same log-probs, loads with transformers and the runtime, resumes; a 3-layer draft fine-tunes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from pcgtts.train.draft import DraftTrainConfig, train_draft
+from pcgtts.train.lm import LMModelConfig, LMTrainConfig, build_model, lab_tokenizer, train_lm
+
+TEXTS = ["The cat sat on the mat.", "A bird sings in the tree.", "We walk to the old mill.", "Rain fell all day."]
+
+
+@pytest.fixture(scope="module")
+def tiny_corpus(tmp_path_factory):
+    """A manifest (real format) and structured codes: each utterance repeats a short code pattern."""
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    records, codes = [], {}
+    for spk in ("a", "b"):
+        for i, text in enumerate(TEXTS):
+            uid = f"{spk}-{i:05d}"
+            split = "heldout_sentences" if i == 3 else "train"
+            records.append({"id": uid, "speaker": spk, "source": "test", "variant": "original", "text": text,
+                            "split": split, "seconds": 0.4, "path": f"audio/{uid}.flac"})
+            base = rng.integers(0, 65536, size=5)
+            codes[uid] = np.tile(base, 4).astype(np.int32)
+    (root / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return root, codes
+
+
+def _cfg(corpus, out, steps):
+    return LMTrainConfig(corpus=corpus, codec=corpus, out_dir=out, model=LMModelConfig.tiny(), steps=steps,
+                         batch_size=4, lr=3e-3, warmup=2, log_every=1, checkpoint_minutes=60)
+
+
+def test_factorised_equals_materialised():
+    tok = lab_tokenizer()
+    model = build_model(LMModelConfig.tiny(), tok, 0).eval()
+    off = model.speech_offset
+    ids = torch.tensor([[5, 17, off + 3, off + 65535, off + 4096, 266]])
+    with torch.no_grad():
+        fact = model.full_log_probs(model.hidden(ids)).double()
+        full = torch.log_softmax(model.materialise()(ids).logits.double(), -1)
+    assert (fact - full).abs().max() < 1e-4
+
+
+@pytest.mark.slow  # ~40 s: two tokenizer loads with 65 k added tokens, 24 training steps
+def test_train_export_resume_and_runtime_load(tiny_corpus, tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.runtime.text.prompt import build_prompt
+
+    corpus, codes = tiny_corpus
+    out = tmp_path / "lm"
+    first = train_lm(_cfg(corpus, out, 20), codes=codes, stop_after=12)
+    assert first["step"] == 12
+    losses = [json.loads(line)["loss"] for line in (out / "loss.jsonl").read_text().splitlines()]
+    assert np.mean(losses[-3:]) < np.mean(losses[:3])
+    second = train_lm(_cfg(corpus, out, 20), codes=codes)
+    assert second["step"] == 20
+    steps = [json.loads(line)["step"] for line in (out / "loss.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 21))
+    assert (out / "loss.png").is_file()
+
+    hf = LlamaForCausalLM.from_pretrained(str(out / "export")).eval()
+    assert hf.config.vocab_size == 65805 and hf.config.tie_word_embeddings
+    lm = TorchLM.load(out / "export", tokenizer=lab_tokenizer())
+    ids = build_prompt(lm.tokenizer, lm.vocab, TEXTS[0])
+    restricted = torch.log_softmax(lm.prefill(ids).double(), -1)
+    with torch.no_grad():
+        full = torch.log_softmax(hf(ids[None]).logits[0, -1].double(), -1)[lm.vocab.head_rows()]
+    assert (restricted - torch.log_softmax(full, -1)).abs().max() < 1e-3
+
+    draft = train_draft(DraftTrainConfig(target=out / "export", lm_dir=out, out_dir=tmp_path / "draft", layers=3,
+                                         steps=4, batch_size=2, log_every=1))
+    assert draft["layers"] == [0, 2, 3] and draft["step"] == 4
+    d = LlamaForCausalLM.from_pretrained(str(tmp_path / "draft" / "export"))
+    assert d.config.num_hidden_layers == 3
+    TorchLM.load(tmp_path / "draft" / "export", tokenizer=lab_tokenizer())

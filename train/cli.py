@@ -1,0 +1,197 @@
+"""`pcgtts lab ...`: the speech lab's command line (corpus, codec, lm, draft, all).
+
+Each sub-command validates its arguments before any heavy work, resumes from its last
+checkpoint in --out, shows progress, prints a readable summary and then one JSON line.
+The lead wires `register(subparsers)` into the `pcgtts` CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+DEFAULT_ROOT = Path("/work/lab")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    lab = subparsers.add_parser("lab", help="speech lab: train the built-in voice (corpus, codec, lm, draft)")
+    sub = lab.add_subparsers(dest="lab_command", required=True)
+
+    p = sub.add_parser("corpus", help="render the sentence corpus with packaged TTS voices (resumable)")
+    p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "corpus")
+    p.add_argument("--per-speaker", type=_positive_int, default=260)
+    p.add_argument("--heldout-sentences", type=int, default=24)
+    p.add_argument("--max-sentences", type=_positive_int, default=None)
+    p.add_argument("--speakers", default=None, help="comma-separated subset of speaker names (default: all 24)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(lab_func=_cmd_corpus)
+
+    p = sub.add_parser("codec", help="train the small X-codec2 (semonly recipe; resumes from --out)")
+    p.add_argument("--corpus", type=Path, default=DEFAULT_ROOT / "corpus")
+    p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "codec")
+    p.add_argument("--steps", type=_positive_int, default=20000)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--threads", type=_positive_int, default=1)
+    p.add_argument("--checkpoint-minutes", type=_positive_float, default=5.0)
+    p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
+    p.add_argument("--eval", action="store_true", help="only evaluate the export: STOI on held-out speakers")
+    p.set_defaults(lab_func=_cmd_codec)
+
+    p = sub.add_parser("lm", help="train the LLaSA-format target LM on codec codes (resumes from --out)")
+    p.add_argument("--corpus", type=Path, default=DEFAULT_ROOT / "corpus")
+    p.add_argument("--codec", type=Path, default=DEFAULT_ROOT / "codec" / "export")
+    p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "lm")
+    p.add_argument("--steps", type=_positive_int, default=6000)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--threads", type=_positive_int, default=1)
+    p.add_argument("--checkpoint-minutes", type=_positive_float, default=5.0)
+    p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
+    p.set_defaults(lab_func=_cmd_lm)
+
+    p = sub.add_parser("draft", help="3-layer draft from the target's layers + brief fine-tune")
+    p.add_argument("--target", type=Path, default=DEFAULT_ROOT / "lm" / "export")
+    p.add_argument("--lm-dir", type=Path, default=DEFAULT_ROOT / "lm", help="the target's training folder (codes)")
+    p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "draft")
+    p.add_argument("--layers", type=_positive_int, default=3)
+    p.add_argument("--steps", type=_positive_int, default=1000)
+    p.add_argument("--threads", type=_positive_int, default=1)
+    p.set_defaults(lab_func=_cmd_draft)
+
+    p = sub.add_parser("all", help="corpus, codec, lm and draft in order, each resumed where it stopped")
+    p.add_argument("--root", type=Path, default=DEFAULT_ROOT)
+    p.add_argument("--threads", type=_positive_int, default=1)
+    p.set_defaults(lab_func=_cmd_all)
+    lab.set_defaults(func=run)
+    return lab
+
+
+def run(args) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    try:
+        summary = args.lab_func(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        raise SystemExit(f"pcgtts lab {args.lab_command}: {err}") from None
+    width = max(len(k) for k in summary)
+    for key, value in summary.items():
+        print(f"{key:<{width}}  {value}")
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+class _Bar:
+    """tqdm progress bar fed by the training loops' progress callbacks."""
+
+    def __init__(self, desc: str, unit: str):
+        from tqdm import tqdm
+
+        self.bar, self.desc, self.unit, self._tqdm = None, desc, unit, tqdm
+
+    def __call__(self, done, total, value=None):
+        if self.bar is None:
+            self.bar = self._tqdm(total=total, desc=self.desc, unit=self.unit, file=sys.stderr)
+            self.bar.update(done - 1)
+        self.bar.update(done - self.bar.n)
+        if value is not None:
+            self.bar.set_postfix_str(f"{value:.3f}")
+
+
+def _cmd_corpus(args) -> dict:
+    from pcgtts.train.corpus import DEFAULT_HELDOUT_SPEAKERS, DEFAULT_SPEAKERS, CorpusConfig, build_corpus
+
+    speakers = DEFAULT_SPEAKERS
+    if args.speakers:
+        names = [n.strip() for n in args.speakers.split(",") if n.strip()]
+        known = {s.name: s for s in DEFAULT_SPEAKERS}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"unknown speakers {unknown}; known: {', '.join(known)}")
+        speakers = tuple(known[n] for n in names)
+    heldout = tuple(n for n in DEFAULT_HELDOUT_SPEAKERS if n in {s.name for s in speakers})
+    cfg = CorpusConfig(out_dir=args.out, per_speaker=args.per_speaker, heldout_sentences=args.heldout_sentences,
+                       max_sentences=args.max_sentences, seed=args.seed, speakers=speakers,
+                       heldout_speakers=heldout)
+    summary = build_corpus(cfg, progress=_Bar("corpus", "utt"))
+    summary["out"] = str(args.out)
+    return summary
+
+
+def _cmd_codec(args) -> dict:
+    from pcgtts.train.codec import CodecModelConfig, CodecTrainConfig, evaluate_codec, train_codec
+
+    if not (args.corpus / "manifest.jsonl").is_file():
+        raise FileNotFoundError(f"no corpus at {args.corpus} (run `pcgtts lab corpus` first)")
+    if args.eval:
+        return evaluate_codec(args.out / "export", args.corpus)
+    model = CodecModelConfig(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
+                             semantic_hidden=32, semantic_intermediate=64) if args.tiny else CodecModelConfig()
+    cfg = CodecTrainConfig(corpus=args.corpus, out_dir=args.out, model=model, steps=args.steps,
+                           batch_size=args.batch_size, threads=args.threads,
+                           checkpoint_minutes=args.checkpoint_minutes)
+    return train_codec(cfg, progress=_Bar("codec", "step"))
+
+
+def _cmd_lm(args) -> dict:
+    from pcgtts.train.lm import LMModelConfig, LMTrainConfig, train_lm
+
+    for path, what in ((args.corpus / "manifest.jsonl", "corpus"), (args.codec / "config.json", "codec export")):
+        if not path.is_file():
+            raise FileNotFoundError(f"no {what} at {path.parent}")
+    model = LMModelConfig.tiny() if args.tiny else LMModelConfig()
+    cfg = LMTrainConfig(corpus=args.corpus, codec=args.codec, out_dir=args.out, model=model, steps=args.steps,
+                        batch_size=args.batch_size, threads=args.threads,
+                        checkpoint_minutes=args.checkpoint_minutes)
+    return train_lm(cfg, progress=_Bar("lm", "step"))
+
+
+def _cmd_draft(args) -> dict:
+    from pcgtts.train.draft import DraftTrainConfig, train_draft
+
+    if not (args.target / "config.json").is_file():
+        raise FileNotFoundError(f"no target LM export at {args.target} (run `pcgtts lab lm` first)")
+    cfg = DraftTrainConfig(target=args.target, lm_dir=args.lm_dir, out_dir=args.out, layers=args.layers,
+                           steps=args.steps, threads=args.threads)
+    return train_draft(cfg, progress=_Bar("draft", "step"))
+
+
+def _cmd_all(args) -> dict:
+    root = args.root
+    ns = argparse.Namespace
+    out = {}
+    out["corpus"] = _cmd_corpus(ns(out=root / "corpus", per_speaker=260, heldout_sentences=24, max_sentences=None,
+                                   speakers=None, seed=0))["hours"]
+    out["codec"] = _cmd_codec(ns(corpus=root / "corpus", out=root / "codec", steps=20000, batch_size=8,
+                                 threads=args.threads, checkpoint_minutes=5.0, tiny=False, eval=False))["export"]
+    out["lm"] = _cmd_lm(ns(corpus=root / "corpus", codec=root / "codec" / "export", out=root / "lm", steps=6000,
+                           batch_size=8, threads=args.threads, checkpoint_minutes=5.0, tiny=False))["export"]
+    out["draft"] = _cmd_draft(ns(target=root / "lm" / "export", lm_dir=root / "lm", out=root / "draft", layers=3,
+                                 steps=1000, threads=args.threads))["export"]
+    return out
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (`python -m pcgtts.train.cli lab ...`) until the lead wires it in."""
+    parser = argparse.ArgumentParser(prog="pcgtts")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,345 @@
+"""Speech-lab codec: train a small X-codec2 in transformers' `Xcodec2Model` format.
+
+Second step of the lab (corpus -> **codec** -> codes -> LM). Recipe "semonly" from the speech-lab
+probe: the acoustic encoder is kept in the file (so the format is the released one) but zeroed
+(`conv2` weight/bias = 0) and frozen, so it contributes exact zeros in the stock `encode`; the
+trained path is the runtime's own semantic front end (`pcgtts.runtime.audio.features.encoder_inputs`:
+Kaldi fbank, 160 dims at 50 Hz) -> small w2v-bert -> adapter -> fc_encoder -> FSQ (8 x 4 levels =
+65,536 codes, straight-through) -> Vocos-style decoder with the ISTFT head. The stock `encode` runs
+the semantic encoder under no_grad, so training uses its own forward through the same submodules
+in the same order. HF's init (zero biases) gives a dead decoder; every Linear/Conv1d gets
+`reset_parameters()`. Loss: multi-resolution log-mel + log-STFT L1 plus waveform L1; AdamW with
+warm-up and cosine decay. Checkpoints (model, optimizer, step, RNG) every few minutes, resumable;
+`export_dir` always holds the last `save_pretrained` export that `Xcodec2Model.from_pretrained`
+and the runtime's `Codec` load.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
+from pcgtts.runtime.audio.features import encoder_inputs
+from pcgtts.train.corpus import read_manifest
+from pcgtts.train.progress import LossLog, save_checkpoint, load_checkpoint, rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CodecModelConfig:
+    """Sizes of the small X-codec2 (defaults: the probe's 7.6 M-parameter config)."""
+
+    hidden_size: int = 256
+    intermediate_size: int = 1024
+    num_layers: int = 4
+    num_heads: int = 4
+    encoder_hidden_size: int = 8
+    semantic_hidden: int = 128
+    semantic_layers: int = 2
+    semantic_heads: int = 2
+    semantic_intermediate: int = 256
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % 32 or self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must be divisible by 32 (GroupNorm) and by num_heads")
+        if self.semantic_hidden % self.semantic_heads:
+            raise ValueError("semantic_hidden must be divisible by semantic_heads")
+        if min(self.num_layers, self.semantic_layers, self.encoder_hidden_size) < 1:
+            raise ValueError("layer counts and encoder_hidden_size must be >= 1")
+
+    def to_hf(self):
+        from transformers import Xcodec2Config
+
+        semantic = {
+            "model_type": "wav2vec2-bert", "hidden_size": self.semantic_hidden,
+            "num_hidden_layers": self.semantic_layers, "num_attention_heads": self.semantic_heads,
+            "intermediate_size": self.semantic_intermediate, "output_hidden_size": self.semantic_hidden,
+            "conv_depthwise_kernel_size": 15, "feature_projection_input_dim": 160, "add_adapter": False,
+            "apply_spec_augment": False,  # no SpecAugment masking: the codec must see every frame
+        }
+        return Xcodec2Config(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_heads, head_dim=self.hidden_size // self.num_heads,
+            encoder_hidden_size=self.encoder_hidden_size, downsampling_ratios=[2, 2, 4, 4, 5],
+            quantization_dim=self.hidden_size + self.semantic_hidden, quantization_levels=[4] * 8,
+            semantic_model_config=semantic,
+        )
+
+
+@dataclass(frozen=True)
+class CodecTrainConfig:
+    corpus: Path
+    out_dir: Path
+    model: CodecModelConfig = CodecModelConfig()
+    steps: int = 20000
+    batch_size: int = 8
+    crop_frames: int = 50  # 1 s crops
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.05
+    warmup: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    checkpoint_minutes: float = 5.0
+    log_every: int = 20
+    seed: int = 0
+    threads: int = 1
+    reload_manifest_minutes: float = 10.0  # pick up utterances a corpus build added meanwhile
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "corpus", Path(self.corpus))
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        if self.steps < 1 or self.batch_size < 1 or self.crop_frames < 4:
+            raise ValueError("steps, batch_size must be >= 1 and crop_frames >= 4")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("lr must be > 0 and min_lr_ratio in [0, 1]")
+        if self.checkpoint_minutes <= 0 or self.threads < 1:
+            raise ValueError("checkpoint_minutes must be > 0 and threads >= 1")
+
+
+def new_codec(model_config: CodecModelConfig, seed: int = 0):
+    """A fresh Xcodec2Model, PyTorch default init, acoustic encoder zeroed and frozen (semonly)."""
+    from transformers import Xcodec2Model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Xcodec2Model(model_config.to_hf())
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d)):
+                module.reset_parameters()  # HF init zeroes biases: a dead decoder (probe §2)
+    with torch.no_grad():
+        model.acoustic_encoder.conv2.weight.zero_()
+        model.acoustic_encoder.conv2.bias.zero_()
+    model.acoustic_encoder.requires_grad_(False)
+    return model
+
+
+def codec_forward(model, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training forward with gradients: features [B, T, 160] -> (audio [B, 320 T], codes [B, T]).
+
+    The same submodules, in the same order, as the stock `encode` + `decode`; the zeroed acoustic
+    encoder's output (exact zeros) is passed as zeros instead of being computed.
+    """
+    sem = model.semantic_encoder(features).last_hidden_state.transpose(1, 2)
+    sem = model.semantic_adapter(sem)
+    acoustic = sem.new_zeros(sem.shape[0], model.config.hidden_size, sem.shape[2])
+    hidden = model.fc_encoder(torch.cat([sem, acoustic], dim=1).transpose(1, 2))
+    latents, codes = model.quantizer(hidden)
+    audio = model.acoustic_decoder(latents)
+    return audio[:, 0], codes[..., 0]
+
+
+def mel_filters(n_fft: int, n_mels: int, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
+    """HTK-scale triangular mel filters [n_mels, n_fft // 2 + 1]."""
+    def mel(f):
+        return 2595.0 * np.log10(1.0 + f / 700.0)
+
+    freqs = np.linspace(0, sample_rate / 2, n_fft // 2 + 1)
+    pts = 700.0 * (10 ** (np.linspace(mel(0.0), mel(sample_rate / 2), n_mels + 2) / 2595.0) - 1.0)
+    fb = np.zeros((n_mels, freqs.size))
+    for i in range(n_mels):
+        lo, ce, hi = pts[i], pts[i + 1], pts[i + 2]
+        fb[i] = np.maximum(0, np.minimum((freqs - lo) / (ce - lo), (hi - freqs) / (hi - ce)))
+    return torch.tensor(fb, dtype=torch.float32)
+
+
+RESOLUTIONS = ((512, 128, 64), (1024, 256, 80), (2048, 512, 128))  # n_fft, hop, mels
+
+
+class ReconstructionLoss(torch.nn.Module):
+    """Sum over resolutions of L1 log-mel + 0.5 L1 log-STFT magnitude, plus waveform L1."""
+
+    def __init__(self, resolutions=RESOLUTIONS):
+        super().__init__()
+        self.resolutions = resolutions
+        for i, (n_fft, _, n_mels) in enumerate(resolutions):
+            self.register_buffer(f"mel{i}", mel_filters(n_fft, n_mels), persistent=False)
+            self.register_buffer(f"win{i}", torch.hann_window(n_fft), persistent=False)
+
+    def forward(self, pred: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        spec = pred.new_zeros(())
+        for i, (n_fft, hop, _) in enumerate(self.resolutions):
+            win, fb = getattr(self, f"win{i}"), getattr(self, f"mel{i}")
+            p = torch.stft(pred, n_fft, hop, window=win, return_complex=True).abs()
+            t = torch.stft(target, n_fft, hop, window=win, return_complex=True).abs()
+            spec = spec + F.l1_loss(torch.log(fb @ p + 1e-5), torch.log(fb @ t + 1e-5))
+            spec = spec + 0.5 * F.l1_loss(torch.log(p + 1e-5), torch.log(t + 1e-5))
+        wave = F.l1_loss(pred, target)
+        return {"loss": spec + wave, "spec": spec.detach(), "wave": wave.detach()}
+
+
+class CropSampler:
+    """Random fixed-length crops of training utterances with their runtime encoder features."""
+
+    def __init__(self, corpus: Path, crop_frames: int, split: str = "train"):
+        self.corpus, self.crop_frames, self.split = Path(corpus), crop_frames, split
+        self._cache: dict[str, np.ndarray] = {}
+        self.reload()
+
+    def reload(self) -> None:
+        records = [r for r in read_manifest(self.corpus) if r["split"] == self.split]
+        need = (self.crop_frames + 1) * SAMPLES_PER_TOKEN / SAMPLE_RATE
+        self.records = [r for r in records if r["seconds"] >= need]
+        if not self.records:
+            raise ValueError(f"{self.corpus}: no {self.split} utterances of at least {need:.2f} s")
+        self.hours = sum(r["seconds"] for r in self.records) / 3600
+
+    def _audio(self, rec: dict) -> np.ndarray:
+        import soundfile as sf
+
+        audio = self._cache.get(rec["id"])
+        if audio is None:
+            audio, _ = sf.read(str(self.corpus / rec["path"]), dtype="int16")
+            self._cache[rec["id"]] = audio
+        return audio.astype(np.float32) / 32768.0
+
+    def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+        feats, waves = [], []
+        for _ in range(size):
+            audio = self._audio(self.records[rng.randrange(len(self.records))])
+            inputs = encoder_inputs(audio)  # whole-utterance normalisation, as at runtime
+            frames = inputs["input_features"].shape[1]
+            t0 = rng.randrange(0, frames - self.crop_frames + 1)
+            feats.append(inputs["input_features"][0, t0:t0 + self.crop_frames])
+            wav = inputs["input_values"][0, 0, t0 * SAMPLES_PER_TOKEN:(t0 + self.crop_frames) * SAMPLES_PER_TOKEN]
+            waves.append(wav)
+        return torch.stack(feats), torch.stack(waves)
+
+
+def lr_at(step: int, cfg) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def export_codec(model, export_dir: Path) -> Path:
+    """`save_pretrained` into export_dir atomically (a temp folder renamed over the old one)."""
+    export_dir = Path(export_dir)
+    tmp = export_dir.with_name(export_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    old = export_dir.with_name(export_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if export_dir.exists():
+        export_dir.rename(old)
+    tmp.rename(export_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return export_dir
+
+
+def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = None) -> dict:
+    """Train (or resume) until cfg.steps; returns a summary. stop_after: stop after that many steps
+    in this call (tests, time-boxed runs) after writing a checkpoint."""
+    torch.set_num_threads(cfg.threads)
+    out = cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    sampler = CropSampler(cfg.corpus, cfg.crop_frames)
+    model = new_codec(cfg.model, cfg.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.8, 0.99), weight_decay=cfg.weight_decay)
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    step = 0
+    ckpt_path = out / "checkpoint.pt"
+    losses = LossLog(out / "loss.jsonl")
+    if ckpt_path.is_file():
+        state = load_checkpoint(ckpt_path)
+        if state["model_config"] != asdict(cfg.model):
+            raise ValueError(f"{ckpt_path} was trained with another model config; use a new --out")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+        set_rng_state(state["rng"], rng)
+        losses.truncate(step)
+        log.info("resumed %s at step %d", ckpt_path, step)
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
+    loss_fn = ReconstructionLoss()
+    model.train()
+    model.acoustic_encoder.eval()
+    t_ckpt = t_reload = time.monotonic()
+    first = step
+    window: list[float] = []
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                                    "rng": rng_state(rng), "model_config": asdict(cfg.model)})
+        model.eval()
+        export_codec(model, out / "export")
+        model.train()
+        model.acoustic_encoder.eval()
+        losses.plot(out / "loss.png", title="codec reconstruction loss")
+        log.info("checkpoint at step %d -> %s (export %s)", step, ckpt_path, out / "export")
+
+    while step < cfg.steps:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        feats, target = sampler.batch(cfg.batch_size, rng)
+        pred, codes = codec_forward(model, feats)
+        terms = loss_fn(pred, target)
+        opt.zero_grad(set_to_none=True)
+        terms["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        step += 1
+        window.append(float(terms["loss"].detach()))
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            rec = {"step": step, "loss": sum(window) / len(window), "spec": float(terms["spec"]),
+                   "wave": float(terms["wave"]), "lr": opt.param_groups[0]["lr"],
+                   "unique_codes": int(codes.unique().numel()), "corpus_hours": round(sampler.hours, 3)}
+            losses.append(rec)
+            window = []
+            log.info("step %d loss %.4f unique codes %d", step, rec["loss"], rec["unique_codes"])
+            if progress is not None:
+                progress(step, cfg.steps, rec["loss"])
+        now = time.monotonic()
+        if now - t_reload > cfg.reload_manifest_minutes * 60:
+            sampler.reload()
+            t_reload = now
+        if now - t_ckpt > cfg.checkpoint_minutes * 60:
+            checkpoint()
+            t_ckpt = time.monotonic()
+        if stop_after is not None and step - first >= stop_after:
+            break
+    checkpoint()
+    return {"step": step, "steps": cfg.steps, "checkpoint": str(ckpt_path), "export": str(out / "export"),
+            "loss_png": str(out / "loss.png"), "last_loss": losses.last("loss"), "corpus_hours": sampler.hours}
+
+
+def evaluate_codec(codec_dir: Path, corpus: Path, split: str = "heldout_speakers", limit: int = 12) -> dict:
+    """Resynthesis through the stock encode/decode on held-out utterances: STOI (pystoi) and
+    the number of distinct codes. The runtime's `Codec` does the encoding and decoding."""
+    import soundfile as sf
+    from pystoi import stoi
+
+    from pcgtts.runtime.audio.codec import Codec
+
+    codec = Codec.from_pretrained(codec_dir, decode_only=False)
+    records = sorted((r for r in read_manifest(corpus) if r["split"] == split), key=lambda r: r["id"])[:limit]
+    if not records:
+        raise ValueError(f"{corpus}: no {split} utterances")
+    scores, codes_seen = [], set()
+    for rec in records:
+        audio, _ = sf.read(str(Path(corpus) / rec["path"]), dtype="float32")
+        codes = codec.encode(audio)
+        codes_seen.update(codes.tolist())
+        resyn = codec.decode(codes)[:audio.size]
+        scores.append(float(stoi(audio[:resyn.size], resyn, SAMPLE_RATE, extended=False)))
+    return {"split": split, "utterances": len(records), "stoi_mean": float(np.mean(scores)),
+            "stoi_min": float(np.min(scores)), "distinct_codes": len(codes_seen)}
+
+
+__all__ = ["CodecModelConfig", "CodecTrainConfig", "new_codec", "codec_forward", "ReconstructionLoss",
+           "train_codec", "export_codec", "evaluate_codec", "CropSampler"]

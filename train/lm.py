@@ -1,0 +1,431 @@
+"""Speech-lab target LM: a small `LlamaForCausalLM` in the LLaSA layout, trained on codec codes.
+
+Third step of the lab (corpus -> codec -> **codes -> LM** -> draft). The tokenizer is the
+runtime demo's LLaSA-layout builder (`pcgtts.tools.demo.build_demo_tokenizer`: byte-level text,
+Llama-3 chat tokens, the 8 LLaSA control tokens, then `<|s_0|>`..`<|s_65535|>` at an offset read
+back with `SpeechVocab.from_tokenizer`). Training examples are exactly the runtime's input: ids
+from `pcgtts.runtime.text.prompt.build_prompt` (plain, or voice-prompted with another utterance of
+the same speaker as reference for zero-shot cloning) + `<|s_c|>` codes + `<|SPEECH_GENERATION_END|>`,
+loss on the speech and stop targets.
+
+The 65,536-row embedding/head is factorised over the 8 FSQ digits (transformers' FSQ basis:
+digit d of code c is (c // 4**d) % 4): speech row(c) = sum_d W[d, digit_d(c)], tied between input
+and output, text rows one shared matrix. The loss is the exact joint softmax over the whole
+vocabulary: logZ = logaddexp(sum_d logsumexp(l_d), logsumexp(text logits)). `materialise` writes
+the full matrices into a plain, tied LlamaForCausalLM with identical log-probs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+from pcgtts.runtime.text.prompt import build_prompt
+from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SpeechVocab
+from pcgtts.train.corpus import read_manifest
+from pcgtts.train.progress import LossLog, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+log = logging.getLogger(__name__)
+
+NUM_DIGITS, LEVELS = 8, 4
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+@dataclass(frozen=True)
+class LMModelConfig:
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 6
+    num_kv_heads: int = 2
+    intermediate_size: int = 1536
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError("hidden_size must divide by num_heads and num_heads by num_kv_heads")
+        if min(self.num_layers, self.intermediate_size) < 1:
+            raise ValueError("num_layers and intermediate_size must be >= 1")
+
+    @classmethod
+    def tiny(cls) -> "LMModelConfig":
+        return cls(hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, intermediate_size=128)
+
+    def to_hf(self, tokenizer):
+        from transformers import LlamaConfig
+
+        layout = speech_vocab(tokenizer)
+        return LlamaConfig(
+            vocab_size=layout.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.hidden_size // self.num_heads,
+            max_position_embeddings=131072, rms_norm_eps=1e-5, rope_parameters=dict(LLAMA3_ROPE),
+            tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=layout.stop_id,
+        )
+
+
+_LAYOUTS: dict[int, SpeechVocab] = {}
+
+
+def speech_vocab(tokenizer) -> SpeechVocab:
+    """SpeechVocab of a tokenizer, computed once per tokenizer object (65 k added tokens: slow)."""
+    key = id(tokenizer)
+    if key not in _LAYOUTS:
+        _LAYOUTS[key] = SpeechVocab.from_tokenizer(tokenizer)
+    return _LAYOUTS[key]
+
+
+@functools.lru_cache(maxsize=1)
+def lab_tokenizer():
+    """The LLaSA-layout tokenizer the runtime's demo builder makes (shared, not duplicated; cached)."""
+    from pcgtts.tools.demo import build_demo_tokenizer
+
+    return build_demo_tokenizer(NUM_SPEECH_TOKENS)
+
+
+def code_digits(codes: torch.Tensor) -> torch.Tensor:
+    """FSQ digits of codec indices in transformers' basis (digit 0 least significant). [..., 8]"""
+    return (codes.unsqueeze(-1) // LEVELS ** torch.arange(NUM_DIGITS, device=codes.device)) % LEVELS
+
+
+class FactorisedLM(torch.nn.Module):
+    """Llama body + text rows + 8 x 4 digit rows; speech row(c) = sum_d digit_rows[d, digit_d(c)]."""
+
+    def __init__(self, hf_config, speech_offset: int, num_speech: int = NUM_SPEECH_TOKENS):
+        super().__init__()
+        from transformers import LlamaModel
+
+        if speech_offset + num_speech != hf_config.vocab_size:
+            raise ValueError("speech tokens must be the last rows of the vocabulary")
+        if num_speech != LEVELS ** NUM_DIGITS:
+            raise ValueError(f"the factorised head needs {LEVELS ** NUM_DIGITS} speech tokens")
+        self.hf_config = hf_config
+        body_cfg = hf_config.__class__(**{**hf_config.to_dict(), "vocab_size": 1, "bos_token_id": None,
+                                             "eos_token_id": None, "pad_token_id": None})
+        self.body = LlamaModel(body_cfg)
+        self.body.embed_tokens = None  # inputs are embedded here
+        h = hf_config.hidden_size
+        std = hf_config.initializer_range
+        self.speech_offset, self.num_speech = speech_offset, num_speech
+        self.text = torch.nn.Parameter(torch.randn(speech_offset, h) * std)
+        # Each digit row is scaled so a speech row (sum of 8) has the text rows' scale.
+        self.digits = torch.nn.Parameter(torch.randn(NUM_DIGITS, LEVELS, h) * std / math.sqrt(NUM_DIGITS))
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        is_speech = ids >= self.speech_offset
+        text = self.text[ids.clamp(max=self.speech_offset - 1)]
+        digits = code_digits((ids - self.speech_offset).clamp(min=0))  # [B, T, 8]
+        speech = self.digits[torch.arange(NUM_DIGITS, device=ids.device), digits].sum(-2)
+        return torch.where(is_speech.unsqueeze(-1), speech, text)
+
+    def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.body(inputs_embeds=self.embed(ids), attention_mask=attention_mask).last_hidden_state
+
+    def head(self, hidden: torch.Tensor):
+        """(text logits [.., n_text], digit logits [.., 8, 4], logZ [..]) of the exact joint softmax."""
+        text = hidden @ self.text.T
+        digit = torch.einsum("...h,dlh->...dl", hidden, self.digits)
+        log_z = torch.logaddexp(torch.logsumexp(digit, -1).sum(-1), torch.logsumexp(text, -1))
+        return text, digit, log_z
+
+    def target_logprob(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log p(target) for every position (text or speech targets). [...]"""
+        text, digit, log_z = self.head(hidden)
+        is_speech = targets >= self.speech_offset
+        d = code_digits((targets - self.speech_offset).clamp(min=0))
+        speech_logit = digit.gather(-1, d.unsqueeze(-1)).squeeze(-1).sum(-1)
+        text_logit = text.gather(-1, targets.clamp(max=self.speech_offset - 1).unsqueeze(-1)).squeeze(-1)
+        return torch.where(is_speech, speech_logit, text_logit) - log_z
+
+    def full_log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """log p over the whole vocabulary (tests, small inputs only). [..., V]"""
+        text, digit, log_z = self.head(hidden)
+        codes = torch.arange(self.num_speech, device=hidden.device)
+        d = code_digits(codes)  # [N, 8]
+        speech = digit[..., torch.arange(NUM_DIGITS), d].sum(-1)  # [..., N, 8] -> [..., N]
+        return torch.cat([text, speech], -1) - log_z.unsqueeze(-1)
+
+    def speech_rows(self) -> torch.Tensor:
+        d = code_digits(torch.arange(self.num_speech, device=self.digits.device))
+        return self.digits[torch.arange(NUM_DIGITS), d].sum(1)
+
+    @torch.no_grad()
+    def materialise(self):
+        """A plain, tied LlamaForCausalLM with identical log-probs."""
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM(self.hf_config)
+        body = {k: v for k, v in self.body.state_dict().items()}
+        missing, _ = model.model.load_state_dict(body, strict=False)
+        if set(missing) != {"embed_tokens.weight"}:
+            raise RuntimeError(f"body weights did not map onto LlamaModel: missing {missing}")
+        model.model.embed_tokens.weight.copy_(torch.cat([self.text, self.speech_rows()]))
+        model.tie_weights()
+        return model.eval()
+
+
+def save_lm(model: FactorisedLM, tokenizer, export_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
+    """Materialise and `save_pretrained` (+ tokenizer) into export_dir atomically."""
+    export_dir = Path(export_dir)
+    tmp = export_dir.with_name(export_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.materialise().to(dtype).save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    old = export_dir.with_name(export_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if export_dir.exists():
+        export_dir.rename(old)
+    tmp.rename(export_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return export_dir
+
+
+# ---------------------------------------------------------------- codes
+
+def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None, save_every: int = 200) -> dict:
+    """Codec codes of every corpus utterance (cached in codes_path, resumable). {id: int32 array}"""
+    import soundfile as sf
+
+    from pcgtts.runtime.audio.codec import Codec
+
+    codes: dict[str, np.ndarray] = {}
+    if codes_path.is_file():
+        codes = dict(np.load(codes_path))
+    records = read_manifest(corpus)
+    todo = [r for r in records if r["id"] not in codes]
+    if todo:
+        codec = Codec.from_pretrained(codec_dir, decode_only=False)
+        for n, rec in enumerate(todo):
+            audio, _ = sf.read(str(Path(corpus) / rec["path"]), dtype="float32")
+            codes[rec["id"]] = codec.encode(audio).astype(np.int32)
+            if progress is not None:
+                progress(n + 1, len(todo))
+            if (n + 1) % save_every == 0 or n + 1 == len(todo):
+                tmp = codes_path.with_name(codes_path.stem + ".tmp.npz")
+                np.savez(tmp, **codes)
+                tmp.replace(codes_path)
+    return codes
+
+
+# ---------------------------------------------------------------- examples
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    corpus: Path
+    codec: Path
+    out_dir: Path
+    model: LMModelConfig = LMModelConfig()
+    steps: int = 6000
+    batch_size: int = 8
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    voice_prompt_prob: float = 0.5  # share of examples prompted with a same-speaker reference
+    max_ref_seconds: float = 5.0
+    max_tokens: int = 1024
+    checkpoint_minutes: float = 5.0
+    log_every: int = 20
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("corpus", "codec", "out_dir"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+        if self.steps < 1 or self.batch_size < 1 or self.max_tokens < 64:
+            raise ValueError("steps and batch_size must be >= 1, max_tokens >= 64")
+        if not 0 <= self.voice_prompt_prob <= 1 or not self.lr > 0:
+            raise ValueError("voice_prompt_prob must lie in [0, 1] and lr be > 0")
+        if self.checkpoint_minutes <= 0 or self.threads < 1:
+            raise ValueError("checkpoint_minutes must be > 0 and threads >= 1")
+
+
+class ExampleBuilder:
+    """(ids, loss mask) of training examples in the runtime's prompt format."""
+
+    def __init__(self, tokenizer, records: list[dict], codes: dict, cfg: LMTrainConfig):
+        self.tok, self.cfg = tokenizer, cfg
+        self.vocab = speech_vocab(tokenizer)
+        self.records = [r for r in records if r["id"] in codes]
+        if not self.records:
+            raise ValueError("no utterances with codes to train on")
+        self.codes = codes
+        self.by_speaker: dict[str, list[dict]] = {}
+        for r in self.records:
+            if r["seconds"] <= cfg.max_ref_seconds:
+                self.by_speaker.setdefault(r["speaker"], []).append(r)
+
+    def example(self, rec: dict, ref: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.as_tensor(self.codes[rec["id"]], dtype=torch.long)
+        if ref is None:
+            prompt = build_prompt(self.tok, self.vocab, rec["text"])
+        else:
+            prompt = build_prompt(self.tok, self.vocab, rec["text"], ref_text=ref["text"],
+                                  ref_codes=torch.as_tensor(self.codes[ref["id"]], dtype=torch.long))
+        target = torch.cat([self.vocab.codes_to_token_ids(codes), torch.tensor([self.vocab.stop_id])])
+        ids = torch.cat([prompt, target])
+        mask = torch.zeros(ids.numel(), dtype=torch.bool)
+        mask[prompt.numel():] = True  # predict every target speech token and the stop token
+        return ids, mask
+
+    def sample(self, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+        for _ in range(100):
+            rec = self.records[rng.randrange(len(self.records))]
+            ref = None
+            if rng.random() < self.cfg.voice_prompt_prob:
+                pool = [r for r in self.by_speaker.get(rec["speaker"], []) if r["id"] != rec["id"]]
+                ref = pool[rng.randrange(len(pool))] if pool else None
+            ids, mask = self.example(rec, ref)
+            if ids.numel() <= self.cfg.max_tokens:
+                return ids, mask
+        raise ValueError(f"no example fits max_tokens={self.cfg.max_tokens}")
+
+    def batch(self, size: int, rng: random.Random):
+        items = [self.sample(rng) for _ in range(size)]
+        n = max(ids.numel() for ids, _ in items)
+        pad = self.tok.pad_token_id
+        ids = torch.full((size, n), pad, dtype=torch.long)
+        mask = torch.zeros(size, n, dtype=torch.bool)
+        attn = torch.zeros(size, n, dtype=torch.long)
+        for i, (x, m) in enumerate(items):
+            ids[i, :x.numel()], mask[i, :x.numel()], attn[i, :x.numel()] = x, m, 1
+        return ids, mask, attn
+
+
+def lm_loss(model: FactorisedLM, ids: torch.Tensor, mask: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """Mean NLL (nats/token) of the masked targets; position t predicts ids[t + 1]."""
+    hidden = model.hidden(ids[:, :-1], attention_mask=attn[:, :-1])
+    sel = mask[:, 1:]
+    return -model.target_logprob(hidden[sel], ids[:, 1:][sel]).mean()
+
+
+def lr_at(step: int, cfg) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _split_records(corpus: Path) -> tuple[list[dict], list[dict]]:
+    records = read_manifest(corpus)
+    return [r for r in records if r["split"] == "train"], [r for r in records if r["split"] != "train"]
+
+
+def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout: ExampleBuilder | None, cfg,
+               out: Path, extra_state: dict, progress=None, stop_after: int | None = None, title: str = "LM") -> dict:
+    """Shared by lm.py and draft.py: AdamW + cosine, checkpoint/resume, loss log + PNG, export."""
+    torch.set_num_threads(cfg.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.weight_decay)
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    step = 0
+    ckpt = out / "checkpoint.pt"
+    losses = LossLog(out / "loss.jsonl")
+    if ckpt.is_file():
+        state = load_checkpoint(ckpt)
+        if state.get("model_config") != extra_state.get("model_config"):
+            raise ValueError(f"{ckpt} was trained with another model config; use a new --out")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = state["step"]
+        set_rng_state(state["rng"], rng)
+        losses.truncate(step)
+        log.info("resumed %s at step %d", ckpt, step)
+    held_batch = heldout.batch(min(8, len(heldout.records)), random.Random(1)) if heldout else None
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                               "rng": rng_state(rng), **extra_state})
+        save_lm(model, tokenizer, out / "export")
+        losses.plot(out / "loss.png", title=title, keys=("loss", "heldout"))
+        log.info("checkpoint at step %d -> %s (export %s)", step, ckpt, out / "export")
+
+    model.train()
+    first, window, t_ckpt = step, [], time.monotonic()
+    while step < cfg.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        loss = lm_loss(model, *builder.batch(cfg.batch_size, rng))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        window.append(float(loss.detach()))
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            rec = {"step": step, "loss": sum(window) / len(window), "lr": opt.param_groups[0]["lr"]}
+            if held_batch is not None and step % (cfg.log_every * 5) == 0:
+                model.eval()
+                with torch.no_grad():
+                    rec["heldout"] = float(lm_loss(model, *held_batch))
+                model.train()
+            losses.append(rec)
+            window = []
+            log.info("step %d loss %.4f%s", step, rec["loss"],
+                     f" heldout {rec['heldout']:.4f}" if "heldout" in rec else "")
+            if progress is not None:
+                progress(step, cfg.steps, rec["loss"])
+        if time.monotonic() - t_ckpt > cfg.checkpoint_minutes * 60:
+            checkpoint()
+            t_ckpt = time.monotonic()
+        if stop_after is not None and step - first >= stop_after:
+            break
+    checkpoint()
+    return {"step": step, "steps": cfg.steps, "checkpoint": str(ckpt), "export": str(out / "export"),
+            "loss_png": str(out / "loss.png"), "last_loss": losses.last("loss")}
+
+
+def build_model(model_cfg: LMModelConfig, tokenizer, seed: int) -> FactorisedLM:
+    vocab = speech_vocab(tokenizer)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return FactorisedLM(model_cfg.to_hf(tokenizer), vocab.speech_offset, vocab.num_speech)
+
+
+def train_lm(cfg: LMTrainConfig, progress=None, stop_after: int | None = None, codes: dict | None = None) -> dict:
+    """Encode the corpus (cached), then train (or resume) the factorised target; exports a plain Llama."""
+    out = cfg.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    if codes is None:
+        codes = encode_corpus(cfg.corpus, cfg.codec, out / "codes.npz")
+    elif not (out / "codes.npz").is_file():  # given codes (tests, GPU-made): cache them for draft.py
+        np.savez(out / "codes.npz", **codes)
+    tokenizer = lab_tokenizer()
+    train, held = _split_records(cfg.corpus)
+    builder = ExampleBuilder(tokenizer, train, codes, cfg)
+    held_recs = [r for r in held if r["id"] in codes]
+    heldout = ExampleBuilder(tokenizer, held_recs, codes, cfg) if held_recs else None
+    model = build_model(cfg.model, tokenizer, cfg.seed)
+    (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
+    summary = train_loop(model, tokenizer, builder, heldout, cfg, out,
+                         {"model_config": asdict(cfg.model), "kind": "factorised-llasa"}, progress, stop_after,
+                         title="target LM NLL (nats/token)")
+    summary["train_utterances"] = len(builder.records)
+    return summary
+
+
+def load_factorised(lm_dir: Path) -> tuple[FactorisedLM, object, dict]:
+    """The factorised model saved in an lm training folder's checkpoint (draft.py starts from it)."""
+    state = load_checkpoint(Path(lm_dir) / "checkpoint.pt")
+    tokenizer = lab_tokenizer()
+    model = build_model(LMModelConfig(**state["model_config"]), tokenizer, 0)
+    model.load_state_dict(state["model"])
+    return model, tokenizer, state
+
+
+__all__ = ["LMModelConfig", "LMTrainConfig", "FactorisedLM", "ExampleBuilder", "lab_tokenizer", "code_digits",
+           "encode_corpus", "train_lm", "train_loop", "save_lm", "lm_loss", "build_model", "load_factorised"]
+

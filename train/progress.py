@@ -1,0 +1,93 @@
+"""Shared training plumbing for the speech lab: atomic checkpoints with RNG state, a JSONL loss
+log that survives restarts, and the loss-curve PNG. Used by codec.py, lm.py and draft.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def save_checkpoint(path: Path, state: dict) -> Path:
+    """torch.save to a temp file in the same folder, then os.replace (never a half-written file)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path: Path) -> dict:
+    try:
+        return torch.load(Path(path), map_location="cpu", weights_only=False)
+    except Exception as err:  # a corrupt or foreign file: say which
+        raise ValueError(f"cannot read checkpoint {path}: {err}") from None
+
+
+def rng_state(rng: random.Random) -> dict:
+    return {"python": rng.getstate(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict, rng: random.Random) -> None:
+    rng.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+
+
+class LossLog:
+    """Append-only JSONL of {"step": ..., "loss": ..., ...}; truncated to the checkpoint's step on resume."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.records: list[dict] = []
+        if self.path.is_file():
+            self.records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def truncate(self, step: int) -> None:
+        self.records = [r for r in self.records if r["step"] <= step]
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        os.replace(tmp, self.path)
+
+    def append(self, record: dict) -> None:
+        self.records.append(record)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def last(self, key: str):
+        return self.records[-1][key] if self.records else None
+
+    def plot(self, png: Path, title: str, keys=("loss",)) -> Path | None:
+        """Loss curve(s) against step, written atomically; None when there is nothing to plot."""
+        if not self.records:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts), label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        png = Path(png)
+        tmp = png.with_name(png.stem + ".tmp.png")
+        fig.savefig(tmp, dpi=100)
+        plt.close(fig)
+        os.replace(tmp, png)
+        return png
