@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive
+from pcgtts.cli.groups import DEFAULT_MAX_MEMORY_GB, DEFAULT_TOP_K, group_size_options
 from pcgtts.runtime.config import POLICIES
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(bench, policy=False)
     bench.add_argument("--policy", type=_policies, default=list(POLICIES), help="comma list (default: all)")
     bench.add_argument("--theta", type=_floats, help="comma list of group thresholds to sweep (pcg; builds tables)")
+    bench.add_argument("--mean-size", type=_floats,
+                       help="comma list of target mean group sizes to sweep (pcg; theta chosen per size, as groups build)")
+    bench.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
+                       help=f"group cap for tables the sweep builds (default {DEFAULT_TOP_K}; 0 = none)")
+    bench.add_argument("--max-memory-gb", type=float, default=DEFAULT_MAX_MEMORY_GB,
+                       help="refuse a swept table whose estimated build memory exceeds this")
     bench.add_argument("--draft-length", type=_ints, default=[3], help="comma list of draft lengths L")
     deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=_ints)
+    bench.add_argument("--adaptive", action="store_true",
+                       help="also run each speculative rule with the adaptive draft length (L <= the longest --draft-length)")
     bench.add_argument("--beta", type=_floats, help="comma list of SSD betas")
     bench.add_argument("--texts", help="text file, one utterance per line (default: built-in sentences)")
     bench.add_argument("--runs", type=positive(int), default=1, help="measured runs over the text set")
@@ -80,20 +89,26 @@ def cases(args) -> list:
             out += [BenchCase("ssd", draft_length, ssd_beta=beta) for beta in (args.beta or [None])]
         else:
             out.append(BenchCase(policy, draft_length))
+    if getattr(args, "adaptive", False):
+        longest = max(args.draft_length)
+        out += [BenchCase(policy, longest, adaptive=True) for policy in args.policy if policy not in ("ar", "draft")]
     return out
 
 
-def group_table(target_dir: str, target_lm, theta: float):
-    """A group table for the loaded target at `theta`, built once and cached beside the user's cache."""
+def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = None, max_bytes: int | None = None):
+    """A group table for the loaded target at `theta` (capped at `top_k`), built once and cached
+    beside the user's cache; refused with an estimate past `max_bytes` (groups/build.py)."""
     from pcgtts.tools.model_groups import build_groups_for_model
     from pcgtts.groups.table import GroupTable
     from pcgtts.tools.demo import default_cache_dir
 
     fingerprint = target_lm.fingerprint
-    path = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-t{theta:.3f}.pcg"
+    cap = "" if top_k is None else f"-k{top_k}"
+    path = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-t{theta:.4f}{cap}.pcg"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        build_groups_for_model(target_dir, theta, device=target_lm.device.type, progress=True).save(path)
+        build_groups_for_model(target_dir, theta, top_k, device=target_lm.device.type, progress=True,
+                               max_bytes=max_bytes).save(path)
     return GroupTable.load(path, expect_fingerprint=fingerprint).to_device(target_lm.device)
 
 
@@ -124,10 +139,21 @@ def _bench(args) -> int:
     max_tokens = args.max_tokens if args.max_tokens is not None else (150 if demo else None)
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)
+    policies = args.policy
     needs_draft = any(c.policy != "ar" for c in todo)
     args.policy = "pcg" if any(c.policy == "pcg" for c in todo) else ("sd" if needs_draft else "ar")
+    sizing = group_size_options(args)
+    if args.mean_size and any(m < 1 for m in args.mean_size):
+        raise ValueError("--mean-size values must be >= 1")
     base, settings = load_synthesizer(args)
     models = dataclasses.asdict(settings.models)
+    if args.mean_size:  # each target mean group size becomes the theta that gives it on this target
+        from pcgtts.groups.build import theta_for_mean_size
+        from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+
+        rows = load_speech_embeddings(models["target"])[0]
+        args.theta = (args.theta or []) + [theta_for_mean_size(rows, m, sizing["top_k"]) for m in args.mean_size]
+        todo = cases(argparse.Namespace(**{**vars(args), "policy": policies}))
 
     summaries, utterances = [], []
     total = len(todo) * (args.warmup + args.runs * len(texts))
@@ -135,7 +161,7 @@ def _bench(args) -> int:
         for case in todo:
             groups = base.groups
             if case.policy == "pcg" and case.theta is not None:
-                groups = group_table(models["target"], base.target, case.theta)
+                groups = group_table(models["target"], base.target, case.theta, **sizing)
             synth = Synthesizer(base.target, base.draft if case.policy != "ar" else None, base.codec, groups)
             records = []
             for i in range(args.warmup):
@@ -183,13 +209,14 @@ def print_table(summaries: list[dict], demo: bool) -> None:
         return "-" if value is None else format(value, spec)
 
     table = Table(title="pcgtts bench" + (" (demo models: random weights, not speech)" if demo else ""))
-    for name in ("case", "tok/s", "×ar", "eff", "TTFA50 ms", "TTFA90 ms", "RTF", "accept", "len",
+    for name in ("case", "tok/s", "×ar", "pred", "eff", "draft/verify/rule/other %", "TTFA50 ms", "TTFA90 ms", "RTF", "accept", "len",
                  "fw/tok", "underruns", "late99 ms"):
         table.add_column(name, justify="left" if name == "case" else "right")
     for s in summaries:
         late = s["chunk_lateness"]["p99"]
         table.add_row(
-            s["case"], fmt(s["tokens_per_second"], ".1f"), fmt(s["speedup_vs_ar"]), fmt(s["efficiency"]),
+            s["case"], fmt(s["tokens_per_second"], ".1f"), fmt(s["speedup_vs_ar"]), fmt(s["predicted_speedup"]),
+            fmt(s["efficiency"]), "/".join(f"{100 * s['time_share'][k]:.0f}" for k in ("draft", "verify", "rule", "other")),
             fmt(s["time_to_first_audio"]["p50"] and 1000 * s["time_to_first_audio"]["p50"], ".0f"),
             fmt(s["time_to_first_audio"]["p90"] and 1000 * s["time_to_first_audio"]["p90"], ".0f"),
             fmt(s["real_time_factor"]), fmt(s["acceptance_rate"]), fmt(s["mean_accepted_length"]),

@@ -5,7 +5,10 @@
 optionally capped to t's `top_k` most similar tokens, then identical sets merged, so the
 table holds M <= N distinct groups. Similarities are computed in row blocks (the full
 65,536 x 65,536 matrix would take 16 GB), on CPU or GPU, keeping only the entries above
-theta; memory stays bounded by one block plus the output.
+theta; memory is one block plus the output, and the output grows with the mean group size:
+`estimate_groups` predicts it from a sample of rows before anything is built, `build_groups`
+refuses (with the estimate and the fix) past `max_bytes`, and `theta_for_mean_size` picks
+theta for a target mean group size (the paper's tables average ~140 members).
 """
 
 from __future__ import annotations
@@ -118,9 +121,68 @@ def _ranges(lengths: np.ndarray) -> np.ndarray:
     return np.arange(total) - starts
 
 
+BYTES_PER_ENTRY = 48  # peak while building: int64 rows + cols, their mirror, the sort order and merge keys
+
+
+def _sample_similarities(embeddings: torch.Tensor, sample_rows: int, seed: int = 0) -> torch.Tensor:
+    """Cosine similarities of `sample_rows` random rows to every row: [S, N], each row sorted descending."""
+    n = embeddings.shape[0]
+    unit = torch.nn.functional.normalize(embeddings.float(), dim=1)
+    rows = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: min(sample_rows, n)]
+    sims = unit[rows] @ unit.T
+    sims[torch.arange(len(rows)), rows] = float("inf")  # t in G(t)
+    return sims.sort(dim=1, descending=True).values
+
+
+def _mean_size(sorted_sims: torch.Tensor, theta: float, top_k: int | None) -> float:
+    counts = (sorted_sims > theta).sum(1)
+    if top_k is not None:
+        counts = counts.clamp(max=top_k)
+    return float(counts.float().mean())
+
+
+def estimate_groups(embeddings: torch.Tensor, theta: float, top_k: int | None = None,
+                    sample_rows: int = 256) -> dict:
+    """Predicted mean group size, table entries and peak build memory, from a sample of rows."""
+    mean = _mean_size(_sample_similarities(embeddings, sample_rows), theta, top_k)
+    entries = int(round(mean * embeddings.shape[0]))
+    return {"theta": theta, "top_k": top_k, "mean_group_size": mean, "entries": entries,
+            "build_bytes": entries * BYTES_PER_ENTRY, "sample_rows": min(sample_rows, embeddings.shape[0])}
+
+
+def theta_for_mean_size(embeddings: torch.Tensor, mean_size: float, top_k: int | None = None,
+                        sample_rows: int = 256) -> float:
+    """The theta whose groups average `mean_size` members (estimated on sampled rows; bisection)."""
+    if mean_size < 1:
+        raise ValueError(f"mean group size must be >= 1, got {mean_size}")
+    if top_k is not None and mean_size > top_k:
+        raise ValueError(f"mean group size {mean_size} cannot exceed the cap top_k={top_k}")
+    sims = _sample_similarities(embeddings, sample_rows)
+    low, high = -1.0, 1.0 - 1e-6  # mean size decreases in theta: >= mean at low, < at high
+    for _ in range(40):
+        mid = (low + high) / 2
+        if _mean_size(sims, mid, top_k) >= mean_size:
+            low = mid
+        else:
+            high = mid
+    return round(low, 4)
+
+
 def build_groups(embeddings: torch.Tensor, theta: float, top_k: int | None = None, device="cpu",
-                 block_rows: int | None = None, progress: bool = True) -> GroupTable:
-    """Distinct ASGs of the speech tokens from their embedding rows [N, H]."""
+                 block_rows: int | None = None, progress: bool = True, max_bytes: int | None = None) -> GroupTable:
+    """Distinct ASGs of the speech tokens from their embedding rows [N, H].
+
+    With `max_bytes`, the table is estimated first and a ValueError (with the estimate and the
+    fix) is raised instead of building one whose build would need more memory."""
+    if max_bytes is not None:
+        est = estimate_groups(embeddings, theta, top_k)
+        log.info("group table estimate: %s", json.dumps(est))
+        if est["build_bytes"] > max_bytes:
+            raise ValueError(
+                f"theta={theta:g}{'' if top_k is None else f', top_k={top_k}'} would make groups of "
+                f"~{est['mean_group_size']:.0f} members on average ({est['entries']:,} entries, "
+                f"~{est['build_bytes'] / 2**20:,.0f} MiB to build; budget {max_bytes / 2**20:,.0f} MiB): "
+                f"raise theta, cap the groups (--top-k), or choose theta by size (--mean-size 140)")
     offsets, members = neighbour_lists(embeddings, theta, top_k, device, block_rows, progress)
     group_offsets, group_members = merge_identical(offsets, members)
     table = GroupTable.from_groups_csr(group_offsets, group_members, embeddings.shape[0], theta, top_k)

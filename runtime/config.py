@@ -5,7 +5,7 @@
       device     DeviceConfig     compute_device, dtype, backend, max_length
       synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
                                   abandon_after_s
-        decode   DecodeConfig     policy, draft_length, ssd_beta, max_new_tokens, pcg_thinning_trials
+        decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials
           sampling SamplingConfig temperature, top_p
         stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
                                   crossfade_samples
@@ -50,7 +50,10 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class DecodeConfig:
     policy: str = "pcg"  # ar | draft | sd | ssd | pcg
-    draft_length: int = 3  # draft tokens proposed per verify step (the paper's L_d)
+    draft_length: int = 3  # draft tokens proposed per verify step (the paper's L_d); with adaptive_draft, the most
+    # adaptive_draft: choose L in 0..draft_length every step from the cost model (runtime/decode/cost_model.py):
+    # measured step costs + running per-position acceptance; 0 = a plain target step when speculation cannot win.
+    adaptive_draft: bool = False
     ssd_beta: float = 0.4  # SSD's tolerance added to min(1, target/draft)
     max_new_tokens: int = 2000  # speech tokens per utterance (40 s of audio)
     pcg_thinning_trials: int = 16  # residual-sampler trials drawn at once before the exact fallback
@@ -61,6 +64,8 @@ class DecodeConfig:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if not (1 <= self.draft_length <= 16):
             raise ValueError(f"draft_length must lie in [1, 16], got {self.draft_length}")
+        if not isinstance(self.adaptive_draft, bool):
+            raise ValueError(f"adaptive_draft must be true or false, got {self.adaptive_draft!r}")
         if self.ssd_beta < 0:
             raise ValueError(f"ssd_beta must be >= 0, got {self.ssd_beta}")
         if self.max_new_tokens < 1:

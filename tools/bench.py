@@ -10,10 +10,10 @@ acceptance, chunk sizes, chunk lateness (ready - deadline; > 0 is an underrun), 
 
 `summarize` adds per configuration: p50/p90/p99 of time to first audio and chunk lateness, means
 of the rest, the speed-up over `ar` measured in the same run, and an efficiency figure:
-achieved speed-up / the speed-up predicted from the measured acceptance rate alpha and step
-costs, E(alpha, L) * t_ar / (L t_draft + t_verify) with E = (1 - alpha^(L+1)) / (1 - alpha)
-(Leviathan et al.'s i.i.d. model). Below 1 means time lost outside the forward passes
-(prefill, the codec, Python) or acceptance that is not i.i.d. across positions.
+achieved speed-up / the speed-up the cost model (runtime/decode/cost_model.py) predicts from
+the measured per-position acceptance a_i and step costs, tokens(L) * t_ar / (L t_draft + t_verify)
+with tokens(L) = 1 + sum_k prod_{i<=k} a_i. Below 1 means time lost outside the forward passes
+(prefill, the codec, Python); the share of wall time in draft / verify / rule / other says where.
 """
 
 from __future__ import annotations
@@ -45,15 +45,16 @@ class BenchCase:
     """One configuration of the sweep."""
 
     policy: str
-    draft_length: int = 3
+    draft_length: int = 3  # with adaptive: the longest L the policy may choose
     theta: float | None = None  # group granularity (pcg only); None = the table given
     ssd_beta: float | None = None  # ssd only
+    adaptive: bool = False  # DecodeConfig.adaptive_draft: L chosen per step by the cost model
 
     @property
     def label(self) -> str:
         parts = [self.policy]
         if self.policy not in ("ar", "draft"):
-            parts.append(f"L={self.draft_length}")
+            parts.append(f"L≤{self.draft_length} auto" if self.adaptive else f"L={self.draft_length}")
         if self.theta is not None:
             parts.append(f"θ={self.theta:g}")
         if self.ssd_beta is not None:
@@ -104,6 +105,9 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
     elapsed = s.finished_at - s.started_at
     steps = max(total.steps, 1)
     trace = [(t - s.started_at, n) for sentence in s.sentences for t, n in sentence.trace]
+    width = max((len(sentence.length_counts) for sentence in s.sentences), default=0)
+    length_counts = [sum(sentence.length_counts[i] for sentence in s.sentences if i < len(sentence.length_counts))
+                     for i in range(width)]
     record = {
         "text": text,
         "chars": len(text),
@@ -123,6 +127,10 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
         "acceptance_rate": total.acceptance_rate,
         "mean_accepted_length": total.mean_accepted_length,
         "per_position_acceptance": [a / steps for a in total.per_position_accepted],
+        "per_position_accepted": list(total.per_position_accepted),
+        "length_counts": length_counts,  # steps per draft length (index 0: AR steps of an adaptive run)
+        "catchup_tokens": sum(sentence.catchup_tokens for sentence in s.sentences),
+        "planned_costs": next((sentence.costs for sentence in s.sentences if sentence.costs), None),
         "time_draft": total.time_draft,
         "time_target": total.time_target,
         "time_verify": total.time_verify,
@@ -141,7 +149,7 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
 
 
 def case_config(base: SynthesisConfig, case: BenchCase, seed: int, max_tokens: int | None) -> SynthesisConfig:
-    decode = replace(base.decode, policy=case.policy, draft_length=case.draft_length)
+    decode = replace(base.decode, policy=case.policy, draft_length=case.draft_length, adaptive_draft=case.adaptive)
     if case.ssd_beta is not None:
         decode = replace(decode, ssd_beta=case.ssd_beta)
     if max_tokens:
@@ -156,10 +164,15 @@ def _percentiles(values) -> dict:
     return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
 
 
-def expected_tokens_per_step(alpha: float, draft_length: int) -> float:
-    if alpha >= 1.0:
-        return draft_length + 1.0
-    return (1 - alpha ** (draft_length + 1)) / (1 - alpha)
+def conditional_acceptance(per_position_accepted: list[int], speculative_steps: int) -> list[float]:
+    """a_i = P(position i accepted | 1..i-1 accepted) from counts of accepted proposals per position
+    over `speculative_steps` steps (exact for a fixed L; for an adaptive run, steps that drafted
+    fewer positions make the later rates an under-estimate)."""
+    rates, tried = [], speculative_steps
+    for accepted in per_position_accepted:
+        rates.append(accepted / tried if tried else 0.0)
+        tried = accepted
+    return rates
 
 
 def summarize(case: BenchCase, records: list[dict]) -> dict:
@@ -174,6 +187,12 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
     width = max((len(r["per_position_acceptance"]) for r in records), default=0)
     per_position = [sum(r["per_position_acceptance"][i] * r["steps"] for r in records
                         if i < len(r["per_position_acceptance"])) / max(steps, 1) for i in range(width)]
+    accepted_at = [sum(r["per_position_accepted"][i] for r in records if i < len(r["per_position_accepted"]))
+                   for i in range(width)]
+    lwidth = max((len(r["length_counts"]) for r in records), default=0)
+    length_counts = [sum(r["length_counts"][i] for r in records if i < len(r["length_counts"])) for i in range(lwidth)]
+    speculative_steps = steps - (length_counts[0] if length_counts else 0)
+    seconds_in = {k: sum(r[k] for r in records) for k in ("time_draft", "time_target", "time_verify")}
     return {
         "case": case.label,
         "policy": case.policy,
@@ -191,6 +210,14 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_accepted_length": (accepted + steps) / steps if steps else 0.0,
         "per_position_acceptance": per_position,
+        "conditional_acceptance": conditional_acceptance(accepted_at, speculative_steps),
+        "length_counts": length_counts,
+        "planned_costs": next((r["planned_costs"] for r in records if r.get("planned_costs")), None),
+        # Share of wall time per phase: draft forwards, target forwards (verify passes or AR steps),
+        # the rule (acceptance + sampling), other (prefill, the codec, the loop's Python, the player).
+        "time_share": {name: seconds_in[key] / seconds if seconds else 0.0 for name, key in
+                       (("draft", "time_draft"), ("verify", "time_target"), ("rule", "time_verify"))}
+        | {"other": 1 - sum(seconds_in.values()) / seconds if seconds else 0.0},
         "underruns": sum(r["underruns"] for r in records),
         "underrun_seconds": sum(r["underrun_seconds"] for r in records),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
@@ -202,15 +229,31 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
     }
 
 
+def predicted_speedup(summary: dict, ar: dict) -> float | None:
+    """Speed-up over `ar` the cost model predicts from this case's measured acceptance (per position)
+    and step costs: tokens(L) t_ar / (L t_draft + t_verify). For an adaptive case, over the mix
+    of draft lengths it ran, with the costs it planned with."""
+    from pcgtts.runtime.decode.cost_model import StepCosts, expected_tokens, step_seconds
+
+    rates = summary["conditional_acceptance"]
+    if summary.get("planned_costs"):
+        costs = StepCosts(**summary["planned_costs"])
+        counts = summary["length_counts"]
+        tokens = sum(c * expected_tokens(rates, n) for n, c in enumerate(counts))
+        seconds = sum(c * step_seconds(costs, rates, n) for n, c in enumerate(counts))
+        return tokens * costs.ar_step / seconds if seconds else None
+    step = summary["draft_length"] * summary["t_draft_step"] + summary["t_target_step"]
+    return expected_tokens(rates, summary["draft_length"]) * ar["t_target_step"] / step if step else None
+
+
 def add_speedups(summaries: list[dict]) -> None:
-    """Speed-up over the `ar` case of this run, and efficiency against the i.i.d. prediction."""
+    """Speed-up over the `ar` case of this run, the cost model's prediction, and achieved / predicted."""
     base = next((s for s in summaries if s["policy"] == "ar"), None)
     for s in summaries:
         s["speedup_vs_ar"] = s["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else None
         s["predicted_speedup"] = s["efficiency"] = None
         if base is None or s["policy"] in ("ar", "draft") or not s["t_target_step"]:
             continue
-        step = s["draft_length"] * s["t_draft_step"] + s["t_target_step"]
-        predicted = expected_tokens_per_step(s["acceptance_rate"], s["draft_length"]) * base["t_target_step"] / step
+        predicted = predicted_speedup(s, base)
         s["predicted_speedup"] = predicted
-        s["efficiency"] = s["speedup_vs_ar"] / predicted if s["speedup_vs_ar"] else None
+        s["efficiency"] = s["speedup_vs_ar"] / predicted if s["speedup_vs_ar"] and predicted else None

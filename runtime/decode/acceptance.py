@@ -25,8 +25,10 @@ Rules (all over the restricted vocabulary of runtime/text/vocab.py, stop token =
           The stop token is its own singleton group, id = groups.num_groups.
 
 Randomness is injected: `uniforms[B, L]` decide accept/reject (tests force outcomes through
-them) and `generator` draws everything else. Nothing here syncs with the host, except PCG's
-exact fallback on CPU, where a sync is free (see `_residual_groups`).
+them) and `generator` draws everything else. The recovered token's residual is computed only
+where it is needed: on a CPU, where a host sync is free, only for the rows that rejected a
+proposal (`_rejected_rows`; a step that accepted everything samples just the bonus token);
+on other devices every row computes it and `torch.where` selects, so nothing syncs.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pcgtts.runtime.decode.sampling import cdf_of, draw, sample_from_weights
 
 RULES = ("greedy", "sd", "ssd", "pcg")
 PLACEHOLDER = -1  # output slots after the recovered / bonus token
-_THINNING_ROUNDS = 32  # CPU: extra batches of thinning trials before the exact fallback
+_THINNING_ROUNDS = 8  # CPU: extra batches of thinning trials (doubling: up to 2^9 x the first) before the exact fallback
 
 
 class Verdict(NamedTuple):
@@ -79,6 +81,18 @@ def verify_greedy(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> Ver
     return Verdict(_assemble(draft_tokens, n, best.gather(1, n[:, None]).squeeze(1)), n)
 
 
+def _rejected_rows(all_accepted: torch.Tensor) -> torch.Tensor | None:
+    """Rows that need a residual: [B] bool (True = every proposal accepted) -> row indices.
+
+    On a CPU a host sync is free, so only the rejected rows are computed (none on a step
+    that accepted everything). Elsewhere returns None: every row computes the residual and
+    `torch.where` selects, keeping the step free of host syncs.
+    """
+    if all_accepted.device.type != "cpu":
+        return None
+    return (~all_accepted).nonzero().squeeze(1)
+
+
 def verify_sd(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
               uniforms: torch.Tensor, generator: torch.Generator, beta: float = 0.0) -> Verdict:
     # draft_tokens: [B, L]; draft_probs: [B, L, V]; target_probs: [B, L + 1, V]; uniforms: [B, L]
@@ -88,15 +102,28 @@ def verify_sd(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_prob
     # The draft never samples a token it gives probability 0; the clamp only avoids a NaN.
     ratio = on_target / on_draft.clamp_min(torch.finfo(on_draft.dtype).tiny)
     n = _accepted_prefix(uniforms < ratio.clamp(max=1.0) + beta)
-    target_row = _row(target_probs, n)
-    draft_row = _row(draft_probs, n.clamp(max=l - 1))
-    residual = (target_row - draft_row).clamp_min(0.0)
-    # All accepted: the bonus comes from the target itself. A rejection with an all-zero
-    # residual happens only when target == draft (or via beta); then the target is the residual.
-    use_target = (n == l) | (residual.sum(-1) <= 0)
-    weights = torch.where(use_target[:, None], target_row, residual)
+    target_row = _row(target_probs, n)  # [B, V]: the bonus row, or the rejected position's
+    all_accepted = n == l
+    rows = _rejected_rows(all_accepted)
+    if rows is None:
+        weights = torch.where(all_accepted[:, None], target_row,
+                              _sd_residual(target_row, _row(draft_probs, n.clamp(max=l - 1))))
+    elif rows.numel() == b:  # every row rejected (always, at B = 1): no row copies
+        weights = _sd_residual(target_row, _row(draft_probs, n))
+    elif rows.numel():
+        weights = target_row.clone()
+        weights[rows] = _sd_residual(target_row[rows], draft_probs[rows, n[rows]])
+    else:
+        weights = target_row  # all accepted: the bonus comes from the target itself
     next_token = sample_from_weights(weights, torch.rand(b, generator=generator, device=weights.device))
     return Verdict(_assemble(draft_tokens, n, next_token), n)
+
+
+def _sd_residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, target - draft)) unnormalised, [R, V] x 2 -> [R, V]. An all-zero residual
+    happens only when target == draft (or via beta); then the target itself is the residual."""
+    residual = (target_row - draft_row).clamp_min(0.0)
+    return torch.where(residual.sum(-1, keepdim=True) <= 0, target_row, residual)
 
 
 class _CoarseView(NamedTuple):
@@ -191,10 +218,11 @@ def _residual_groups(view: _CoarseView, draft_row: torch.Tensor, target_row: tor
     (b, trials), device = y.shape, draft_row.device
 
     def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cand = _pick_group(view, candidates_y, torch.rand(b, trials, generator=generator, device=device))  # [B, T]
+        count = candidates_y.shape[1]
+        cand = _pick_group(view, candidates_y, torch.rand(b, count, generator=generator, device=device))  # [B, T]
         p_c, q_c = _coarse_masses(view, draft_row, target_row, cand)
         keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
-        kept = torch.rand(b, trials, generator=generator, device=device) < keep_prob
+        kept = torch.rand(b, count, generator=generator, device=device) < keep_prob
         return kept.any(-1), cand.gather(1, kept.long().argmax(-1)[:, None]).squeeze(1)
 
     any_kept, chosen = thin(y)
@@ -204,10 +232,13 @@ def _residual_groups(view: _CoarseView, draft_row: torch.Tensor, target_row: tor
     # On a CPU syncs are free but the mat-vec is not (millions of entries). A rejection happens
     # with probability TV(P_c, Q_c) and each trial succeeds with probability ~TV, so repeating
     # thinning costs O(1) batches in expectation; the exact mat-vec is the rare last resort.
-    for _ in range(_THINNING_ROUNDS):
+    for round_ in range(_THINNING_ROUNDS):
         if bool(any_kept.all()):
             return chosen
-        more_y = draw(target_cdf, torch.rand(b, trials, generator=generator, device=device))
+        # Each round draws twice the trials of the last: the per-round cost is mostly fixed
+        # (a few dozen small ops), so few, growing rounds beat many small ones.
+        more = trials << (round_ + 1)
+        more_y = draw(target_cdf, torch.rand(b, more, generator=generator, device=device))
         kept_now, chosen_now = thin(more_y)
         chosen = torch.where(any_kept, chosen, chosen_now)
         any_kept = any_kept | kept_now
@@ -251,18 +282,33 @@ def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pro
     ratio = q_c / p_c.clamp_min(torch.finfo(p_c.dtype).tiny)
     n = _accepted_prefix(uniforms < ratio.clamp(max=1.0))
 
-    target_row = _row(target_probs, n)
-    draft_row = _row(draft_probs, n.clamp(max=l - 1))
+    target_row = _row(target_probs, n)  # [B, V]: the bonus row, or the rejected position's
     # One CDF of the target row serves the bonus token (all accepted) and the thinning
     # candidates (a rejection): both are independent draws from the same row.
     target_cdf = cdf_of(target_row)
     draws = draw(target_cdf, torch.rand(b, 1 + thinning_trials, generator=generator, device=device))
     bonus = draws[:, 0]
-    residual_group = _residual_groups(view, draft_row, target_row, target_cdf, draws[:, 1:], generator)
-    recovered = _token_in_group(view, target_row, residual_group, generator)
     all_accepted = n == l
-    next_token = torch.where(all_accepted, bonus, recovered)
-    next_group = torch.where(all_accepted, torch.full_like(residual_group, PLACEHOLDER), residual_group)
+    rows = _rejected_rows(all_accepted)
+    if rows is None:  # sync-free: every row computes the residual, `where` keeps the rejected ones
+        draft_row = _row(draft_probs, n.clamp(max=l - 1))
+        residual_group = _residual_groups(view, draft_row, target_row, target_cdf, draws[:, 1:], generator)
+        recovered = _token_in_group(view, target_row, residual_group, generator)
+        next_token = torch.where(all_accepted, bonus, recovered)
+        next_group = torch.where(all_accepted, torch.full_like(residual_group, PLACEHOLDER), residual_group)
+    else:  # CPU: the residual only where a proposal was rejected
+        next_token, next_group = bonus, torch.full_like(bonus, PLACEHOLDER)
+        if rows.numel() == b:  # every row rejected (always, at B = 1): no row copies
+            residual_group = _residual_groups(view, _row(draft_probs, n), target_row, target_cdf, draws[:, 1:],
+                                              generator)
+            next_token, next_group = _token_in_group(view, target_row, residual_group, generator), residual_group
+        elif rows.numel():
+            next_token, next_group = bonus.clone(), next_group.clone()
+            rejected_target = target_row[rows]
+            residual_group = _residual_groups(view, draft_probs[rows, n[rows]], rejected_target, target_cdf[rows],
+                                              draws[rows, 1:], generator)
+            next_group[rows] = residual_group
+            next_token[rows] = _token_in_group(view, rejected_target, residual_group, generator)
     tokens = _assemble(draft_tokens, n, next_token)
     group_ids = _assemble(proposed, n, next_group)
     return Verdict(tokens, n, group_ids)

@@ -9,7 +9,12 @@ emitted one, `last`. A speculative step
   3. applies the acceptance rule -> n accepted tokens + one recovered or bonus token;
   4. rolls both caches back to `start + 1 + n` (O(1) with the static cache).
 
-One host sync per step: reading the verdict. No I/O, logging or tokenization happens here;
+With `adaptive_draft`, L is chosen per step in 0..draft_length by `cost_model.DraftLengthPolicy`;
+L = 0 is a plain target step, after which the draft is behind: the tokens it has not seen wait
+in `pending` and are fed to it (in chunks) before its next proposal.
+
+One host sync per step: the accepted count and the tokens, copied back together (on a CPU
+the PCG/SD rules also read which rows were rejected, where a sync is free). No I/O, logging or tokenization happens here;
 token ids in and restricted-vocabulary indices (speech codes) out, in bursts as accepted.
 """
 
@@ -23,6 +28,8 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
+from pcgtts.runtime.decode.calibrate import calibrated_costs
+from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
 from pcgtts.runtime.config import DecodeConfig
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
@@ -42,7 +49,10 @@ class DecodeStats:
     finish: str = ""  # "stop" | "max_tokens" | "cache_full" | "" while running
     time_draft: float = 0.0
     time_target: float = 0.0
-    time_verify: float = 0.0
+    time_verify: float = 0.0  # the acceptance rule (speculative steps) or sampling (AR steps)
+    length_counts: list[int] = field(default_factory=list)  # [L_max + 1]: steps run with each draft length
+    catchup_tokens: int = 0  # tokens the draft was fed late, after steps with speculation off
+    costs: dict | None = None  # the StepCosts the adaptive draft length planned with
     trace: list[tuple[float, int]] = field(default_factory=list)  # per step: (perf_counter, tokens made)
 
     @property
@@ -76,11 +86,14 @@ class _Timer:
 
 def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: DecodeConfig,
            generator: torch.Generator, groups: DeviceGroupTable | None = None,
-           stats: DecodeStats | None = None, sync: Callable[[], None] | None = None) -> Iterator[list[int]]:
+           stats: DecodeStats | None = None, sync: Callable[[], None] | None = None,
+           costs: StepCosts | None = None) -> Iterator[list[int]]:
     """Yield bursts of speech codes for `prompt_ids` [T] until the stop token or a limit.
 
     `generator` lives on the target's device; `sync` (e.g. torch.cuda.synchronize) makes the
     per-phase timings in `stats` exact on asynchronous devices at the cost of extra syncs.
+    With `config.adaptive_draft`, `costs` are the step costs the draft length is planned with
+    (default: measured once per model pair by `runtime/decode/calibrate.py`).
     """
     stats = stats if stats is not None else DecodeStats()
     if config.policy == "ar":
@@ -91,7 +104,7 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
         return _autoregressive(draft, prompt_ids, config, generator, stats, sync, "draft")
     if config.policy == "pcg" and groups is None and not config.sampling.greedy:
         raise ValueError("policy 'pcg' needs a group table")
-    return _speculative(target, draft, prompt_ids, config, generator, groups, stats, sync)
+    return _speculative(target, draft, prompt_ids, config, generator, groups, stats, sync, costs)
 
 
 def _start(lm: LM, prompt_ids: torch.Tensor) -> None:
@@ -138,65 +151,105 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
         last = vocab.restricted_to_token_ids(token.view(1))
 
 
-def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, stats, sync) -> Iterator[list[int]]:
+_CATCH_UP_CHUNK = 64  # tokens per draft forward while it catches up (bounds the [T, V] logits it returns)
+
+
+def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, stats, sync,
+                 costs: StepCosts | None = None) -> Iterator[list[int]]:
     timer = _Timer(stats, sync)
-    vocab, L, sampling = target.vocab, config.draft_length, config.sampling
+    vocab, max_length, sampling = target.vocab, config.draft_length, config.sampling
     rule = "greedy" if sampling.greedy else config.policy
-    stats.per_position_accepted = [0] * L
+    stats.per_position_accepted = [0] * max_length
+    stats.length_counts = [0] * (max_length + 1)
     device = target.device
-    for lm in (target, draft):
-        _start(lm, prompt_ids)
-    feed_draft = prompt_ids[-1:].to(device)  # tokens the draft has not seen yet
-    last = feed_draft
+    policy = None
+    if config.adaptive_draft:
+        if costs is None:
+            costs = calibrated_costs(target, draft, max_length, rule, sampling, groups, sync)
+        policy = DraftLengthPolicy(costs, max_length)
+        stats.costs = costs.as_dict()
+    _start(target, prompt_ids)
+    last = prompt_ids[-1:].to(device)  # the newest token; the target's cache holds everything before it
+    # Tokens the draft has not seen yet, ending with `last`. An adaptive run prefills the draft
+    # only when it first speculates (an utterance that never does skips the draft's prefill).
+    draft_started = policy is None
+    if draft_started:
+        _start(draft, prompt_ids)
+        pending = last
+    else:
+        pending = prompt_ids.to(device)
+    missed = 0  # of them, those skipped by steps with speculation off
     while True:
         if stats.emitted >= config.max_new_tokens:
             stats.finish = "max_tokens"
             return
-        if not (_room(target, L + 1) and _room(draft, L + 1)):
+        L = policy.choose() if policy is not None else max_length
+        if not (_room(target, L + 1) and (draft.length if draft_started else 0) + len(pending) + L <= draft.max_length):
             stats.finish = "cache_full"
             return
-        start = target.length  # == draft.length after the catch-up below
+        start = target.length
 
-        # 1. Draft L proposals.
-        t0 = time.perf_counter()
-        draft_tokens = torch.empty(L, dtype=torch.long, device=device)
-        draft_probs = []
-        logits = draft.forward(feed_draft)[-1]
-        for i in range(L):
-            probs = logits_to_probs(logits, sampling)
-            draft_tokens[i] = sample(probs, generator)
-            draft_probs.append(probs)
-            if i < L - 1:
-                logits = draft.forward(vocab.restricted_to_token_ids(draft_tokens[i:i + 1]))[-1]
-        stats.draft_forwards += L
-        t0 = timer("time_draft", t0)
+        if L == 0:  # speculation off: one plain target step; the draft falls behind by one token
+            t0 = time.perf_counter()
+            logits = target.forward(last)[-1]
+            t0 = timer("time_target", t0)
+            token = sample(logits_to_probs(logits, sampling), generator)
+            tokens = token.view(1).tolist()  # the step's one host sync
+            stats.trace.append((timer("time_verify", t0), 1))
+            n, new = 0, token.view(1)
+            pending = torch.cat([pending, vocab.restricted_to_token_ids(new)])
+            missed += 1
+        else:
+            # 1. Draft L proposals (catching up first on what it missed).
+            t0 = time.perf_counter()
+            stats.catchup_tokens += missed
+            missed = 0
+            if not draft_started:  # the first speculative step: prefill what the draft missed at once
+                _start(draft, pending)
+                pending, draft_started = pending[-1:], True
+            while len(pending) > _CATCH_UP_CHUNK + 1:
+                draft.forward(pending[:_CATCH_UP_CHUNK])
+                pending = pending[_CATCH_UP_CHUNK:]
+            draft_tokens = torch.empty(L, dtype=torch.long, device=device)
+            draft_probs = []
+            logits = draft.forward(pending)[-1]
+            for i in range(L):
+                probs = logits_to_probs(logits, sampling)
+                draft_tokens[i] = sample(probs, generator)
+                draft_probs.append(probs)
+                if i < L - 1:
+                    logits = draft.forward(vocab.restricted_to_token_ids(draft_tokens[i:i + 1]))[-1]
+            stats.draft_forwards += L
+            t0 = timer("time_draft", t0)
 
-        # 2. Verify all proposals in one target pass.
-        draft_ids = vocab.restricted_to_token_ids(draft_tokens)
-        target_logits = target.forward(torch.cat([last, draft_ids]))  # [L + 1, V_r]
-        stats.target_forwards += 1
-        t0 = timer("time_target", t0)
+            # 2. Verify all proposals in one target pass.
+            draft_ids = vocab.restricted_to_token_ids(draft_tokens)
+            target_logits = target.forward(torch.cat([last, draft_ids]))  # [L + 1, V_r]
+            t0 = timer("time_target", t0)
 
-        # 3. Accept / reject.
-        target_probs = logits_to_probs(target_logits, sampling)
-        verdict = verify(rule, draft_tokens[None], torch.stack(draft_probs)[None], target_probs[None],
-                         draw_uniforms(1, L, generator, device), generator, groups=groups,
-                         ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials)
-        n = int(verdict.num_accepted[0])  # the step's one host sync (with the tokens below)
-        tokens = verdict.tokens[0, : n + 1].tolist()
-        stats.trace.append((timer("time_verify", t0), n + 1))
+            # 3. Accept / reject; the count and the tokens come back in one host sync.
+            target_probs = logits_to_probs(target_logits, sampling)
+            verdict = verify(rule, draft_tokens[None], torch.stack(draft_probs)[None], target_probs[None],
+                             draw_uniforms(1, L, generator, device), generator, groups=groups,
+                             ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials)
+            n, *row = torch.cat([verdict.num_accepted, verdict.tokens[0]]).tolist()
+            tokens = row[: n + 1]
+            stats.trace.append((timer("time_verify", t0), n + 1))
+            stats.drafted += L
+            stats.accepted += n
+            for i in range(n):
+                stats.per_position_accepted[i] += 1
+
+            # 4. Roll both caches back to [.., last, x_1 .. x_n]; the draft catches up if n == L.
+            target.rollback(start + 1 + n)
+            draft.rollback(min(draft.length, start + 1 + n))
+            new = verdict.tokens[0, n:n + 1]
+            pending = vocab.restricted_to_token_ids(torch.cat([draft_tokens[L - 1:], new]) if n == L else new)
         stats.steps += 1
-        stats.drafted += L
-        stats.accepted += n
-        for i in range(n):
-            stats.per_position_accepted[i] += 1
-
-        # 4. Roll both caches back to [.., last, x_1 .. x_n]; the draft catches up if n == L.
-        target.rollback(start + 1 + n)
-        draft.rollback(min(draft.length, start + 1 + n))
-        new = verdict.tokens[0, n:n + 1]
-        feed_draft = vocab.restricted_to_token_ids(
-            torch.cat([draft_tokens[L - 1:], new]) if n == L else new)
+        stats.target_forwards += 1
+        stats.length_counts[L] += 1
+        if policy is not None:
+            policy.record(L, n)
         last = vocab.restricted_to_token_ids(new)
 
         if vocab.stop_index in tokens:

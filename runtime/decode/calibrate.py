@@ -1,0 +1,94 @@
+"""Measuring the `StepCosts` of a loaded target/draft pair, once per pair, for the adaptive draft length.
+
+Times real forwards of 1 .. L_max + 1 tokens on both models (at the start of the cache, which
+the decode loop's prefill then overwrites), the rule on the vocabulary's size, and one
+sampling step; the median of a few repeats. Results are cached per (target, draft, rule,
+L_max) for the models' lifetime, so every utterance of a session plans with the same costs
+(and a seeded run is reproducible given them). Pass `costs=` to `decode` to pin them instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+import weakref
+from typing import Callable
+
+import torch
+
+from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.config import SamplingConfig
+from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
+from pcgtts.runtime.decode.cost_model import StepCosts
+from pcgtts.runtime.decode.sampling import logits_to_probs, sample
+from pcgtts.runtime.lm.protocol import LM
+
+log = logging.getLogger(__name__)
+
+_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {draft -> {key -> costs}}
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] | None) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        fn()
+        if sync is not None:
+            sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _forward_costs(lm: LM, counts: range, repeats: int, sync) -> tuple[float, ...]:
+    ids = lm.vocab.restricted_to_token_ids(torch.zeros(max(counts), dtype=torch.long, device=lm.device))
+
+    def run(k: int) -> None:
+        lm.rollback(0)
+        lm.forward(ids[:k])
+
+    out = tuple(_median_seconds(lambda: run(k), repeats, sync) for k in counts)
+    lm.rollback(0)
+    return out
+
+
+def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
+                  groups: DeviceGroupTable | None = None, repeats: int = 3,
+                  sync: Callable[[], None] | None = None) -> StepCosts:
+    """Time the pair: target forwards of 1..max_length + 1 tokens, draft forwards of 1..max_length + 1,
+    the rule at L = max_length, and one AR sampling step."""
+    counts = range(1, max_length + 2)
+    target_costs = _forward_costs(target, counts, repeats, sync)
+    draft_costs = _forward_costs(draft, counts, repeats, sync)
+    device, vocab_size = target.device, target.vocab.num_speech + 1
+    gen = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(max_length + 1, vocab_size, generator=gen, device=device)
+    draft_logits = torch.randn(max_length, vocab_size, generator=gen, device=device)
+    tokens = logits_to_probs(draft_logits, sampling).argmax(-1)[None]
+
+    def rule_step() -> None:
+        verify(rule, tokens, logits_to_probs(draft_logits, sampling)[None], logits_to_probs(logits, sampling)[None],
+               draw_uniforms(1, max_length, gen, device), gen, groups=groups)
+
+    rule_cost = _median_seconds(rule_step, repeats, sync) if rule != "pcg" or groups is not None else 0.0
+    sample_cost = _median_seconds(lambda: int(sample(logits_to_probs(logits[0], sampling), gen)), repeats, sync)
+    costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost)
+    log.info("calibrated step costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
+    return costs
+
+
+def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
+                     groups: DeviceGroupTable | None = None, sync: Callable[[], None] | None = None) -> StepCosts:
+    """`measure_costs`, once per (target, draft, rule, max_length, greedy) while both models live."""
+    key = (rule, max_length, sampling.greedy)
+    try:
+        per_draft = _CACHE.setdefault(target, weakref.WeakKeyDictionary())
+        cached = per_draft.setdefault(draft, {})
+    except TypeError:  # a model object that cannot be weakly referenced: measure every time
+        cached = {}
+    if key not in cached:
+        cached[key] = measure_costs(target, draft, max_length, rule, sampling, groups, sync=sync)
+    return cached[key]

@@ -1,0 +1,195 @@
+"""The cost model of speculative decoding, and the draft-length policy that follows it.
+
+Pure arithmetic, no tensors: measured per-forward costs (`StepCosts`, from
+`runtime/decode/calibrate.py` or given) and per-position acceptance (`AcceptanceCounter`, kept
+by the decode loop) -> predicted tokens/s for every draft length L in 0..L_max, where 0 is a
+plain autoregressive target step. `DraftLengthPolicy` picks the best L each step, turns
+speculation off when no L beats AR, and probes with L = 1 now and then to re-estimate.
+
+Model of one speculative step with draft length L (a_i = P(position i accepted | 1..i-1 were)):
+
+    tokens(L) = 1 + sum_{k=1..L} prod_{i<=k} a_i                   (accepted + recovered/bonus)
+    time(L)   = L draft(1) + P(all L accepted) (draft(2) - draft(1)) + target(L + 1) + rule
+    time(0)   = target(1) + sample                                  (tokens(0) = 1)
+
+(the middle term: after a fully accepted step the draft is fed two tokens). This is the
+i.i.d. formula of Leviathan et al. with the product of per-position rates instead of alpha^k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+def _interpolate(table: tuple[float, ...], tokens: int) -> float:
+    """Cost of a forward of `tokens` tokens from costs measured at 1..len(table) tokens; linear beyond."""
+    if tokens <= len(table):
+        return table[tokens - 1]
+    slope = table[-1] - table[-2] if len(table) > 1 else table[-1]
+    return table[-1] + max(slope, 0.0) * (tokens - len(table))
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds per operation for one target/draft pair on one device."""
+
+    target_forward: tuple[float, ...]  # target forward of k tokens, k = 1 .. len (k = L + 1 is a verify)
+    draft_forward: tuple[float, ...]  # draft forward of k tokens (k = 1: a draft step; more: catching up)
+    rule: float = 0.0  # probabilities + acceptance rule + recovered/bonus sampling, per verify step
+    sample: float = 0.0  # probabilities + sampling one token, per AR step
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_forward", tuple(float(x) for x in self.target_forward))
+        object.__setattr__(self, "draft_forward", tuple(float(x) for x in self.draft_forward))
+        if len(self.target_forward) < 2 or not self.draft_forward:
+            raise ValueError("StepCosts needs target costs for >= 2 token counts and draft costs for >= 1")
+        values = (*self.target_forward, *self.draft_forward, self.rule, self.sample)
+        if not all(math.isfinite(v) and v >= 0 for v in values) or min(self.target_forward) <= 0:
+            raise ValueError(f"costs must be finite and >= 0 (target > 0), got {values}")
+
+    def target(self, tokens: int) -> float:
+        return _interpolate(self.target_forward, tokens)
+
+    def draft(self, tokens: int) -> float:
+        return _interpolate(self.draft_forward, tokens)
+
+    @property
+    def ar_step(self) -> float:
+        return self.target(1) + self.sample
+
+    def catch_up(self, missed: int) -> float:
+        """Extra draft time to feed `missed` tokens it skipped while speculation was off."""
+        return self.draft(1 + missed) - self.draft(1) if missed > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"target_forward": list(self.target_forward), "draft_forward": list(self.draft_forward),
+                "rule": self.rule, "sample": self.sample}
+
+
+def survival(acceptance: Sequence[float], length: int) -> list[float]:
+    """P(positions 1..k all accepted) for k = 1..length; positions past the list reuse its last rate."""
+    out, p = [], 1.0
+    for k in range(length):
+        a = acceptance[min(k, len(acceptance) - 1)] if acceptance else 0.0
+        p *= min(max(a, 0.0), 1.0)
+        out.append(p)
+    return out
+
+
+def expected_tokens(acceptance: Sequence[float], length: int) -> float:
+    """Expected tokens emitted by one verify step of draft length `length` (bonus included)."""
+    return 1.0 + sum(survival(acceptance, length))
+
+
+def step_seconds(costs: StepCosts, acceptance: Sequence[float], length: int) -> float:
+    """Expected time of one step of draft length `length` (0: an AR step)."""
+    if length == 0:
+        return costs.ar_step
+    all_accepted = survival(acceptance, length)[-1]
+    return (length * costs.draft(1) + all_accepted * (costs.draft(2) - costs.draft(1))
+            + costs.target(length + 1) + costs.rule)
+
+
+def predict(costs: StepCosts, acceptance: Sequence[float], max_length: int) -> list[float]:
+    """Predicted tokens/s for L = 0 .. max_length."""
+    return [expected_tokens(acceptance, n) / step_seconds(costs, acceptance, n) for n in range(max_length + 1)]
+
+
+def best_length(costs: StepCosts, acceptance: Sequence[float], max_length: int) -> int:
+    """The L in 0..max_length with the most predicted tokens/s (the shortest among ties)."""
+    rates = predict(costs, acceptance, max_length)
+    return max(range(len(rates)), key=lambda n: (rates[n], -n))
+
+
+class AcceptanceCounter:
+    """Running per-position acceptance: a_i = (accepted_i + w a_{i-1}) / (tried_i + w).
+
+    Position i is *tried* in a step when the draft proposed it and 1..i-1 were accepted. The
+    prior pulls an untried position toward the previous one's rate (position 1 toward
+    `prior_rate`), so estimates exist for lengths never run. Counts decay by `decay` per step,
+    so the estimate follows an utterance whose acceptance drifts.
+    """
+
+    def __init__(self, max_length: int, prior_rate: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98):
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        if not (0 <= prior_rate <= 1 and prior_weight > 0 and 0 < decay <= 1):
+            raise ValueError("need 0 <= prior_rate <= 1, prior_weight > 0, 0 < decay <= 1")
+        self.prior_rate, self.prior_weight, self.decay = prior_rate, prior_weight, decay
+        self.tried = [0.0] * max_length
+        self.accepted = [0.0] * max_length
+
+    def update(self, length: int, num_accepted: int) -> None:
+        if not 0 <= num_accepted <= length <= len(self.tried):
+            raise ValueError(f"bad step: {num_accepted} accepted of {length} (max {len(self.tried)})")
+        for i in range(len(self.tried)):
+            self.tried[i] *= self.decay
+            self.accepted[i] *= self.decay
+        for i in range(min(num_accepted + 1, length)):
+            self.tried[i] += 1.0
+            self.accepted[i] += float(i < num_accepted)
+
+    def rates(self) -> list[float]:
+        out, prior = [], self.prior_rate
+        for tried, accepted in zip(self.tried, self.accepted):
+            prior = (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
+            out.append(prior)
+        return out
+
+
+def counted_seconds(costs: StepCosts, length_counts: Sequence[int], catchup_tokens: int) -> float:
+    """Time the cost model charges for a finished decode: `length_counts[L]` steps of draft length
+    L (0 = AR) plus the draft's catch-up on `catchup_tokens` tokens (fed late, at its per-token
+    rate). What the adaptive policy is judged by in tests: model time, not wall time."""
+    steps = sum(count * (costs.ar_step if n == 0 else n * costs.draft(1) + costs.target(n + 1) + costs.rule)
+                for n, count in enumerate(length_counts))
+    return steps + costs.catch_up(catchup_tokens)
+
+
+class DraftLengthPolicy:
+    """Chooses L per step from the cost model; L = 0 (plain AR) when speculation cannot win.
+
+    While speculation is off, one probe step with L = 1 runs every `probe_interval` AR steps
+    to re-estimate acceptance. The interval is the shortest one whose expected extra cost
+    (a rejected L = 1 step plus the draft's catch-up on the skipped tokens, minus the AR step
+    it replaces) stays within `probe_budget` of AR's cost per token; None (no probes: the
+    utterance stays on AR) when even the longest interval would cost more, which happens
+    when the draft's per-token catch-up alone exceeds the budget. Deterministic given the
+    costs and the verdicts, so a seeded run is reproducible given the same costs.
+    """
+
+    MAX_PROBE_INTERVAL = 1024
+
+    def __init__(self, costs: StepCosts, max_length: int, probe_budget: float = 0.02,
+                 counter: AcceptanceCounter | None = None):
+        if not 0 < probe_budget < 1:
+            raise ValueError(f"probe_budget must lie in (0, 1), got {probe_budget}")
+        self.costs, self.max_length = costs, max_length
+        self.counter = counter or AcceptanceCounter(max_length)
+        self.probe_interval = self._probe_interval(probe_budget)
+        self._ar_run = 0
+
+    def _probe_interval(self, budget: float) -> int | None:
+        ar = self.costs.ar_step
+        for interval in range(1, self.MAX_PROBE_INTERVAL + 1):
+            extra = step_seconds(self.costs, [0.0], 1) + self.costs.catch_up(interval) - ar
+            if extra <= budget * ar * (interval + 1):
+                return interval
+        return None
+
+    def choose(self) -> int:
+        length = best_length(self.costs, self.counter.rates(), self.max_length)
+        if length > 0:
+            self._ar_run = 0
+            return length
+        self._ar_run += 1
+        if self.probe_interval is not None and self._ar_run > self.probe_interval:
+            self._ar_run = 0
+            return 1
+        return 0
+
+    def record(self, length: int, num_accepted: int) -> None:
+        if length > 0:
+            self.counter.update(length, num_accepted)

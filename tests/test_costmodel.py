@@ -1,0 +1,93 @@
+"""The cost model (runtime/decode/cost_model.py): expected tokens, step times, the best L, the
+running acceptance estimate and the draft-length policy's probing. Pure arithmetic, fast."""
+
+from __future__ import annotations
+
+import pytest
+
+from pcgtts.runtime.decode.cost_model import (AcceptanceCounter, DraftLengthPolicy, StepCosts, best_length,
+                                              counted_seconds, expected_tokens, predict, step_seconds)
+
+# CPU-demo-like ratios (BENCHMARKS.md section 1): a verify of k tokens ~ 1 + 0.5 (k - 1) AR
+# steps, a draft step 0.45 of one, and a draft that catches up at ~0.2 of a step per token.
+CPU = StepCosts(target_forward=(1.0, 1.5, 2.0, 2.5, 3.0), draft_forward=(0.45, 0.55, 0.65, 0.75, 0.85),
+                rule=0.03, sample=0.02)
+# A draft that is cheap where the target is expensive, and verifies that cost ~ one step (GPU-like).
+CHEAP = StepCosts(target_forward=(1.0, 1.02, 1.04, 1.06, 1.08), draft_forward=(0.1, 0.101, 0.102, 0.103, 0.104),
+                  rule=0.01, sample=0.01)
+
+
+def test_expected_tokens_is_the_per_position_formula():
+    assert expected_tokens([1.0], 4) == 5.0
+    assert expected_tokens([0.0], 4) == 1.0
+    assert expected_tokens([0.5, 0.2], 2) == pytest.approx(1 + 0.5 + 0.5 * 0.2)
+    # Past the measured positions the last rate carries on.
+    assert expected_tokens([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_step_seconds_and_interpolation():
+    assert step_seconds(CPU, [0.0], 0) == pytest.approx(1.02)
+    assert step_seconds(CPU, [0.0], 2) == pytest.approx(2 * 0.45 + 2.0 + 0.03)
+    # A fully accepted step feeds the draft two tokens next time: draft(2) - draft(1) more.
+    assert step_seconds(CPU, [1.0], 2) == pytest.approx(2 * 0.45 + 0.1 + 2.0 + 0.03)
+    assert CPU.target(7) == pytest.approx(3.0 + 2 * 0.5)  # linear past the table
+    assert CPU.catch_up(10) == pytest.approx(CPU.draft(11) - CPU.draft(1))
+    assert CPU.catch_up(0) == 0.0
+
+
+def test_best_length_follows_costs_and_acceptance():
+    assert best_length(CPU, [0.1], 6) == 0  # a poor draft on a CPU: plain AR wins
+    assert best_length(CHEAP, [1.0], 6) == 6  # a perfect, cheap draft: the longest L
+    assert best_length(CHEAP, [0.0], 6) == 0
+    mid = best_length(CHEAP, [0.8, 0.6, 0.4, 0.2, 0.1], 6)
+    assert 1 <= mid < 6  # decaying acceptance: a middle L
+    rates = predict(CHEAP, [0.8, 0.6, 0.4, 0.2, 0.1], 6)
+    assert rates[mid] == max(rates) and rates[0] == pytest.approx(1 / CHEAP.ar_step)
+
+
+def test_costs_are_validated():
+    with pytest.raises(ValueError, match=">= 2 token counts"):
+        StepCosts((1.0,), (0.5,))
+    with pytest.raises(ValueError, match="finite"):
+        StepCosts((1.0, float("nan")), (0.5,))
+    with pytest.raises(ValueError, match="finite"):
+        StepCosts((0.0, 1.0), (0.5,))
+
+
+def test_acceptance_counter_counts_tried_positions_only():
+    c = AcceptanceCounter(4, prior_rate=0.5, prior_weight=2.0, decay=1.0)
+    c.update(3, 1)  # position 1 accepted, 2 rejected, 3 never tried
+    assert c.tried == [1, 1, 0, 0] and c.accepted == [1, 0, 0, 0]
+    r = c.rates()
+    assert r[0] == pytest.approx((1 + 1) / 3) and r[1] == pytest.approx((0 + 2 * r[0]) / 3)
+    assert r[2] == pytest.approx(r[1]) and r[3] == pytest.approx(r[1])  # untried: the previous rate
+    for _ in range(200):
+        c.update(4, 0)
+    assert c.rates()[0] < 0.01
+    with pytest.raises(ValueError, match="bad step"):
+        c.update(2, 3)
+
+
+def test_policy_turns_speculation_off_and_probes_within_budget():
+    policy = DraftLengthPolicy(CHEAP, 4, probe_budget=0.02)
+    assert policy.choose() > 0  # optimistic prior, cheap draft: speculate first
+    choices = []
+    for _ in range(2000):
+        n = policy.choose()
+        choices.append(n)
+        policy.record(n, 0)  # a useless draft: everything rejected
+    tail = choices[200:]
+    probes = sum(1 for n in tail if n > 0)
+    assert set(tail) <= {0, 1} and 0 < probes < len(tail) / policy.probe_interval + 2
+    # What the probes cost (the catch-up included) stays within the budget of AR's cost.
+    counts = [tail.count(0), probes]
+    spent = counted_seconds(CHEAP, counts, catchup_tokens=tail.count(0))
+    assert spent / len(tail) <= CHEAP.ar_step * 1.02 + 1e-9
+
+
+def test_policy_never_probes_when_catching_up_costs_more_than_the_budget():
+    policy = DraftLengthPolicy(CPU, 4, probe_budget=0.02)
+    assert policy.probe_interval is None  # the CPU draft's catch-up alone is 0.1 step per token
+    for _ in range(20):
+        policy.record(policy.choose(), 0)
+    assert all(policy.choose() == 0 for _ in range(3000))
