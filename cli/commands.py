@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     speak.add_argument("--audio-device", help="playback device name or index; 'null' discards the audio")
     deprecated_alias(speak, "--device", "audio_device", "--audio-device")
     speak.add_argument("--seed", type=int)
+    speak.add_argument("--draft-length", type=positive(int), help="draft proposals per step (default 3)")
+    speak.add_argument("--adaptive-draft", action="store_true", default=None,
+                       help="choose the draft length per step from measured costs (up to --draft-length), "
+                            "and decode without the draft when speculation cannot win")
     speak.add_argument("--temperature", type=float, help="sampling temperature (default 0.8; 0 = greedy)")
     speak.add_argument("--max-tokens", type=positive(int), help="speech tokens per sentence at most (50 per s; default 2000)")
     speak.set_defaults(func=_speak)
@@ -73,9 +77,11 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
     names = ("target", "draft", "codec", "groups", "policy", "backend", "compute_device", "dtype",
-             "temperature", "seed")
+             "temperature", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)
+    if isinstance(getattr(args, "draft_length", None), int):  # bench's --draft-length is a sweep list
+        explicit["draft_length"] = args.draft_length
     explicit.update(overrides)
     return explicit
 
