@@ -1,0 +1,155 @@
+"""`pcgtts eval`: argument checks before any model loads, the source mode end to end, and (slow)
+the synth and swap pipelines on tiny random-weight models (their audio is noise: only the
+pipeline and the finiteness of the metrics are asserted, not quality)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from pcgtts.quality.cli import check_args, register
+
+pytest.importorskip("pocketsphinx")
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser(prog="pcgtts")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["eval", *argv])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policies", "ar,fast"], "unknown policy"),
+    (["--theta", "1.5"], "--theta"),
+    (["--beta", "-0.1"], "ssd_beta"),
+    (["--draft-length", "0"], "draft_length"),
+    (["--seeds", "0,0"], "distinct"),
+    (["--sentences", "21"], r"\[1, 20\]"),
+    (["--mode", "source", "--target", "x"], "takes no models"),
+    (["--mode", "source", "--voices", "nobody"], "unknown voice"),
+    (["--mode", "codec", "--codec", "/no/such/codec"], "codec directory not found"),
+    (["--voices", "flite-slt"], "--voice "),
+    (["--target", "t", "--policies", "ar,pcg"], "needs --groups or --theta"),
+    (["--mode", "melgroups", "--theta", "0.3,0.4"], "one θ"),
+    (["--swap-fractions", "2"], "swap-fractions"),
+    (["--temperature", "-1"], "temperature"),
+    (["--compute-device", "tpu"], "compute_device"),
+])
+def test_bad_arguments_fail_before_loading(argv, message):
+    with pytest.raises(ValueError, match=message):
+        check_args(parse(*argv))
+
+
+def test_parser_types():
+    with pytest.raises(SystemExit):
+        parse("--theta", "a,b")
+    with pytest.raises(SystemExit):
+        parse("--mode", "nope")
+    args = parse("--theta", "0.3,0.4", "--seeds", "1,2", "--draft-length", "1,3")
+    assert args.theta == [0.3, 0.4] and args.seeds == [1, 2] and args.draft_length == [1, 3]
+
+
+def test_source_mode_end_to_end(tmp_path, capsys):
+    pytest.importorskip("hibari")
+    args = parse("--mode", "source", "--voices", "hibari-heart", "--sentences", "1", "--cache-dir",
+                 str(tmp_path / "cache"), "--out", str(tmp_path / "out"))
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert "hibari-heart" in "\n".join(lines[:-1])  # the readable table
+    (row,) = report["summaries"]
+    assert row["wer"]["n"] == 1 and row["wer"]["mean"] < 0.5 and row["wer_reversed"]["mean"] > 0.5
+    assert 0.7 < row["sim"]["mean"] <= 1.0
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["records"][0]["hyp"] and saved["testset"] == "pcgtts-eval-v1"
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_lm_factory, demo_codec_dir, tmp_path_factory):
+    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+    from pcgtts.tools.model_groups import build_groups_for_model
+
+    target = tiny_lm_factory()
+    folder = tmp_path_factory.mktemp("tiny-eval")
+    draft = make_layer_subset_draft(target, folder / "draft", 1)
+    groups = build_groups_for_model(target, 0.3, progress=False).save(folder / "tiny.pcg")
+    return {"target": str(target), "draft": str(draft), "codec": str(demo_codec_dir), "groups": str(groups)}
+
+
+@pytest.mark.slow
+def test_synth_pipeline_on_tiny_models(tiny_models, tmp_path):
+    from pcgtts import Synthesizer
+    from pcgtts.quality.harness import SynthPlan, run_synth
+    from pcgtts.quality.plots import plot_curves
+    from pcgtts.quality.testset import TestSet
+    from pcgtts.tools.bench import BenchCase
+
+    testset = TestSet.load()
+    base = Synthesizer.from_pretrained(**tiny_models, policy="pcg", max_length=512)
+    plan = SynthPlan(testset.sentences[:1], seeds=(0, 1), max_tokens=25, clone=False)
+    cases = [BenchCase("ar"), BenchCase("sd", 1), BenchCase("sd", 2), BenchCase("pcg", 2)]
+    result = run_synth(base, cases, plan, testset.voices[0], testset, tmp_path / "cache")
+    assert [s["case"] for s in result["summaries"]] == ["ar", "sd L=1", "sd L=2", "pcg L=2"]
+    for s in result["summaries"]:
+        assert s["utterances"] == 2 and s["speedup_vs_ar"] > 0
+        assert 0.0 <= s["wer"]["mean"] <= 1.0 + 1e-9 and math.isfinite(s["delta_wer"]["mean"])
+        if s["policy"] != "ar":
+            assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["mean_accepted_length"] >= 1.0
+    assert len(result["records"]) == 8
+    assert [p.name for p in plot_curves(result["summaries"], tmp_path)] == ["curves_draft_length.png"]
+
+
+@pytest.mark.slow
+def test_swap_pipeline_on_tiny_models(tiny_models, tmp_path):
+    import numpy as np
+
+    from pcgtts import Synthesizer
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.quality.harness import SynthPlan
+    from pcgtts.quality.swap import run_swap, target_codes
+    from pcgtts.quality.testset import TestSet
+
+    testset = TestSet.load()
+    base = Synthesizer.from_pretrained(tiny_models["target"], codec=tiny_models["codec"], policy="ar", max_length=512)
+    plan = SynthPlan(testset.sentences[:1], max_tokens=30, clone=False)
+    codes = target_codes(base, testset.sentences[0].text, None, 0, plan)
+    again = target_codes(base, testset.sentences[0].text, None, 0, plan)
+    assert len(codes) > 0 and (codes == again).all()  # seeded: the same sequence
+    table = GroupTable.load(tiny_models["groups"])
+    seqs = [{"sentence": "s01", "seed": 0, "text": testset.sentences[0].text, "codes": codes}]
+    result = run_swap(base.codec, seqs, {0.3: table}, [0.5, 1.0])
+    assert [(r["mode"], r["p"]) for r in result["summaries"]] == [("group", 0.5), ("group", 1.0),
+                                                                  ("random", 0.5), ("random", 1.0)]
+    random_full = result["summaries"][-1]
+    assert random_full["swapped"]["mean"] == pytest.approx(1.0)
+    assert all(np.isfinite(r["swapped"]["mean"]) for r in result["summaries"])
+
+
+@pytest.mark.slow
+def test_mel_groups_match_the_embedding_group_size_and_drive_pcg(tiny_models, tmp_path):
+    from pcgtts import Synthesizer
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.quality.harness import SynthPlan, run_synth
+    from pcgtts.quality.melgroups import build_mel_groups
+    from pcgtts.quality.testset import TestSet
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+    from pcgtts.tools.bench import BenchCase
+
+    rows, vocab, fingerprint = load_speech_embeddings(tiny_models["target"])
+    base = Synthesizer.from_pretrained(**tiny_models, policy="pcg", max_length=512)
+    table, info = build_mel_groups(base.codec, rows, 0.3, (vocab.speech_offset, vocab.vocab_size, fingerprint),
+                                   sample_size=256)
+    assert table.num_tokens == vocab.num_speech
+    assert info["neighbours_mel"] == pytest.approx(info["neighbours_embedding"], rel=0.05, abs=0.5)
+    table.save(tmp_path / "mel.pcg")
+    GroupTable.load(tmp_path / "mel.pcg", expect_vocab=base.target.vocab, expect_fingerprint=fingerprint)
+    testset = TestSet.load()
+    plan = SynthPlan(testset.sentences[:1], max_tokens=20, clone=False)
+    tables = {1.0: table.to_device(base.target.device)}
+    result = run_synth(base, [BenchCase("ar"), BenchCase("pcg", 2, theta=1.0)], plan, testset.voices[0], testset,
+                       tmp_path / "cache", groups_for=tables.__getitem__)
+    pcg = result["summaries"][1]
+    assert pcg["policy"] == "pcg" and 0.0 <= pcg["acceptance_rate"] <= 1.0

@@ -1,0 +1,106 @@
+"""The judges of `pcgtts eval`: text normalisation, WER/CER, ASR on real TTS speech, speaker
+similarity, STOI and MCD. Reference audio is rendered into a per-session temporary cache."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from pcgtts.quality.metrics import (error_rates, mcd, normalize_text, recognizer, speaker_encoder, spell_number,
+                                    spell_ordinal, stoi)
+from pcgtts.quality.testset import TestSet, VoiceRecipe, load_rendered
+
+pytest.importorskip("pocketsphinx")
+pytest.importorskip("resemblyzer")
+
+
+@pytest.mark.parametrize("n, words", [
+    (0, "zero"), (7, "seven"), (13, "thirteen"), (20, "twenty"), (42, "forty two"), (100, "one hundred"),
+    (365, "three hundred sixty five"), (1000, "one thousand"), (1250, "one thousand two hundred fifty"),
+    (2_000_017, "two million seventeen"), (-3, "minus three"),
+])
+def test_spell_number(n, words):
+    assert spell_number(n) == words
+
+
+def test_spell_ordinal_and_bad_input():
+    assert [spell_ordinal(n) for n in (1, 2, 3, 5, 12, 20, 21, 100)] == [
+        "first", "second", "third", "fifth", "twelfth", "twentieth", "twenty first", "one hundredth"]
+    with pytest.raises(TypeError):
+        spell_number(1.5)
+    with pytest.raises(ValueError):
+        spell_number(10**15)
+
+
+def test_normalize_text():
+    assert normalize_text("We counted 42 birds, at 9:05!") == "we counted forty two birds at nine oh five"
+    assert normalize_text("It costs $20.50 -- about 15% more.") == \
+        "it costs twenty dollars fifty cents about fifteen percent more"
+    assert normalize_text("Built in 1998; the 3rd one isn't \"new\".") == \
+        "built in nineteen ninety eight the third one isn't new"
+    assert normalize_text("1,250 people and 3.14") == "one thousand two hundred fifty people and three point one four"
+
+
+def test_error_rates():
+    assert error_rates("The 3 cats sat.", "the three cats sat") == (0.0, 0.0)
+    wer, cer = error_rates("the three cats sat", "the three dogs sat")
+    assert wer == pytest.approx(0.25) and 0 < cer < wer
+    assert error_rates("hello there", "") == (1.0, 1.0)
+    with pytest.raises(ValueError):
+        error_rates("?!", "anything")
+
+
+@pytest.fixture(scope="module")
+def hibari_voice():
+    pytest.importorskip("hibari")
+    return VoiceRecipe("hibari-heart", "hibari", "heart", 1.0, 0)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("eval-cache")
+
+
+def test_source_speech_scores_low_wer_and_reversed_speech_high(hibari_voice, cache):
+    testset = TestSet.load()
+    wers, reversed_wers = [], []
+    for s in testset.sentences[:2]:
+        audio = load_rendered(hibari_voice, s.text, cache)
+        wers.append(error_rates(s.text, recognizer().transcribe(audio))[0])
+        reversed_wers.append(error_rates(s.text, recognizer().transcribe(audio[::-1].copy()))[0])
+    assert np.mean(wers) < 0.3, wers
+    assert np.mean(reversed_wers) > 0.7, reversed_wers
+
+
+def test_silence_transcribes_to_nothing():
+    assert recognizer().transcribe(np.zeros(16000, np.float32)) == ""
+    assert speaker_encoder().embed(np.zeros(16000, np.float32)) is None
+
+
+def test_same_voice_is_more_similar_than_another_voice(hibari_voice, cache):
+    if shutil.which("flite") is None:
+        pytest.skip("flite is not installed (apt-get install flite)")
+    flite = VoiceRecipe("flite-awb", "flite", "awb")
+    enc = speaker_encoder()
+    a = enc.embed(load_rendered(hibari_voice, "The soup needs more salt, but the bread is perfect.", cache))
+    b = enc.embed(load_rendered(hibari_voice, "Could you call me back after lunch, please?", cache))
+    c = enc.embed(load_rendered(flite, "Could you call me back after lunch, please?", cache))
+    same, other = float(a @ b), float(a @ c)
+    assert same > other + 0.1, (same, other)
+
+
+def test_stoi_and_mcd_track_degradation():
+    rng = np.random.default_rng(0)
+    t = np.arange(16000 * 2) / 16000
+    # a voiced-like signal: harmonics under a slow syllabic envelope
+    clean = (np.sin(2 * np.pi * 3 * t) ** 2 * sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 8)))
+    clean = (clean / np.abs(clean).max() * 0.5).astype(np.float32)
+    noisy = (clean + 0.3 * rng.standard_normal(clean.size)).astype(np.float32)
+    assert stoi(clean, clean) == pytest.approx(1.0, abs=1e-6)
+    assert stoi(clean, noisy) < 0.9
+    assert mcd(clean, clean, align=False) == pytest.approx(0.0, abs=1e-6)
+    assert mcd(clean, noisy, align=False) > mcd(clean, 0.99 * clean + 0.003 * noisy, align=False) + 1.0
+    with pytest.raises(ValueError):
+        stoi(clean[:100], clean[:100])

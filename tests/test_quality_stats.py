@@ -1,0 +1,74 @@
+"""Confidence intervals and paired differences of the quality harness, on data with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pcgtts.quality.stats import Estimate, format_table, mean_ci, paired_diff
+
+
+def test_mean_ci_matches_the_t_interval():
+    est = mean_ci([1, 2, 3, 4, 5])
+    # mean 3, s = sqrt(2.5), t_{0.975, 4} = 2.776445
+    half = 2.7764451 * math.sqrt(2.5) / math.sqrt(5)
+    assert est.mean == pytest.approx(3.0)
+    assert (est.low, est.high) == (pytest.approx(3 - half, rel=1e-6), pytest.approx(3 + half, rel=1e-6))
+    assert est.n == 5 and est.excludes_zero()  # the interval [1.04, 4.96] lies above 0
+
+
+def test_mean_ci_confidence_level_and_missing_values():
+    wide, narrow = mean_ci([1, 2, 3, 4, 5], 0.99), mean_ci([1, 2, 3, 4, 5], 0.8)
+    assert wide.half_width > mean_ci([1, 2, 3, 4, 5]).half_width > narrow.half_width
+    est = mean_ci([1.0, None, float("nan"), 3.0])
+    assert est.n == 2 and est.mean == 2.0
+    assert math.isnan(mean_ci([4.0]).low) and mean_ci([4.0]).mean == 4.0
+    assert mean_ci([]).n == 0
+    with pytest.raises(ValueError):
+        mean_ci([1, 2], confidence=1.0)
+
+
+def test_mean_ci_covers_the_true_mean_about_95_percent_of_the_time():
+    rng = np.random.default_rng(0)
+    covered = 0
+    for _ in range(2000):
+        est = mean_ci(rng.normal(10.0, 2.0, size=8))
+        covered += est.low <= 10.0 <= est.high
+    assert 0.93 < covered / 2000 < 0.97
+
+
+def test_paired_diff_sees_a_small_consistent_change_that_unpaired_intervals_miss():
+    rng = np.random.default_rng(1)
+    keys = [(f"s{i}", seed) for i in range(10) for seed in range(3)]
+    base = {k: float(v) for k, v in zip(keys, rng.normal(0.2, 0.1, size=len(keys)))}  # sentence noise
+    shifted = {k: v + 0.02 + float(rng.normal(0, 0.002)) for k, v in base.items()}
+    d = paired_diff(shifted, base)
+    assert d.mean == pytest.approx(0.02, abs=0.002)
+    assert d.excludes_zero() and d.low > 0.015
+    a, b = mean_ci(list(shifted.values())), mean_ci(list(base.values()))
+    assert a.low < b.high  # the unpaired intervals overlap: only the pairing resolves the change
+
+
+def test_paired_diff_exact_values_and_key_checks():
+    d = paired_diff({"a": 3.0, "b": 5.0, "c": 4.0}, {"a": 1.0, "b": 2.0, "c": 3.0})  # diffs 2, 3, 1
+    half = 4.3026527 * 1.0 / math.sqrt(3)
+    assert d.mean == pytest.approx(2.0) and d.high == pytest.approx(2.0 + half, rel=1e-6)
+    assert paired_diff({"a": None, "b": 1.0}, {"a": 1.0, "b": 0.5}).n == 1  # undefined pairs are left out
+    with pytest.raises(ValueError, match="same utterances"):
+        paired_diff({"a": 1.0}, {"b": 1.0})
+
+
+def test_estimate_format_and_table():
+    assert Estimate(0.1234, 0.1, 0.1468, 9).format(scale=100) == "12.3 ± 2.3"
+    assert Estimate(0.02, 0.01, 0.03, 9).format(scale=100, signed=True) == "+2.0 ± 1.0"
+    assert Estimate(float("nan"), float("nan"), float("nan"), 0).format() == "-"
+    assert Estimate(1.0, 0.5, 1.5, 4).as_dict()["low"] == 0.5
+    assert Estimate(1.0, float("nan"), float("nan"), 1).as_dict()["low"] is None
+    text = format_table(["case", "WER"], [["ar", "12.3"], ["pcg L=3", "9.0"]], title="t")
+    lines = text.splitlines()
+    assert lines[0] == "t" and lines[1].startswith("case") and lines[3].startswith("ar  ")
+    assert len({len(line) for line in lines[1:]}) == 1  # aligned columns
+    with pytest.raises(ValueError):
+        format_table(["a", "b"], [["only one"]])
