@@ -148,6 +148,8 @@ class _Job:
             try:
                 item = self.queue.get(timeout=0.1)
             except queue.Empty:
+                if self.closed:  # closed from another thread while this one waited
+                    raise StopIteration from None
                 if self.abandoned:
                     self.shutdown()
                     raise RuntimeError(f"this stream was abandoned: it was not read for "
@@ -220,6 +222,7 @@ class Synthesizer:
         self.config = config
         self._lock = threading.Lock()
         self._voices: dict[tuple, Voice] = {}
+        self._full_codec = None  # the codec with its encoder, for reference audio
 
     @classmethod
     def from_pretrained(cls, target: str | Path | None = None, draft: str | Path | None = None,
@@ -287,13 +290,15 @@ class Synthesizer:
         return self._voices[key]
 
     def _encoder(self):
-        """The codec with its encoder, loaded from the decoder's own folder on first use."""
+        """The codec with its encoder, loaded once from the decoder's own folder on first use."""
         from pcgtts.runtime.audio.codec import Codec
         from pcgtts.runtime.audio.onnx_codec import is_exported_codec
 
-        if is_exported_codec(self.codec.source_dir):
-            self.codec.encode(np.zeros(0, np.float32))  # raises the exported codec's clear error
-        return Codec.from_pretrained(self.codec.source_dir, device="cpu", decode_only=False)
+        if self._full_codec is None:
+            if is_exported_codec(self.codec.source_dir):
+                self.codec.encode(np.zeros(0, np.float32))  # raises the exported codec's clear error
+            self._full_codec = Codec.from_pretrained(self.codec.source_dir, device="cpu", decode_only=False)
+        return self._full_codec
 
     def _resolve_voice(self, voice, ref_audio, ref_text) -> Voice | None:
         if voice is not None and ref_audio is not None:

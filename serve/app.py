@@ -1,0 +1,211 @@
+"""`create_app(config, pool)`: the ASGI app (FastAPI) of `pcgtts serve`.
+
+    POST   /v1/audio/speech          OpenAI's body; audio streamed as generated (pcm/wav) or SSE
+    GET    /v1/audio/voices          built-in + stored voices
+    POST   /v1/audio/voices          multipart: audio file + transcript + name -> a stored voice
+    DELETE /v1/audio/voices/{name}
+    WS     /v1/audio/speech/stream   incremental text in, PCM + per-sentence markers out (websocket.py)
+    GET    /health, GET /metrics     liveness and load; Prometheus text
+
+`/v1` routes need `Authorization: Bearer <key>` when `ServerConfig.api_key` is set; /health and
+/metrics stay open for probes and scrapers. Every error is OpenAI error JSON (errors.py).
+`speed` other than 1.0 is refused with a 400: resampling would shift the pitch, and no
+pitch-preserving time stretch is in the dependency set.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from fastapi import Depends, FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+import pcgtts
+from pcgtts.serve.config import ServerConfig
+from pcgtts.serve.encode import FORMATS, Encoder, sse_delta, sse_event
+from pcgtts.serve.errors import APIError, install_handlers
+from pcgtts.serve.pool import WorkerPool
+from pcgtts.serve.service import Service
+from pcgtts.serve.voices import check_name, spooled_to_file
+
+log = logging.getLogger(__name__)
+
+ROUTES = ("/v1/audio/speech", "/v1/audio/voices", "/health", "/metrics")
+
+
+class SpeechBody(BaseModel):
+    """OpenAI's `/v1/audio/speech` body plus pcgtts's extras (policy, seed, temperature)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = "pcgtts"  # any name is accepted: the server serves the models it loaded
+    input: str
+    voice: str = "default"
+    response_format: str = "wav"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str | None = None
+    policy: str | None = None
+    seed: int | None = None
+    temperature: float | None = None
+
+
+def _route_label(path: str) -> str:
+    if path in ROUTES:
+        return path
+    return "/v1/audio/voices/{name}" if path.startswith("/v1/audio/voices/") else "other"
+
+
+class _CountRequests:
+    """ASGI middleware: requests by route and final status (streams count when they end)."""
+
+    def __init__(self, app, metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [500]
+
+        async def record(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, record)
+        finally:
+            self.metrics.requests.labels(_route_label(scope["path"]), str(status[0])).inc()
+
+
+def create_app(config: ServerConfig, pool: WorkerPool) -> FastAPI:
+    service = Service(config, pool)
+    app = FastAPI(title="pcgtts", version=pcgtts.__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    install_handlers(app)
+    app.add_middleware(_CountRequests, metrics=service.metrics)
+
+    def auth(request: Request) -> None:
+        service.check_key(request.headers.get("authorization"))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "version": pcgtts.__version__, "workers": pool.size, "busy": pool.busy,
+                "queued": pool.waiting}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(service.metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/audio/speech", dependencies=[Depends(auth)])
+    async def speech(body: SpeechBody):
+        if body.speed != 1.0:
+            raise APIError(400, "speed must be 1.0: pcgtts does not change the speaking rate (resampling "
+                           "would shift the pitch)", "speed", "unsupported_value")
+        if body.response_format not in FORMATS:
+            raise APIError(400, f"response_format {body.response_format!r} is not supported; use one of "
+                           f"{', '.join(FORMATS)}", "response_format", "unsupported_value")
+        if body.stream_format == "sse" and body.response_format == "flac":
+            raise APIError(400, "stream_format 'sse' sends base64 PCM deltas; use response_format pcm or wav",
+                           "response_format", "unsupported_value")
+        if body.instructions:
+            raise APIError(400, "instructions are not supported by this model", "instructions",
+                           "unsupported_value")
+        job = service.make_job(body.input, body.voice, body.policy, body.seed, body.temperature)
+        encoder = Encoder("pcm" if body.stream_format == "sse" else body.response_format, config.sample_rate)
+        chunks = await service.begin(job)
+        headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(config.sample_rate)}
+
+        if body.stream_format == "sse":
+            async def events():
+                async for chunk in chunks:
+                    yield sse_delta(encoder.chunk(chunk.samples, chunk.is_last))
+                if job.timed_out:
+                    yield sse_event({"type": "error", "error": APIError(
+                        504, "the request passed the server's time limit; the audio is cut", None,
+                        "timeout").body()["error"]})
+                    return
+                yield sse_event({"type": "speech.audio.done", "usage": service.usage(job)})
+
+            return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+        async def audio():
+            header = encoder.header()
+            if header:
+                yield header
+            async for chunk in chunks:
+                data = encoder.chunk(chunk.samples, chunk.is_last)
+                if data:
+                    yield data
+            if job.timed_out:  # abort the transfer: the client sees an incomplete body, not a short one
+                raise TimeoutError(f"request cut at the time limit ({config.request_timeout_s:g} s)")
+            tail = encoder.finish()
+            if tail:
+                yield tail
+
+        return StreamingResponse(audio(), media_type=encoder.media_type, headers=headers)
+
+    @app.get("/v1/audio/voices", dependencies=[Depends(auth)])
+    async def list_voices():
+        return {"voices": await run_in_threadpool(service.voices.list)}
+
+    @app.post("/v1/audio/voices", dependencies=[Depends(auth)], status_code=201)
+    async def add_voice(request: Request):
+        length = request.headers.get("content-length")
+        if length is None:
+            raise APIError(411, "voice uploads need a Content-Length header", None, "length_required")
+        if not length.isdigit() or int(length) > config.max_upload_bytes:
+            raise APIError(413, f"the upload is larger than this server's limit of {config.max_upload_bytes} bytes",
+                           "audio", "upload_too_large")
+        try:
+            form = await request.form(max_files=1, max_fields=4)
+        except Exception as err:  # malformed multipart bodies
+            raise APIError(400, f"expected a multipart form with fields audio, text and name ({err})", None,
+                           "invalid_form") from None
+        name, text, upload = form.get("name"), form.get("text"), form.get("audio")
+        for field, value, kind in (("name", name, str), ("text", text, str), ("audio", upload, None)):
+            if value is None or (kind is str and not isinstance(value, str)) or (kind is None and isinstance(value, str)):
+                raise APIError(400, f"missing form field {field!r} ({'a file' if kind is None else 'text'})", field,
+                               "missing_field")
+        try:
+            check_name(name)
+        except ValueError as err:
+            raise APIError(400, str(err), "name", "invalid_value") from None
+        if service.voices.is_builtin(name):
+            raise APIError(400, f"{name!r} is a built-in voice name; choose another", "name", "invalid_value")
+        if service.voices.path(name).exists():
+            raise APIError(409, f"voice {name!r} already exists; DELETE it first", "name", "voice_exists")
+        suffix = "." + upload.filename.rsplit(".", 1)[-1][:8] if upload.filename and "." in upload.filename else ""
+        try:
+            with spooled_to_file(upload.file, suffix) as tmp:
+                voice = await run_in_threadpool(service.voices.add, name, tmp.name, text, config.max_upload_seconds)
+        except ValueError as err:
+            message = str(err).replace(tmp.name, "the uploaded audio")
+            raise APIError(400, message, "audio" if "audio" in message or "long" in message else "text",
+                           "invalid_value") from None
+        finally:
+            await upload.close()
+        return JSONResponse({"name": name, "tokens": int(len(voice.codes)), "seconds": round(len(voice.codes) / 50, 2),
+                             "text": voice.text}, status_code=201)
+
+    @app.delete("/v1/audio/voices/{name}", dependencies=[Depends(auth)])
+    async def delete_voice(name: str):
+        try:
+            service.voices.delete(name)
+        except KeyError:
+            raise APIError(404, f"voice {name!r} not found", "name", "voice_not_found") from None
+        except ValueError as err:
+            raise APIError(400, str(err), "name", "invalid_value") from None
+        return {"name": name, "deleted": True}
+
+    @app.websocket("/v1/audio/speech/stream")
+    async def speech_stream(websocket: WebSocket):
+        from pcgtts.serve.websocket import run_session
+
+        await run_session(websocket, service)
+
+    return app

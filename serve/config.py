@@ -1,0 +1,69 @@
+"""`ServerConfig`: every setting of the speech server, frozen and validated before a model loads.
+
+Model fields mirror `pcgtts speak`'s flags (None = not given: the runtime's default, and the
+built-in voice when no target is given). Server limits are enforced by app.py and pool.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pcgtts.runtime.audio.io import MAX_SECONDS
+from pcgtts.runtime.config import POLICIES, ModelPaths
+
+DEFAULT_VOICES_DIR = Path.home() / ".cache" / "pcgtts" / "voices"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"  # loopback by default: exposing the server is an explicit choice
+    port: int = 8000
+    workers: int = 1  # Synthesizers loaded; each serves one stream at a time
+    queue_size: int = 8  # requests that may wait for a worker; beyond that -> 429 + Retry-After
+    request_timeout_s: float = 300.0  # a request (queue wait + synthesis) is cut after this long
+    max_input_chars: int = 4096  # OpenAI's own limit for /v1/audio/speech
+    max_upload_bytes: int = 10 * 1024 * 1024  # voice uploads (whole multipart body)
+    max_upload_seconds: float = MAX_SECONDS  # reference recordings longer than this are refused
+    api_key: str | None = None  # when set, every /v1 route needs `Authorization: Bearer <key>`
+    voices_dir: str = str(DEFAULT_VOICES_DIR)  # uploaded voices (.voice files); share it between replicas
+    sample_rate: int = 24000  # output rate; 24 kHz is what OpenAI's pcm format means (the model makes 16 kHz)
+    models: ModelPaths = ModelPaths()
+    compute_device: str | None = None  # cpu | cuda | cuda:N (None: the runtime's default, cpu)
+    backend: str | None = None
+    dtype: str | None = None
+    policy: str | None = None
+    max_new_tokens: int | None = None  # speech tokens per sentence at most
+    max_length: int | None = None  # KV-cache slots per sequence
+    config_file: str | None = None  # runtime TOML settings (flags/fields above override it)
+
+    def __post_init__(self) -> None:
+        if not self.host:
+            raise ValueError("host must not be empty")
+        if not (0 <= self.port <= 65535):
+            raise ValueError(f"port must lie in [0, 65535], got {self.port}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0, got {self.queue_size}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_input_chars < 1:
+            raise ValueError(f"max_input_chars must be >= 1, got {self.max_input_chars}")
+        if self.max_upload_bytes < 1024:
+            raise ValueError(f"max_upload_bytes must be >= 1024, got {self.max_upload_bytes}")
+        if not (0 < self.max_upload_seconds <= MAX_SECONDS):
+            raise ValueError(f"max_upload_seconds must lie in (0, {MAX_SECONDS:g}], got {self.max_upload_seconds}")
+        if self.api_key is not None and len(self.api_key) < 8:
+            raise ValueError("api_key must have at least 8 characters")
+        if not (8000 <= self.sample_rate <= 48000):
+            raise ValueError(f"sample_rate must lie in [8000, 48000], got {self.sample_rate}")
+        if self.policy is not None and self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+
+    def runtime_settings(self) -> dict:
+        """Keyword settings for `Synthesizer.from_pretrained` (None = not given)."""
+        return {"target": self.models.target, "draft": self.models.draft, "codec": self.models.codec,
+                "groups": self.models.groups, "compute_device": self.compute_device, "backend": self.backend,
+                "dtype": self.dtype, "policy": self.policy, "max_new_tokens": self.max_new_tokens,
+                "max_length": self.max_length}

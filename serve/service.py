@@ -1,0 +1,112 @@
+"""What the HTTP and WebSocket routes share: request validation into a `SpeechJob`, leasing a
+worker and opening its stream (errors as `APIError`), auth, and the metrics bookkeeping."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from dataclasses import replace
+
+from starlette.concurrency import run_in_threadpool
+
+from pcgtts.runtime.config import POLICIES
+from pcgtts.runtime.text.prompt import check_text, tokenize_plain
+from pcgtts.serve.config import ServerConfig
+from pcgtts.serve.errors import APIError
+from pcgtts.serve.metrics import Metrics
+from pcgtts.serve.pool import QueueFull, SpeechJob, WorkerPool
+from pcgtts.serve.voices import VoiceStore
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    def __init__(self, config: ServerConfig, pool: WorkerPool):
+        self.config, self.pool = config, pool
+        self.voices = VoiceStore(config.voices_dir, pool.synthesizers[0].codec.source_dir)
+        self.metrics = Metrics(pool)
+
+    def check_key(self, authorization: str | None) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(401, "Incorrect API key provided: send `Authorization: Bearer <key>`",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def make_job(self, text: str, voice: str, policy: str | None = None, seed: int | None = None,
+                 temperature: float | None = None) -> SpeechJob:
+        """A validated job (every error a 400 naming its field), before any worker is leased."""
+        if not isinstance(text, str) or len(text) > self.config.max_input_chars:
+            raise APIError(400, f"input has {len(text)} characters; this server accepts at most "
+                           f"{self.config.max_input_chars}", "input", "string_above_max_length")
+        try:
+            text = check_text(text)
+        except ValueError as err:
+            raise APIError(400, f"input: {err}", "input", "invalid_value") from None
+        try:
+            voice_obj = self.voices.get(voice)
+        except KeyError:
+            raise APIError(400, f"voice {voice!r} not found; GET /v1/audio/voices lists them", "voice",
+                           "voice_not_found") from None
+        except ValueError as err:
+            raise APIError(400, f"voice: {err}", "voice", "invalid_value") from None
+        num_speech = self.pool.synthesizers[0].target.vocab.num_speech
+        if voice_obj is not None and int(voice_obj.codes.max()) >= num_speech:
+            raise APIError(400, f"voice {voice!r} holds codec tokens beyond the loaded model's {num_speech} speech "
+                           "tokens (it was encoded for another model)", "voice", "voice_incompatible")
+        config = self.pool.synthesizers[0].config
+        decode = config.decode
+        if policy is not None:
+            if policy not in POLICIES:
+                raise APIError(400, f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", "policy",
+                               "invalid_value")
+            decode = replace(decode, policy=policy)
+        if temperature is not None:
+            try:
+                decode = replace(decode, sampling=replace(decode.sampling, temperature=temperature))
+            except ValueError as err:
+                raise APIError(400, str(err), "temperature", "invalid_value") from None
+        config = replace(config, decode=decode, seed=seed if seed is not None else config.seed)
+        return SpeechJob(text, voice_obj, config, time.monotonic() + self.config.request_timeout_s)
+
+    async def begin(self, job: SpeechJob):
+        """Lease a worker and open the job's stream: (an async iterator of chunks). Raises APIError:
+        429 + Retry-After when the queue is full, 503 when no worker frees up in time, 400 when the
+        runtime refuses the request (e.g. a policy the loaded models cannot run)."""
+        try:
+            synth = await self.pool.acquire(job.deadline)
+        except QueueFull as err:
+            raise APIError(429, f"the server is busy ({self.pool.size} workers streaming, {self.pool.queue_size} "
+                           f"requests queued); retry after {err.retry_after} s", None, "queue_full",
+                           {"Retry-After": str(err.retry_after)}) from None
+        except TimeoutError:
+            raise APIError(503, f"no worker became free within the request time limit "
+                           f"({self.config.request_timeout_s:g} s)", None, "timeout",
+                           {"Retry-After": str(self.pool.retry_after())}) from None
+        try:
+            stream = await run_in_threadpool(self.pool.open, synth, job)
+        except ValueError as err:
+            self.pool.release(synth)
+            raise APIError(400, str(err), None, "invalid_value") from None
+        except BaseException:
+            self.pool.release(synth)
+            raise
+        return self.pool.start(synth, job, stream, on_done=self._done)
+
+    def _done(self, job: SpeechJob) -> None:
+        if job.timed_out:
+            self.metrics.cancelled.labels("time_limit").inc()
+            log.warning("a request passed the time limit of %g s and was cut", self.config.request_timeout_s)
+        elif job.stats is not None and job.stats.cancelled:
+            self.metrics.cancelled.labels("client").inc()
+        self.metrics.job_done(job)
+
+    def usage(self, job: SpeechJob) -> dict:
+        """OpenAI's usage object: text tokens in, speech tokens out."""
+        text_tokens = len(tokenize_plain(self.pool.synthesizers[0].tokenizer, job.text))
+        speech_tokens = job.stats.totals().emitted if job.stats is not None else 0
+        return {"input_tokens": text_tokens, "output_tokens": speech_tokens,
+                "total_tokens": text_tokens + speech_tokens}
