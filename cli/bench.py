@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive
+from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive, quiet_logger
 from pcgtts.cli.groups import DEFAULT_MAX_MEMORY_GB, DEFAULT_TOP_K, group_size_options
 from pcgtts.runtime.config import POLICIES
 
@@ -112,6 +112,8 @@ def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = No
     return GroupTable.load(path, expect_fingerprint=fingerprint).to_device(target_lm.device)
 
 
+# The harness caps tokens on purpose; each utterance's finish reason is in the JSON instead.
+@quiet_logger("pcgtts.runtime.synthesizer")
 def _bench(args) -> int:
     from dataclasses import replace
 
@@ -134,8 +136,6 @@ def _bench(args) -> int:
         if not texts:
             raise ValueError(f"{args.texts} holds no text")
     demo = not args.target  # no target: the built-in demo models
-    # The harness caps tokens on purpose; each utterance's finish reason is in the JSON instead.
-    logging.getLogger("pcgtts.runtime.synthesizer").setLevel(logging.ERROR)
     max_tokens = args.max_tokens if args.max_tokens is not None else (150 if demo else None)
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import logging
 import sys
 
 
@@ -39,3 +42,27 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+@contextlib.contextmanager
+def quieted(logger_name: str, level: int = logging.ERROR):
+    """Hold one logger at `level` for a command's duration (a harness that reports cuts in its own
+    output), restoring it after, so in-process callers and tests keep their logging."""
+    logger = logging.getLogger(logger_name)
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+def quiet_logger(logger_name: str, level: int = logging.ERROR):
+    """Decorator form of `quieted` for a command handler."""
+    def wrap(handler):
+        @functools.wraps(handler)
+        def run(*args, **kwargs):
+            with quieted(logger_name, level):
+                return handler(*args, **kwargs)
+        return run
+    return wrap

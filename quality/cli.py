@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from pcgtts.cli.flags import quiet_logger
+
 log = logging.getLogger(__name__)
 
 MODES = ("source", "codec", "synth", "swap", "melgroups")
@@ -146,10 +148,10 @@ class _Progress:
         print(f"[{time.perf_counter() - self.started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
+@quiet_logger("pcgtts.runtime.synthesizer")  # truncation is in the JSON
 def run_eval(args: argparse.Namespace) -> int:
     testset, sentences, voices = check_args(args)
     progress = _Progress()
-    logging.getLogger("pcgtts.runtime.synthesizer").setLevel(logging.ERROR)  # truncation is in the JSON
     demo = False
     if args.mode == "source":
         from pcgtts.quality.harness import run_source

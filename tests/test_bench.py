@@ -1,4 +1,6 @@
-"""`pcgtts bench` on the demo models: the JSON it writes must be internally consistent."""
+"""`pcgtts bench`: the JSON it writes must be internally consistent.
+
+Runs on the tiny models (default suite) and on the full demo (`-m slow`); see tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -8,14 +10,14 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def bench_report(demo_models, demo_groups_file, tmp_path_factory):
+def bench_report(models, groups_file, tmp_path_factory):
     from pcgtts.cli import main
 
     out = tmp_path_factory.mktemp("bench")
     texts = out / "texts.txt"
     texts.write_text("Good morning.\nThe train to the coast leaves at half past nine.\n")
-    argv = ["bench", "--target", str(demo_models["target"]), "--draft", str(demo_models["draft"]),
-            "--codec", str(demo_models["codec"]), "--groups", str(demo_groups_file), "--policy", "ar,pcg",
+    argv = ["bench", "--target", str(models["target"]), "--draft", str(models["draft"]),
+            "--codec", str(models["codec"]), "--groups", str(groups_file), "--policy", "ar,pcg",
             "--runs", "2", "--warmup", "1", "--max-tokens", "30", "--texts", str(texts),
             "--speed", "0.02", "--json", str(out / "b.json"), "--plot", str(out / "b.png")]
     assert main(argv) == 0

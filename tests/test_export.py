@@ -1,5 +1,7 @@
 """ONNX export and the onnxruntime backend against the torch backend (CPU execution provider);
-TensorRT tests run only where TensorRT and a GPU exist and are skipped with the reason otherwise."""
+TensorRT tests run only where TensorRT and a GPU exist and are skipped with the reason otherwise.
+
+Tests on an exported pair run on the full demo pair, in `-m slow` (see DEMO_ONLY below)."""
 
 from __future__ import annotations
 
@@ -13,39 +15,58 @@ from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.speculative import DecodeStats, decode
 
 
+# (layers, speech tokens) of each size's target: the demo's is the released vocabulary layout.
+LAYOUT = {"tiny": (4, 1024), "demo": (12, 65536)}
+# An ONNX export takes 30-90 s here even at tiny size (torch.export + the numeric check), so every
+# test that exports is `slow`: the tests on an exported pair run on the demo pair, the CLI export
+# on a tiny LM, and the codec decoder export; the default suite keeps the TensorRT-free checks.
+DEMO_ONLY = pytest.mark.parametrize("model_size", [pytest.param("demo", id="demo", marks=pytest.mark.slow)],
+                                    indirect=True)
+
+
 @pytest.fixture(scope="module")
-def exported_pair(demo_lms, tmp_path_factory):
-    """The demo target and draft exported to ONNX (each export runs its own numeric check)."""
+def exported_pair(lms, tmp_path_factory):
+    """The target and draft exported to ONNX (each export runs its own numeric check)."""
     from pcgtts.export.onnx_lm import export_lm
 
     out = tmp_path_factory.mktemp("onnx")
-    metas = {name: export_lm(demo_lms[name], out / name, max_length=512) for name in ("target", "draft")}
+    metas = {name: export_lm(lms[name], out / name, max_length=512) for name in ("target", "draft")}
     return out, metas
 
 
-def test_export_checks_itself_and_writes_metadata(exported_pair, demo_lms):
+@pytest.fixture(scope="module")
+def exported_codec(demo_codec_dir, tmp_path_factory):
+    from pcgtts.export.codec_graph import export_codec
+
+    out = tmp_path_factory.mktemp("onnx_codec") / "codec"
+    return out, export_codec(demo_codec_dir, out)
+
+
+@DEMO_ONLY
+def test_export_checks_itself_and_writes_metadata(exported_pair, lms, model_size):
     out, metas = exported_pair
     meta, check = metas["target"]
     assert check.ok and check.max_abs_diff < 2e-3
     record = json.loads((out / "target" / "pcgtts-lm.json").read_text())
-    assert record["num_layers"] == 12 and record["vocab"]["num_speech"] == 65536
+    assert (record["num_layers"], record["vocab"]["num_speech"]) == LAYOUT[model_size]
     assert record["extra"]["check"]["ok"] is True
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
-    assert record["fingerprint"] == TorchLM.load(demo_lms["target"], max_length=8).fingerprint
+    assert record["fingerprint"] == TorchLM.load(lms["target"], max_length=8).fingerprint
 
 
-def test_onnx_logits_match_torch_after_rollback(exported_pair, demo_lms):
+@DEMO_ONLY
+def test_onnx_logits_match_torch_after_rollback(exported_pair, lms):
     """Prefill, 1-token and 4-token steps, a rollback, then a 4-token step over the stale slots."""
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     out, _ = exported_pair
-    ref = TorchLM.load(demo_lms["target"], max_length=128)
+    ref = TorchLM.load(lms["target"], max_length=128)
     ort = OrtLM.load(out / "target", max_length=128, tokenizer=ref.tokenizer)
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, ref.vocab.vocab_size, (20,), generator=gen)
-    speech = lambda n: torch.randint(0, 65536, (n,), generator=gen) + ref.vocab.speech_offset  # noqa: E731
+    speech = lambda n: torch.randint(0, ref.vocab.num_speech, (n,), generator=gen) + ref.vocab.speech_offset  # noqa: E731
     torch.testing.assert_close(ort.prefill(prompt), ref.prefill(prompt), atol=2e-3, rtol=1e-4)
     for n in (1, 4, 1):
         ids = speech(n)
@@ -67,7 +88,8 @@ def _run(target, draft, groups, policy, temperature, seed):
     return tokens, stats
 
 
-def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, demo_lms, demo_groups_file):
+@DEMO_ONLY
+def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, lms, groups_file):
     """Greedy: identical tokens for every rule. Sampled with one seed: the same acceptance
     statistics (exact equality is expected; the logits agree to ~1e-5, far below any u draw's
     chance of landing between them)."""
@@ -76,9 +98,9 @@ def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, demo_
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     out, _ = exported_pair
-    torch_pair = [TorchLM.load(demo_lms[n], max_length=256) for n in ("target", "draft")]
+    torch_pair = [TorchLM.load(lms[n], max_length=256) for n in ("target", "draft")]
     ort_pair = [OrtLM.load(out / n, max_length=256, tokenizer=torch_pair[0].tokenizer) for n in ("target", "draft")]
-    groups = GroupTable.load(demo_groups_file).to_device("cpu")
+    groups = GroupTable.load(groups_file).to_device("cpu")
     for policy in ("ar", "sd", "pcg"):
         a, _ = _run(*torch_pair, groups, policy, 0.0, 0)
         b, _ = _run(*ort_pair, groups, policy, 0.0, 0)
@@ -89,27 +111,28 @@ def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, demo_
     assert a == b
 
 
-def test_codec_decoder_onnx_matches_torch(demo_codec_dir, tmp_path):
-    from pcgtts.export.codec_graph import export_codec
+@pytest.mark.slow
+def test_codec_decoder_onnx_matches_torch(demo_codec_dir, exported_codec):
     from pcgtts.runtime.audio.onnx_codec import OrtCodec
     from pcgtts.runtime.audio.codec import Codec
 
-    meta = export_codec(demo_codec_dir, tmp_path / "codec")
+    path, meta = exported_codec
     assert meta["check"]["ok"]
-    ref, ort = Codec.from_pretrained(demo_codec_dir), OrtCodec(tmp_path / "codec")
+    ref, ort = Codec.from_pretrained(demo_codec_dir), OrtCodec(path)
     codes = np.random.default_rng(1).integers(0, 65536, 33)  # a streaming window's size
     np.testing.assert_allclose(ort.decode(codes), ref.decode(codes), atol=1e-4)
     assert ort.decode(codes[:1]).shape == (320,)
 
 
-def test_bad_inputs_give_clear_errors(exported_pair, tmp_path, demo_lms):
+@DEMO_ONLY
+def test_bad_inputs_give_clear_errors(exported_pair, tmp_path, lms):
     from pcgtts.export.onnx_lm import export_lm
     from pcgtts.runtime.lm.onnxruntime import OrtLM
 
     with pytest.raises(ValueError, match="no config.json|not a LLaMA|no tokenizer"):
         export_lm(tmp_path, tmp_path / "x")
     with pytest.raises(ValueError, match="not an exported pcgtts model"):
-        OrtLM.load(demo_lms["target"])
+        OrtLM.load(lms["target"])
     out, _ = exported_pair
     # A graph beside another model's tokenizer: the vocabulary check names the mismatch.
     from pcgtts.tools.demo import build_demo_tokenizer
@@ -150,6 +173,7 @@ def _has_tensorrt() -> bool:
     return torch.cuda.is_available()
 
 
+@DEMO_ONLY
 @pytest.mark.requires_tensorrt
 @pytest.mark.skipif(not _has_tensorrt(), reason="needs TensorRT and an NVIDIA GPU")
 def test_tensorrt_engine_matches_onnx_and_greedy_tokens(exported_pair, tmp_path):
@@ -168,6 +192,7 @@ def test_tensorrt_engine_matches_onnx_and_greedy_tokens(exported_pair, tmp_path)
     assert a == b
 
 
+@pytest.mark.slow
 def test_export_cli_prints_the_check(tiny_lm_factory, tmp_path, capsys):
     from pcgtts.cli import main
 
@@ -179,9 +204,9 @@ def test_export_cli_prints_the_check(tiny_lm_factory, tmp_path, capsys):
     assert "error" in capsys.readouterr().err
 
 
-def test_every_backend_satisfies_the_protocols(exported_pair, demo_codec_dir, tmp_path):
+@DEMO_ONLY
+def test_every_backend_satisfies_the_protocols(exported_pair, exported_codec):
     """OrtLM and OrtCodec are checked on live objects; TrtLM (no GPU here) on its class."""
-    from pcgtts.export.codec_graph import export_codec
     from pcgtts.runtime.audio.codec import SpeechCodec
     from pcgtts.runtime.audio.onnx_codec import OrtCodec
     from pcgtts.runtime.lm.onnxruntime import OrtLM
@@ -190,9 +215,9 @@ def test_every_backend_satisfies_the_protocols(exported_pair, demo_codec_dir, tm
 
     out, _ = exported_pair
     assert isinstance(OrtLM.load(out / "target", max_length=64), LM)
-    export_codec(demo_codec_dir, tmp_path / "codec")
-    codec = OrtCodec(tmp_path / "codec")
-    assert isinstance(codec, SpeechCodec) and codec.source_dir == tmp_path / "codec" and not codec.can_encode
+    path, _ = exported_codec
+    codec = OrtCodec(path)
+    assert isinstance(codec, SpeechCodec) and codec.source_dir == path and not codec.can_encode
     with pytest.raises(ValueError, match="cannot encode"):
         codec.encode(np.zeros(320, np.float32))
     methods = [name for name in dir(LM) if not name.startswith("_") and callable(getattr(LM, name))]

@@ -1,4 +1,6 @@
-"""The decode loop on the demo pair: greedy equivalence, acceptance invariants, reproducibility, stop."""
+"""The decode loop: greedy equivalence, acceptance invariants, reproducibility, stop.
+
+Runs on the tiny pair (default suite) and on the full demo pair (`-m slow`); see tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -16,16 +18,16 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def prompt(demo_pair):
-    target, _ = demo_pair
+def prompt(pair):
+    target, _ = pair
     return build_prompt(target.tokenizer, target.vocab, "Speculative decoding test sentence.")
 
 
 @pytest.fixture(scope="module")
-def lattice_groups(demo_groups_file):
+def lattice_groups(groups_file):
     from pcgtts.groups.table import GroupTable
 
-    return GroupTable.load(demo_groups_file).to_device("cpu")
+    return GroupTable.load(groups_file).to_device("cpu")
 
 
 def run(target, draft, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3):
@@ -38,16 +40,16 @@ def run(target, draft, prompt, policy, sampling, tokens=40, seed=0, groups=None,
 
 @pytest.mark.parametrize("policy", ["sd", "ssd", "pcg"])
 @pytest.mark.parametrize("draft_length", [1, 3])
-def test_greedy_speculative_equals_plain_greedy(demo_pair, prompt, lattice_groups, policy, draft_length):
-    target, draft = demo_pair
+def test_greedy_speculative_equals_plain_greedy(pair, prompt, lattice_groups, policy, draft_length):
+    target, draft = pair
     reference, _ = run(target, draft, prompt, "ar", GREEDY)
     output, stats = run(target, draft, prompt, policy, GREEDY, groups=lattice_groups, draft_length=draft_length)
     assert output == reference
     assert stats.target_forwards < len(reference) or stats.accepted == 0
 
 
-def test_draft_equal_to_target_accepts_everything(demo_pair, prompt):
-    target, _ = demo_pair
+def test_draft_equal_to_target_accepts_everything(pair, prompt):
+    target, _ = pair
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     twin = TorchLM.load(target.model_dir, max_length=1024, tokenizer=target.tokenizer)
@@ -55,8 +57,8 @@ def test_draft_equal_to_target_accepts_everything(demo_pair, prompt):
     assert stats.acceptance_rate == 1.0 and stats.mean_accepted_length == 4.0
 
 
-def test_sampling_is_reproducible_and_seed_dependent(demo_pair, prompt, lattice_groups):
-    target, draft = demo_pair
+def test_sampling_is_reproducible_and_seed_dependent(pair, prompt, lattice_groups):
+    target, draft = pair
     a, sa = run(target, draft, prompt, "pcg", SamplingConfig(), seed=7, groups=lattice_groups)
     b, sb = run(target, draft, prompt, "pcg", SamplingConfig(), seed=7, groups=lattice_groups)
     c, _ = run(target, draft, prompt, "pcg", SamplingConfig(), seed=8, groups=lattice_groups)
@@ -65,8 +67,8 @@ def test_sampling_is_reproducible_and_seed_dependent(demo_pair, prompt, lattice_
     assert all(0 <= t < target.vocab.num_speech for t in a)
 
 
-def test_stats_are_consistent(demo_pair, prompt, lattice_groups):
-    target, draft = demo_pair
+def test_stats_are_consistent(pair, prompt, lattice_groups):
+    target, draft = pair
     out, stats = run(target, draft, prompt, "pcg", SamplingConfig(), tokens=100, groups=lattice_groups)
     assert stats.emitted == len(out) == 100
     # Each step emits its accepted tokens plus one recovered/bonus token (the last step may be cut).
@@ -76,15 +78,15 @@ def test_stats_are_consistent(demo_pair, prompt, lattice_groups):
     assert stats.per_position_accepted == sorted(stats.per_position_accepted, reverse=True)
 
 
-def test_pcg_accepts_more_than_sd(demo_pair, prompt, lattice_groups):
-    target, draft = demo_pair
+def test_pcg_accepts_more_than_sd(pair, prompt, lattice_groups):
+    target, draft = pair
     _, sd = run(target, draft, prompt, "sd", SamplingConfig(), tokens=150, seed=3)
     _, pcg = run(target, draft, prompt, "pcg", SamplingConfig(), tokens=150, seed=3, groups=lattice_groups)
     assert pcg.acceptance_rate > sd.acceptance_rate
 
 
-def test_stop_token_ends_generation(demo_pair, prompt):
-    target, draft = demo_pair
+def test_stop_token_ends_generation(pair, prompt):
+    target, draft = pair
     reference, _ = run(target, draft, prompt, "ar", GREEDY, tokens=10)
     # Make the stop token the target's argmax right after the 5th greedy token, by copying
     # that token's head row (scaled up) into the stop row: greedy output must end there.
@@ -101,16 +103,19 @@ def test_stop_token_ends_generation(demo_pair, prompt):
     assert out == reference[: len(out)]
 
 
-def test_cache_full_is_reported(demo_pair, prompt, lattice_groups):
-    target, draft = demo_pair
+def test_cache_full_is_reported(pair, prompt, lattice_groups):
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    # Fresh copies with a short cache, so it fills after ~100 tokens rather than ~1000.
+    target, draft = (TorchLM.load(lm.model_dir, max_length=len(prompt) + 100, tokenizer=lm.tokenizer) for lm in pair)
     config = DecodeConfig(policy="pcg", max_new_tokens=10_000, sampling=GREEDY)
     stats = DecodeStats()
     out = [t for b in decode(target, draft, prompt, config, torch.Generator(), lattice_groups, stats) for t in b]
     assert stats.finish == "cache_full" and len(out) > 0
 
 
-def test_policies_need_their_parts(demo_pair, prompt):
-    target, _ = demo_pair
+def test_policies_need_their_parts(pair, prompt):
+    target, _ = pair
     with pytest.raises(ValueError, match="needs a draft"):
         decode(target, None, prompt, DecodeConfig(policy="sd"), torch.Generator())
     with pytest.raises(ValueError, match="group table"):

