@@ -100,16 +100,9 @@ def main(argv=None) -> int:
     if not args.url.startswith(("http://127.0.0.1", "http://localhost", "http://[::1]")):
         print("warning: load-testing a non-loopback server", file=sys.stderr)
     report = asyncio.run(main_async(args))
-    from rich.console import Console
-    from rich.table import Table
+    from pcgtts.cli.commands import print_report
 
-    table = Table(title=f"pcgtts serve load: {args.clients} clients x {args.requests} requests")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in report.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    Console(stderr=True).print(table)
-    print(json.dumps(report))
+    print_report(report, title=f"pcgtts serve load: {args.clients} clients x {args.requests} requests")
     return 0 if report["completed"] else 1
 
 

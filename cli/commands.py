@@ -192,11 +192,12 @@ def speak_report(stats, playback) -> dict:
     }
 
 
-def print_report(report: dict) -> None:
+def print_report(report: dict, title: str = "pcgtts speak") -> None:
+    """A metric/value table on stderr, then the same report as one JSON line on stdout."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="pcgtts speak")
+    table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in report.items():

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import shutil
 import time
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
 from pcgtts.runtime.audio.features import encoder_inputs
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import LossLog, save_checkpoint, load_checkpoint, rng_state, set_rng_state
+from pcgtts.train.progress import LossLog, save_checkpoint, load_checkpoint, rng_state, set_rng_state, lr_at
 
 log = logging.getLogger(__name__)
 
@@ -216,13 +215,6 @@ class CropSampler:
             wav = inputs["input_values"][0, 0, t0 * SAMPLES_PER_TOKEN:(t0 + self.crop_frames) * SAMPLES_PER_TOKEN]
             waves.append(wav)
         return torch.stack(feats), torch.stack(waves)
-
-
-def lr_at(step: int, cfg) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def export_codec(model, export_dir: Path) -> Path:

@@ -34,7 +34,7 @@ import torch
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SpeechVocab
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import LossLog, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from pcgtts.train.progress import LossLog, load_checkpoint, rng_state, save_checkpoint, set_rng_state, lr_at
 
 log = logging.getLogger(__name__)
 
@@ -308,13 +308,6 @@ def lm_loss(model: FactorisedLM, ids: torch.Tensor, mask: torch.Tensor, attn: to
     hidden = model.hidden(ids[:, :-1], attention_mask=attn[:, :-1])
     sel = mask[:, 1:]
     return -model.target_logprob(hidden[sel], ids[:, 1:][sel]).mean()
-
-
-def lr_at(step: int, cfg) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def _split_records(corpus: Path) -> tuple[list[dict], list[dict]]:

@@ -4,6 +4,7 @@ log that survives restarts, and the loss-curve PNG. Used by codec.py, lm.py and 
 from __future__ import annotations
 
 import json
+import math
 import logging
 import os
 import random
@@ -91,3 +92,11 @@ class LossLog:
         plt.close(fig)
         os.replace(tmp, png)
         return png
+
+
+def lr_at(step: int, cfg) -> float:
+    """Linear warm-up over `cfg.warmup` steps, then cosine decay to `cfg.min_lr_ratio * cfg.lr` at `cfg.steps`."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
