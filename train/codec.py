@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
 from pcgtts.runtime.audio.features import encoder_inputs
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import LossLog, save_checkpoint, load_checkpoint, rng_state, set_rng_state, lr_at
+from pcgtts.train.progress import LossLog, lr_at, resume, rng_state, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -244,19 +244,9 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.8, 0.99), weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
-    step = 0
     ckpt_path = out / "checkpoint.pt"
     losses = LossLog(out / "loss.jsonl")
-    if ckpt_path.is_file():
-        state = load_checkpoint(ckpt_path)
-        if state["model_config"] != asdict(cfg.model):
-            raise ValueError(f"{ckpt_path} was trained with another model config; use a new --out")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step = state["step"]
-        set_rng_state(state["rng"], rng)
-        losses.truncate(step)
-        log.info("resumed %s at step %d", ckpt_path, step)
+    step = resume(ckpt_path, model, opt, rng, losses, asdict(cfg.model))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
     loss_fn = ReconstructionLoss()
     model.train()

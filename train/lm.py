@@ -34,7 +34,7 @@ import torch
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SpeechVocab
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import LossLog, load_checkpoint, rng_state, save_checkpoint, set_rng_state, lr_at
+from pcgtts.train.progress import LossLog, load_checkpoint, lr_at, resume, rng_state, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -324,19 +324,9 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
                             weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
-    step = 0
     ckpt = out / "checkpoint.pt"
     losses = LossLog(out / "loss.jsonl")
-    if ckpt.is_file():
-        state = load_checkpoint(ckpt)
-        if state.get("model_config") != extra_state.get("model_config"):
-            raise ValueError(f"{ckpt} was trained with another model config; use a new --out")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step = state["step"]
-        set_rng_state(state["rng"], rng)
-        losses.truncate(step)
-        log.info("resumed %s at step %d", ckpt, step)
+    step = resume(ckpt, model, opt, rng, losses, extra_state.get("model_config"))
     held_batch = heldout.batch(min(8, len(heldout.records)), random.Random(1)) if heldout else None
 
     def checkpoint() -> None:

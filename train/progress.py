@@ -100,3 +100,20 @@ def lr_at(step: int, cfg) -> float:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def resume(ckpt_path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rng: random.Random,
+           losses: "LossLog", model_config: dict) -> int:
+    """Restore model, optimizer, RNG and loss log from `ckpt_path` if it exists; the step to go on
+    from (0 for a fresh run). A checkpoint of another model config is refused."""
+    if not ckpt_path.is_file():
+        return 0
+    state = load_checkpoint(ckpt_path)
+    if state.get("model_config") != model_config:
+        raise ValueError(f"{ckpt_path} was trained with another model config; use a new --out")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"], rng)
+    losses.truncate(state["step"])
+    log.info("resumed %s at step %d", ckpt_path, state["step"])
+    return state["step"]
