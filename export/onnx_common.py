@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import time
 import warnings
 from pathlib import Path
 
 import torch
+
+from pcgtts.runtime.files import default_mode
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,7 @@ def staged_output(out_dir: str | Path):
     if out_dir.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=parent))
         out_dir.rename(old / "export")
+    os.chmod(stage, default_mode(directory=True))  # mkdtemp made it private
     stage.rename(out_dir)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -38,6 +38,22 @@ def check_output_dir(path: str | Path, flag: str = "--out") -> Path:
     return path
 
 
+def default_mode(directory: bool = False) -> int:
+    """The permissions a plain open()/mkdir() would give under the current umask (mkstemp and
+    mkdtemp use 0600/0700, which must not leak into what the user gets)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def publish(tmp: str | Path, path: str | Path) -> None:
+    """Move a finished temporary file over `path`, keeping an existing file's permissions."""
+    path = Path(path)
+    mode = path.stat().st_mode & 0o7777 if path.is_file() else default_mode()
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path):
     """Yields a temporary path beside `path`; renamed to `path` on success, removed on failure."""
@@ -49,4 +65,4 @@ def atomic_output(path: str | Path):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)
+    publish(tmp, path)

@@ -188,3 +188,22 @@ def test_an_unknown_audio_device_is_named_with_the_choices(capsys, no_models):
     assert code == 2 and "Traceback" not in err
     # with PortAudio: the device list; without it: how to get it (both one line, before models load)
     assert "no audio output device 'no-such-card-xyz'" in err or "PortAudio" in err, err
+
+
+def test_atomic_outputs_get_ordinary_permissions(tmp_path):
+    """mkstemp's private 0600 must not leak into the user's file; an existing file keeps its mode."""
+    import os
+    import stat
+
+    from pcgtts.runtime.files import atomic_output, default_mode
+
+    fresh = tmp_path / "fresh.json"
+    with atomic_output(fresh) as tmp:
+        tmp.write_text("{}")
+    assert stat.S_IMODE(fresh.stat().st_mode) == default_mode()
+    kept = tmp_path / "kept.json"
+    kept.write_text("old")
+    os.chmod(kept, 0o640)
+    with atomic_output(kept) as tmp:
+        tmp.write_text("new")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o640 and kept.read_text() == "new"

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, AudioChunk
-from pcgtts.runtime.files import check_output_file
+from pcgtts.runtime.files import check_output_file, publish
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ class WavSink(_Sink):
             self._file.close()
             self._file = None
             if keep:
-                os.replace(self._tmp, self.path)
+                publish(self._tmp, self.path)
             else:
                 self._tmp.unlink(missing_ok=True)
 
