@@ -79,3 +79,26 @@ def test_train_export_load_and_resume(tmp_path):
     assert enc.shape == (wav.size // 320 + 1,) and enc.min() >= 0 and enc.max() < 65536
     assert np.allclose(codec.decode(enc), model.decode(audio_codes=torch.as_tensor(enc)[None, None]).audio_values[0, 0]
                        .detach().numpy(), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_frozen_encoder_keeps_the_codes_and_trains_the_decoder(tmp_path):
+    """Stage 2 (`--freeze-encoder`): resumed from a joint checkpoint, the encoder side (everything up
+    to the quantizer) stays bit-identical, so the codes an LM trains on stop changing, while the
+    decoder still learns; the freeze is sticky for later runs in the same folder."""
+    from pcgtts.train.codec import ENCODER_PARTS, FROZEN_MARKER
+
+    corpus = _corpus(tmp_path / "corpus")
+    base = dict(corpus=corpus, out_dir=tmp_path / "codec", model=TINY, batch_size=2, crop_frames=8, warmup=1,
+                log_every=1, checkpoint_minutes=60)
+    train_codec(CodecTrainConfig(steps=2, **base))
+    before = torch.load(tmp_path / "codec" / "checkpoint.pt", weights_only=False)["model"]
+    train_codec(CodecTrainConfig(steps=4, freeze_encoder=True, **base))
+    assert (tmp_path / "codec" / FROZEN_MARKER).is_file()
+    train_codec(CodecTrainConfig(steps=5, **base))  # no flag: the marker keeps it frozen
+    after = torch.load(tmp_path / "codec" / "checkpoint.pt", weights_only=False)["model"]
+    encoder = [k for k in before if k.split(".")[0] in ENCODER_PARTS]
+    decoder = [k for k in before if k.startswith("acoustic_decoder.")]
+    assert encoder and decoder
+    assert all(torch.equal(before[k], after[k]) for k in encoder)
+    assert any(not torch.equal(before[k], after[k]) for k in decoder)

@@ -52,6 +52,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-minutes", type=_positive_float, default=5.0)
     p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
     p.add_argument("--eval", action="store_true", help="only evaluate the export: STOI on held-out speakers")
+    p.add_argument("--freeze-encoder", action="store_true",
+                   help="stage 2: fix the codes (freeze up to the quantizer) and train only the decoder; sticky")
     p.set_defaults(lab_func=_cmd_codec)
 
     p = sub.add_parser("lm", help="train the LLaSA-format target LM on codec codes (resumes from --out)")
@@ -143,7 +145,7 @@ def _cmd_codec(args) -> dict:
                              semantic_hidden=32, semantic_intermediate=64) if args.tiny else CodecModelConfig()
     cfg = CodecTrainConfig(corpus=args.corpus, out_dir=args.out, model=model, steps=args.steps,
                            batch_size=args.batch_size, threads=args.threads,
-                           checkpoint_minutes=args.checkpoint_minutes)
+                           checkpoint_minutes=args.checkpoint_minutes, freeze_encoder=args.freeze_encoder)
     return train_codec(cfg, progress=_Bar("codec", "step"))
 
 
@@ -177,7 +179,8 @@ def _cmd_all(args) -> dict:
     out["corpus"] = _cmd_corpus(ns(out=root / "corpus", per_speaker=260, heldout_sentences=24, max_sentences=None,
                                    speakers=None, seed=0))["hours"]
     out["codec"] = _cmd_codec(ns(corpus=root / "corpus", out=root / "codec", steps=20000, batch_size=8,
-                                 threads=args.threads, checkpoint_minutes=5.0, tiny=False, eval=False))["export"]
+                                 threads=args.threads, checkpoint_minutes=5.0, tiny=False, eval=False,
+                                 freeze_encoder=False))["export"]
     out["lm"] = _cmd_lm(ns(corpus=root / "corpus", codec=root / "codec" / "export", out=root / "lm", steps=6000,
                            batch_size=8, threads=args.threads, checkpoint_minutes=5.0, tiny=False))["export"]
     out["draft"] = _cmd_draft(ns(target=root / "lm" / "export", lm_dir=root / "lm", out=root / "draft", layers=3,

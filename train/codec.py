@@ -96,6 +96,9 @@ class CodecTrainConfig:
     seed: int = 0
     threads: int = 1
     reload_manifest_minutes: float = 10.0  # pick up utterances a corpus build added meanwhile
+    # Stage 2: freeze everything up to the quantizer so the codes stop changing (the LM can train
+    # on them meanwhile) and train only the decoder. Sticky: recorded in `encoder_frozen.json`.
+    freeze_encoder: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "corpus", Path(self.corpus))
@@ -232,6 +235,30 @@ def export_codec(model, export_dir: Path) -> Path:
     return export_dir
 
 
+ENCODER_PARTS = ("semantic_encoder", "semantic_adapter", "fc_encoder", "quantizer")  # features -> codes
+FROZEN_MARKER = "encoder_frozen.json"
+
+
+def _set_train_mode(model, frozen: bool) -> None:
+    """Train mode for what trains; the zeroed acoustic encoder (and a frozen encoder) stay in eval."""
+    model.train()
+    model.acoustic_encoder.eval()
+    for name in ENCODER_PARTS if frozen else ():
+        getattr(model, name).eval()
+
+
+def _freeze_encoder(model, out: Path, step: int) -> bool:
+    """Stop the codes from changing: no gradients (so AdamW leaves them alone, weight decay
+    included) for the encoder side. Recorded once, honoured by every later run in `out`."""
+    marker = out / FROZEN_MARKER
+    if not marker.is_file():
+        marker.write_text(json.dumps({"frozen_at_step": step, "parts": list(ENCODER_PARTS)}) + "\n")
+        log.info("encoder frozen at step %d: codes are fixed from here on (%s)", step, marker)
+    for name in ENCODER_PARTS:
+        getattr(model, name).requires_grad_(False)
+    return True
+
+
 def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = None) -> dict:
     """Train (or resume) until cfg.steps; returns a summary. stop_after: stop after that many steps
     in this call (tests, time-boxed runs) after writing a checkpoint."""
@@ -249,8 +276,8 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     step = resume(ckpt_path, model, opt, rng, losses, asdict(cfg.model))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
     loss_fn = ReconstructionLoss()
-    model.train()
-    model.acoustic_encoder.eval()
+    frozen = (cfg.freeze_encoder or (out / FROZEN_MARKER).is_file()) and _freeze_encoder(model, out, step)
+    _set_train_mode(model, frozen)
     t_ckpt = t_reload = time.monotonic()
     first = step
     window: list[float] = []
@@ -260,8 +287,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
                                     "rng": rng_state(rng), "model_config": asdict(cfg.model)})
         model.eval()
         export_codec(model, out / "export")
-        model.train()
-        model.acoustic_encoder.eval()
+        _set_train_mode(model, frozen)
         losses.plot(out / "loss.png", title="codec reconstruction loss")
         log.info("checkpoint at step %d -> %s (export %s)", step, ckpt_path, out / "export")
 
@@ -297,7 +323,8 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
             break
     checkpoint()
     return {"step": step, "steps": cfg.steps, "checkpoint": str(ckpt_path), "export": str(out / "export"),
-            "loss_png": str(out / "loss.png"), "last_loss": losses.last("loss"), "corpus_hours": sampler.hours}
+            "loss_png": str(out / "loss.png"), "last_loss": losses.last("loss"), "corpus_hours": sampler.hours,
+            "encoder_frozen": bool(frozen)}
 
 
 def evaluate_codec(codec_dir: Path, corpus: Path, split: str = "heldout_speakers", limit: int = 12) -> dict:
