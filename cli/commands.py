@@ -1,4 +1,4 @@
-"""Sub-commands of the runtime: `models demo`, `draft init`, `speak`.
+"""Sub-commands of the runtime: `models demo`, `draft init`, `draft train`, `speak`.
 
 Handlers import the heavy machinery lazily so `pcgtts --help` stays instant.
 """
@@ -26,6 +26,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--layers", required=True, help="a count (spread over the depth) or indices like 0,7,15")
     init.add_argument("--out", required=True)
     init.set_defaults(func=_draft_init)
+    train = draft.add_parser("train", help="distil a draft towards the target on the target's own samples "
+                                           "(resumes from --out)")
+    train.add_argument("--target", required=True, help="target checkpoint directory")
+    train.add_argument("--draft", required=True, help="draft checkpoint directory to start from (e.g. `draft init`)")
+    train.add_argument("--out", required=True, help="output directory: sequences, checkpoint, log, export/")
+    train.add_argument("--groups", help="the target's group table (.pcg): needed by --loss tv+group; "
+                                        "adds PCG's expected acceptance to the summary")
+    train.add_argument("--sentences", help="training sentences, one per line (default: the lab corpus's "
+                                           "template sentences; never the quality test set)")
+    train.add_argument("--steps", type=positive(int), default=500, help="optimizer steps (default 500)")
+    train.add_argument("--sequences", type=positive(int), default=64,
+                       help="training sequences the target generates (default 64)")
+    train.add_argument("--heldout", type=positive(int), default=8,
+                       help="held-out sequences the acceptance is measured on (default 8)")
+    train.add_argument("--loss", choices=("tv", "kl", "tv+group"), default="tv",
+                       help="tv: total variation (= 1 - SD acceptance, default); kl: KL(target || draft); "
+                            "tv+group: tv + the group-level TV PCG accepts on (needs --groups)")
+    train.add_argument("--max-tokens", type=positive(int), default=500,
+                       help="speech tokens per generated sequence at most (50 per s; default 500)")
+    train.add_argument("--temperature", type=positive(float), default=0.8,
+                       help="sampling temperature of the target and of the matched distributions (default 0.8)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--lr", type=positive(float), default=1e-4, help="AdamW peak learning rate (default 1e-4)")
+    train.add_argument("--batch-size", type=positive(int), default=4, help="sequences per step (default 4)")
+    train.add_argument("--compute-device", default="cpu", help="cpu (default), cuda or cuda:N")
+    train.add_argument("--threads", type=positive(int), help="CPU threads (default: torch's)")
+    train.set_defaults(func=_draft_train)
 
     speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write a WAV)")
     speak.add_argument("text")
@@ -117,6 +144,55 @@ def _draft_init(args) -> int:
     out = make_layer_subset_draft(args.target, args.out, layers)
     print(json.dumps({"draft": str(out), "layers": json.loads((out / "config.json").read_text())["pcgtts_draft"]["layers"]}))
     return 0
+
+
+def _draft_train(args) -> int:
+    from pathlib import Path
+
+    from pcgtts.runtime.files import check_output_dir
+
+    # Everything checkable is checked before a model loads (the library checks the numbers again).
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):
+        if not Path(path).is_dir():
+            raise ValueError(f"{flag} {path}: directory not found")
+        if not (Path(path) / "config.json").is_file():
+            raise ValueError(f"{flag} {path} is not a checkpoint directory: no config.json")
+    if args.loss == "tv+group" and args.groups is None:
+        raise ValueError("--loss tv+group needs the target's group table: give --groups")
+    if args.groups is not None and not Path(args.groups).is_file():
+        raise ValueError(f"--groups {args.groups}: group table not found")
+    check_output_dir(args.out)
+    check_compute_device(args.compute_device)
+    from pcgtts.train.distill import DistillConfig, read_sentences, train_distill
+    from pcgtts.train.cli import _Bar
+
+    if args.sentences is not None:
+        read_sentences(Path(args.sentences))  # exists, readable, every line speakable
+    cfg = DistillConfig(target=args.target, draft=args.draft, out_dir=args.out, groups=args.groups,
+                        sentences=args.sentences, steps=args.steps, sequences=args.sequences, heldout=args.heldout,
+                        loss=args.loss, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                        lr=args.lr, batch_size=args.batch_size, compute_device=args.compute_device,
+                        threads=args.threads)
+    summary = train_distill(cfg, progress=_Bar("distill", "step"), generation_progress=_Bar("sequences", "seq"))
+    _print_distill_summary(summary)
+    return 0
+
+
+def _print_distill_summary(summary: dict) -> None:
+    """Before/after acceptance first, then every other field; then the whole summary as one JSON line."""
+    rows = [("expected SD acceptance (1 - TV)", "acceptance"), ("TV", "tv")]
+    if "group_tv_before" in summary:
+        rows += [("expected PCG acceptance (1 - group TV)", "pcg_acceptance"), ("group TV", "group_tv")]
+    width = max(len(r[0]) for r in rows)
+    print(f"held-out ({summary['heldout_sequences']} sequences, {summary['heldout_tokens']} tokens)"
+          .ljust(width) + f"  {'before':>8}  {'after':>8}")
+    for label, key in rows:
+        print(f"{label:<{width}}  {summary[key + '_before']:8.4f}  {summary[key + '_after']:8.4f}")
+    rest = {k: v for k, v in summary.items() if not k.endswith(("_before", "_after"))}
+    width = max(len(k) for k in rest)
+    for key, value in rest.items():
+        print(f"{key:<{width}}  {f'{value:.4f}' if isinstance(value, float) else value}")
+    print(json.dumps(summary, default=str))
 
 
 def _speak(args) -> int:
