@@ -16,7 +16,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="verbose logging")
     sub = parser.add_subparsers(dest="command", required=True)
     # Each module exposes register(sub) and sets `func` on its parsers.
-    from pcgtts.cli import commands, export, groups
+    from pcgtts.cli import commands, export, groups, heads
     from pcgtts.quality import cli as quality_cli
     from pcgtts.serve import cli as serve_cli
     from pcgtts.train import cli as lab_cli
@@ -24,6 +24,7 @@ def _build_parser() -> argparse.ArgumentParser:
     commands.register(sub)
     groups.register(sub)
     export.register(sub)
+    heads.register(sub)  # pcgtts heads train | transitions
     quality_cli.register(sub)  # pcgtts eval
     serve_cli.register(sub)  # pcgtts serve
     lab_cli.register(sub)  # pcgtts lab

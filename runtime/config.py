@@ -1,11 +1,12 @@
 """Every setting as a frozen, validated dataclass, and the one function that resolves them.
 
     Settings
-      models     ModelPaths       target, draft, codec, groups
+      models     ModelPaths       target, draft, codec, groups, heads, transitions
       device     DeviceConfig     compute_device, dtype, backend, max_length
       synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
                                   abandon_after_s
-        decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials
+        decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
+                                  mtp_top_m, mtp_threshold, viterbi_top_k
           sampling SamplingConfig temperature, top_p
         stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
                                   crossfade_samples
@@ -26,7 +27,9 @@ from typing import Any, Mapping
 
 from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
 
-POLICIES = ("ar", "draft", "sd", "ssd", "pcg")
+# mtp-*: the target's multi-token heads propose instead of a draft (runtime/decode/multi_token.py)
+MTP_POLICIES = ("mtp-sd", "mtp-pcg", "mtp-strict", "mtp-topm", "mtp-threshold", "mtp-viterbi")
+POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + MTP_POLICIES
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -49,7 +52,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    policy: str = "pcg"  # ar | draft | sd | ssd | pcg
+    policy: str = "pcg"  # ar | draft | sd | ssd | pcg | mtp-sd | mtp-pcg | mtp-strict | mtp-topm | mtp-threshold | mtp-viterbi
     draft_length: int = 3  # draft tokens proposed per verify step (the paper's L_d); with adaptive_draft, the most
     # adaptive_draft: choose L in 0..draft_length every step from the cost model (runtime/decode/cost_model.py):
     # measured step costs + running per-position acceptance; 0 = a plain target step when speculation cannot win.
@@ -57,6 +60,9 @@ class DecodeConfig:
     ssd_beta: float = 0.4  # SSD's tolerance added to min(1, target/draft)
     max_new_tokens: int = 2000  # speech tokens per utterance (40 s of audio)
     pcg_thinning_trials: int = 16  # residual-sampler trials drawn at once before the exact fallback
+    mtp_top_m: int = 2  # mtp-topm / mtp-viterbi: a proposal passes when among the target's M best (Speech-LLaMA: 2)
+    mtp_threshold: float = 0.1  # mtp-threshold: a proposal passes when the target gives it at least this probability
+    viterbi_top_k: int = 4  # mtp-viterbi: candidates per head entering the Viterbi search
     sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self) -> None:
@@ -72,6 +78,10 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.pcg_thinning_trials < 1:
             raise ValueError(f"pcg_thinning_trials must be >= 1, got {self.pcg_thinning_trials}")
+        if self.mtp_top_m < 1 or self.viterbi_top_k < 1:
+            raise ValueError(f"mtp_top_m and viterbi_top_k must be >= 1, got {self.mtp_top_m}, {self.viterbi_top_k}")
+        if not 0.0 < self.mtp_threshold <= 1.0:
+            raise ValueError(f"mtp_threshold must lie in (0, 1], got {self.mtp_threshold}")
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,8 @@ class ModelPaths:
     draft: str | None = None  # draft checkpoint (same speech-token layout as the target)
     codec: str | None = None  # X-codec2 directory, Hugging Face format (or its ONNX export)
     groups: str | None = None  # .pcg group table of the target, for policy pcg
+    heads: str | None = None  # multi-token heads (mtp-* policies); default <target>/mtp_heads.safetensors
+    transitions: str | None = None  # .pct code transitions (mtp-viterbi); default <target>/transitions.pct
 
 
 @dataclass(frozen=True)
@@ -257,5 +269,5 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
     return out
 
 
-__all__ = ["POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
+__all__ = ["POLICIES", "MTP_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
            "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict"]

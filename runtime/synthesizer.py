@@ -29,7 +29,7 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
+from pcgtts.runtime.config import (MTP_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.speculative import DecodeStats, decode
@@ -212,12 +212,13 @@ class _Job:
 
 class Synthesizer:
     def __init__(self, target: LM, draft: LM | None, codec: SpeechCodec, groups: DeviceGroupTable | None = None,
-                 config: SynthesisConfig = SynthesisConfig()):
+                 config: SynthesisConfig = SynthesisConfig(), heads=None):
         # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
-        # from codec.source_dir); groups on the target's device, or None (pcg then unavailable).
+        # from codec.source_dir); groups on the target's device, or None (pcg then unavailable);
+        # heads: the target's multi-token heads (a multi_token.HeadProposer) for the mtp-* policies.
         if draft is not None:
             target.vocab.check_same_layout(draft.vocab)
-        self.target, self.draft, self.codec, self.groups = target, draft, codec, groups
+        self.target, self.draft, self.codec, self.groups, self.heads = target, draft, codec, groups, heads
         self.tokenizer = target.tokenizer
         self.config = config
         self._lock = threading.Lock()
@@ -270,11 +271,12 @@ class Synthesizer:
             table = GroupTable.load(models.groups, expect_vocab=target_lm.vocab,
                                     expect_fingerprint=target_lm.fingerprint)
             table = table.to_device(target_lm.device)
+        heads = _load_heads(models, target_lm)
         if is_exported_codec(models.codec):
             codec_model = OrtCodec(models.codec, force=force_export)
         else:
             codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
-        return cls(target_lm, draft_lm, codec_model, table, config)
+        return cls(target_lm, draft_lm, codec_model, table, config, heads)
 
     # -- voices --------------------------------------------------------------------------
 
@@ -319,10 +321,10 @@ class Synthesizer:
                voice: Voice | str | Path | None = None, config: SynthesisConfig | None = None) -> SynthesisStream:
         """Start synthesising `text`; bad input raises here, before any work starts."""
         config = config or self.config
-        if config.decode.policy == "pcg" and self.groups is None and not config.decode.sampling.greedy:
-            raise ValueError("policy 'pcg' needs a group table")
-        if config.decode.policy != "ar" and self.draft is None:
-            raise ValueError(f"policy {config.decode.policy!r} needs a draft model")
+        check_policy(config.decode.policy, draft=self.draft is not None, groups=self.groups is not None,
+                     heads=self.heads is not None,
+                     transitions=self.heads is not None and self.heads.transitions is not None,
+                     greedy=config.decode.sampling.greedy)
         resolved = self._resolve_voice(voice, ref_audio, ref_text)
         prompts, budgets = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
         return SynthesisStream(_Job(self, prompts, budgets, config))
@@ -389,7 +391,7 @@ class Synthesizer:
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget)
                 for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
-                                    sentence):
+                                    sentence, heads=self.heads):
                     for audio in window.push(burst):
                         if not emit(audio, False):
                             return
@@ -416,10 +418,55 @@ def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
         path = getattr(models, name)
         if path is not None and not Path(path).is_dir():
             raise ValueError(f"{name} model directory not found: {path}")
-    if models.groups is not None and not Path(models.groups).is_file():
-        raise ValueError(f"group table not found: {models.groups}")
-    if policy != "ar" and models.draft is None:
-        raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
-    if policy == "pcg" and models.groups is None:
-        raise ValueError("policy 'pcg' needs a group table (build one with `pcgtts groups build`)")
+    for name in ("groups", "heads", "transitions"):
+        path = getattr(models, name)
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{name} file not found: {path}")
+    heads, transitions = _heads_files(models)
+    check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
+                 heads=heads is not None, transitions=transitions is not None)
+    if policy in MTP_POLICIES and device.backend != "torch":
+        raise ValueError(f"policy {policy!r} runs on the torch backend only (the heads read the target's hidden states)")
     check_compute_device(device.compute_device)
+
+
+def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool,
+                 greedy: bool = False) -> None:
+    """The models a policy needs (greedy decoding never consults a group table)."""
+    if policy in MTP_POLICIES:
+        if not heads:
+            raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
+                             f"(train them with `pcgtts heads train`, or give --heads)")
+        if policy == "mtp-viterbi" and not transitions:
+            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts heads transitions`)")
+    elif policy != "ar" and not draft:
+        raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
+    if policy in ("pcg", "mtp-pcg") and not groups and not greedy:
+        raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
+
+
+def _heads_files(models: ModelPaths) -> tuple[Path | None, Path | None]:
+    """The heads and transition files in use: explicit paths, else found next to the target."""
+    from pcgtts.runtime.lm.heads import HEADS_FILE, TRANSITIONS_FILE
+
+    found = []
+    for explicit, name in ((models.heads, HEADS_FILE), (models.transitions, TRANSITIONS_FILE)):
+        default = Path(models.target) / name if models.target is not None else None
+        found.append(Path(explicit) if explicit is not None else default if default and default.is_file() else None)
+    return found[0], found[1]
+
+
+def _load_heads(models: ModelPaths, target_lm):
+    """The target's multi-token heads (with the transition table when there is one), or None."""
+    heads_file, transitions_file = _heads_files(models)
+    if heads_file is None or not hasattr(target_lm, "forward_hidden"):
+        return None
+    from pcgtts.groups.transitions import TransitionTable
+    from pcgtts.runtime.decode.multi_token import HeadProposer
+    from pcgtts.runtime.lm.heads import MTPHeads
+
+    model = target_lm.model
+    heads = MTPHeads.load(heads_file, fingerprint=target_lm.fingerprint, hidden_size=model.head.in_features,
+                          device=target_lm.device, dtype=model.head.weight.dtype)
+    transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None
+    return HeadProposer(heads, target_lm, transitions)

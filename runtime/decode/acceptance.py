@@ -23,6 +23,9 @@ Rules (all over the restricted vocabulary of runtime/text/vocab.py, stop token =
           [Q_c - P_c]_+ (thinning, with an exact fallback) and emit t in G_K with probability
           proportional to target(t)/N(t). The emitted group is distributed exactly as Q_c.
           The stop token is its own singleton group, id = groups.num_groups.
+  top-M   (multi-token heads, Speech-LLaMA) accept while a proposal is among the target's M
+          best tokens (M = 1: strict), then sample from the target. Not exact.
+  thresh  accept while the target gives a proposal probability >= tau. Not exact.
 
 Randomness is injected: `uniforms[B, L]` decide accept/reject (tests force outcomes through
 them) and `generator` draws everything else. The recovered token's residual is computed only
@@ -312,6 +315,32 @@ def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pro
     tokens = _assemble(draft_tokens, n, next_token)
     group_ids = _assemble(proposed, n, next_group)
     return Verdict(tokens, n, group_ids)
+
+
+def verify_top_m(draft_tokens: torch.Tensor, target_scores: torch.Tensor, target_probs: torch.Tensor,
+                 m: int, generator: torch.Generator) -> Verdict:
+    """Speech-LLaMA's verification of head proposals: accept while each proposal is among the
+    target's M highest-scoring tokens (M = 1: strict verification), then sample the next token
+    from the target. Not exact in distribution for M > 1 or temperature > 0 (it favours the
+    proposals); with M = 1 at temperature 0 it is greedy decoding.
+    draft_tokens: [B, L]; target_scores (logits: ranks survive temperature 0): [B, L + 1, V];
+    target_probs: [B, L + 1, V]."""
+    b, l = draft_tokens.shape
+    top = target_scores[:, :l].topk(m, dim=-1).indices  # [B, L, M]
+    n = _accepted_prefix((top == draft_tokens[..., None]).any(-1))
+    next_token = sample_from_weights(_row(target_probs, n), torch.rand(b, generator=generator, device=target_probs.device))
+    return Verdict(_assemble(draft_tokens, n, next_token), n)
+
+
+def verify_threshold(draft_tokens: torch.Tensor, target_probs: torch.Tensor, tau: float,
+                     generator: torch.Generator) -> Verdict:
+    """Accept while the target gives each proposal probability >= tau, then sample the next token
+    from the target. Not exact in distribution. Shapes as `verify_top_m`."""
+    b, l = draft_tokens.shape
+    on_target = target_probs[:, :l].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, L]
+    n = _accepted_prefix(on_target >= tau)
+    next_token = sample_from_weights(_row(target_probs, n), torch.rand(b, generator=generator, device=target_probs.device))
+    return Verdict(_assemble(draft_tokens, n, next_token), n)
 
 
 def verify(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,

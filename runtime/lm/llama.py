@@ -232,12 +232,12 @@ class Llama(nn.Module):
         dtype = self.embed_tokens.weight.dtype
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """input_ids: [B, T]; positions: [T] int64 consecutive cache slots.
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
+               last_only: bool = False) -> torch.Tensor:
+        """The final-normed hidden states the head reads: [B, T, D] (or [B, 1, D] with `last_only`).
 
-        Returns restricted-vocabulary logits [B, T, V_r] (float32), or [B, 1, V_r] with `last_only`.
-        `end` (python int, = positions[-1] + 1) lets eager mode attend to the used prefix only.
+        input_ids: [B, T]; positions: [T] int64 consecutive cache slots. `end` (python int,
+        = positions[-1] + 1) lets eager mode attend to the used prefix only.
         """
         cos, sin = self.rope(positions)
         mask = self.causal[positions] if end is None else self.causal[positions, :end]  # [T, S]
@@ -246,4 +246,9 @@ class Llama(nn.Module):
             x = layer(x, cos, sin, positions, mask, end)
         if last_only:
             x = x[:, -1:]
-        return self.head(self.norm(x)).float()
+        return self.norm(x)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
+                last_only: bool = False) -> torch.Tensor:
+        """Restricted-vocabulary logits [B, T, V_r] (float32), or [B, 1, V_r] with `last_only`."""
+        return self.head(self.hidden(input_ids, positions, end, last_only)).float()

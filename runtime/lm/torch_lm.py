@@ -67,6 +67,18 @@ class TorchLM(SequenceMixin):
         self.length += n
         return out
 
+    @torch.inference_mode()
+    def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like `forward`, also returning the final-normed hidden states that multi-token heads
+        read: ids [T] -> (logits [T, V_r], hidden [T, D]). Eager (no CUDA graph)."""
+        ids = ids.to(self.device).view(1, -1)
+        n = ids.shape[1]
+        check_fits(self.length, n, self.max_length)
+        positions = torch.arange(self.length, self.length + n, device=self.device)
+        hidden = self.model.hidden(ids, positions, end=self.length + n)[0]
+        self.length += n
+        return self.model.head(hidden).float(), hidden
+
     @property
     def fingerprint(self) -> str:
         """Fingerprint of the speech-token embedding rows: what a group table is checked against."""

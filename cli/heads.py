@@ -1,0 +1,90 @@
+"""`pcgtts heads train | transitions`: multi-token heads for the mtp-* policies (train/heads.py).
+
+Both validate their arguments before any model loads, show progress, print a readable table and
+then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pcgtts.cli.commands import print_report
+from pcgtts.cli.flags import positive
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    heads = sub.add_parser("heads", help="multi-token heads on the target (policies mtp-*)")
+    cmds = heads.add_subparsers(dest="heads_cmd", required=True)
+
+    train = cmds.add_parser("train", help="train k heads on the frozen target, on sequences it samples itself")
+    train.add_argument("--target", required=True, help="target checkpoint directory (torch format)")
+    train.add_argument("--out", help="heads file (default: <target>/mtp_heads.safetensors, found there by the runtime)")
+    train.add_argument("--work-dir", help="generated sequences, checkpoint, loss log (default: <out>.work)")
+    train.add_argument("--sentences", help="training sentences, one per line (default: the lab's template sentences)")
+    train.add_argument("--num-heads", type=positive(int), default=4)
+    train.add_argument("--sequences", type=positive(int), default=48, help="on-policy training sequences")
+    train.add_argument("--heldout", type=positive(int), default=8, help="sequences for the before/after figures")
+    train.add_argument("--steps", type=positive(int), default=400)
+    train.add_argument("--temperature", type=positive(float), default=0.8, help="of the on-policy sampling")
+    train.add_argument("--max-tokens", type=positive(int), default=400, help="speech tokens per sequence at most")
+    train.add_argument("--seed", type=int, default=0)
+    train.set_defaults(func=_train)
+
+    trans = cmds.add_parser("transitions", help="code transition table for mtp-viterbi, from code sequences")
+    trans.add_argument("--codes", required=True, nargs="+",
+                       help=".npz / .npy files of speech code sequences (e.g. the lab's codes.npz)")
+    trans.add_argument("--num-speech", type=positive(int), default=65536, help="speech codes in the vocabulary")
+    trans.add_argument("--top-k", type=positive(int), default=64, help="successors stored per code")
+    trans.add_argument("--out", required=True, help="the .pct file (runtime default: <target>/transitions.pct)")
+    trans.set_defaults(func=_transitions)
+
+
+def _train(args) -> int:
+    from pcgtts.runtime.files import check_output_dir, check_output_file
+
+    target = Path(args.target)
+    if not (target / "config.json").is_file():
+        raise ValueError(f"no target checkpoint at {target} (config.json missing)")
+    if args.sentences is not None and not Path(args.sentences).is_file():
+        raise ValueError(f"sentences file not found: {args.sentences}")
+    out = Path(args.out) if args.out else target / "mtp_heads.safetensors"
+    work = Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work")
+    check_output_file(out)
+    check_output_dir(work, "--work-dir")
+    from pcgtts.train.distill import read_sentences
+
+    sentences = tuple(read_sentences(args.sentences))
+
+    from pcgtts.train.cli import _Bar
+    from pcgtts.train.heads import HeadsTrainConfig, train_heads
+
+    cfg = HeadsTrainConfig(target=target, out=out, work_dir=work, sentences=sentences, num_heads=args.num_heads,
+                           sequences=args.sequences, heldout=args.heldout, steps=args.steps,
+                           temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    summary = train_heads(cfg, progress=_Bar("heads", "step"), generation_progress=_Bar("sequences", "seq"))
+    print_report(summary, "pcgtts heads train")
+    return 0
+
+
+def _transitions(args) -> int:
+    import numpy as np
+
+    from pcgtts.runtime.files import check_output_file
+
+    for path in args.codes:
+        if not Path(path).is_file():
+            raise ValueError(f"codes file not found: {path}")
+    check_output_file(Path(args.out))
+    from pcgtts.groups.transitions import TransitionTable
+
+    sequences = []
+    for path in args.codes:
+        data = np.load(path, allow_pickle=False)
+        arrays = [data[k] for k in data.files] if hasattr(data, "files") else [data]
+        sequences += [np.asarray(a).reshape(-1) for a in arrays if np.asarray(a).size]
+    table = TransitionTable.build(sequences, vocab_size=args.num_speech + 1, top_k=args.top_k)  # + the stop index
+    table.save(args.out)
+    print_report({"out": args.out, "sequences": len(sequences), "codes": int(sum(len(s) for s in sequences)),
+                  "top_k": args.top_k}, "pcgtts heads transitions")
+    return 0
