@@ -22,7 +22,9 @@ from pathlib import Path
 
 from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive, quiet_logger
 from pcgtts.cli.groups import DEFAULT_MAX_MEMORY_GB, DEFAULT_TOP_K, group_size_options
-from pcgtts.runtime.config import POLICIES
+from pcgtts.runtime.config import MTP_POLICIES, POLICIES
+
+DEFAULT_POLICIES = [p for p in POLICIES if p not in MTP_POLICIES]  # mtp-* need trained heads: asked for by name
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     bench = sub.add_parser("bench", help="latency harness: TTFA, RTF, acceptance, underruns, sweeps, plots")
     add_model_args(bench, policy=False)
-    bench.add_argument("--policy", type=_policies, default=list(POLICIES), help="comma list (default: all)")
+    bench.add_argument("--policy", type=_policies, default=DEFAULT_POLICIES,
+                       help=f"comma list (default: {','.join(DEFAULT_POLICIES)}; the mtp-* policies need the "
+                            "target's heads, `pcgtts heads train`)")
     bench.add_argument("--theta", type=_floats, help="comma list of group thresholds to sweep (pcg; builds tables)")
     bench.add_argument("--mean-size", type=_floats,
                        help="comma list of target mean group sizes to sweep (pcg; theta chosen per size, as groups build)")
@@ -83,8 +87,8 @@ def cases(args) -> list:
         if policy == "draft":
             if draft_length == args.draft_length[0]:
                 out.append(BenchCase("draft"))
-        elif policy == "pcg":
-            out += [BenchCase("pcg", draft_length, theta) for theta in (args.theta or [None])]
+        elif policy in ("pcg", "mtp-pcg"):
+            out += [BenchCase(policy, draft_length, theta) for theta in (args.theta or [None])]
         elif policy == "ssd":
             out += [BenchCase("ssd", draft_length, ssd_beta=beta) for beta in (args.beta or [None])]
         else:
@@ -93,6 +97,19 @@ def cases(args) -> list:
         longest = max(args.draft_length)
         out += [BenchCase(policy, longest, adaptive=True) for policy in args.policy if policy not in ("ar", "draft")]
     return out
+
+
+def check_mtp_policies(policies, args) -> None:
+    """Before any model loads: the heads (and transitions) the mtp-* policies asked for exist."""
+    mtp = sorted({p for p in policies if p in MTP_POLICIES})
+    if not mtp:
+        return
+    from pcgtts.runtime.config import ModelPaths
+    from pcgtts.runtime.synthesizer import check_policy, heads_files
+
+    heads, transitions = heads_files(ModelPaths(target=args.target, heads=args.heads, transitions=args.transitions))
+    for policy in mtp:
+        check_policy(policy, draft=True, groups=True, heads=heads is not None, transitions=transitions is not None)
 
 
 def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = None, max_bytes: int | None = None):
@@ -119,9 +136,8 @@ def _bench(args) -> int:
 
     from tqdm import tqdm
 
-    from pcgtts.tools.bench import DEFAULT_TEXTS, add_speedups, case_config, measure, summarize
+    from pcgtts.tools.bench import DEFAULT_TEXTS, add_speedups, case_config, case_synthesizer, measure, summarize
     from pcgtts.cli.commands import load_synthesizer
-    from pcgtts.runtime.synthesizer import Synthesizer
 
     from pcgtts.runtime.files import check_output_file
 
@@ -140,11 +156,12 @@ def _bench(args) -> int:
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)
     policies = args.policy
-    needs_draft = any(c.policy != "ar" for c in todo)
+    needs_draft = any(c.policy not in ("ar",) + MTP_POLICIES for c in todo)
     args.policy = "pcg" if any(c.policy == "pcg" for c in todo) else ("sd" if needs_draft else "ar")
     sizing = group_size_options(args)
     if args.mean_size and any(m < 1 for m in args.mean_size):
         raise ValueError("--mean-size values must be >= 1")
+    check_mtp_policies([c.policy for c in todo], args)
     base, settings = load_synthesizer(args)
     models = dataclasses.asdict(settings.models)
     if args.mean_size:  # each target mean group size becomes the theta that gives it on this target
@@ -159,10 +176,7 @@ def _bench(args) -> int:
     total = len(todo) * (args.warmup + args.runs * len(texts))
     with tqdm(total=total, desc="bench", unit="utt", file=sys.stderr) as bar:
         for case in todo:
-            groups = base.groups
-            if case.policy == "pcg" and case.theta is not None:
-                groups = group_table(models["target"], base.target, case.theta, **sizing)
-            synth = Synthesizer(base.target, base.draft if case.policy != "ar" else None, base.codec, groups)
+            synth = case_synthesizer(base, case, lambda theta: group_table(models["target"], base.target, theta, **sizing))
             records = []
             for i in range(args.warmup):
                 measure(synth, texts[i % len(texts)], case_config(base.config, case, args.seed, max_tokens), args.speed)

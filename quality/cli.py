@@ -49,15 +49,16 @@ def _names(text: str) -> list[str]:
 def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from pcgtts.cli.commands import add_model_args
     from pcgtts.cli.flags import positive
-    from pcgtts.runtime.config import POLICIES
+    from pcgtts.cli.bench import DEFAULT_POLICIES
 
     p = sub.add_parser("eval", help="quality harness: WER, CER, speaker similarity, STOI next to speed-up")
     add_model_args(p, policy=False)
     p.add_argument("--mode", choices=MODES, default="synth",
                    help="source: score the reference voices; codec: resynthesis; synth: Table 1 and sweeps; "
                         "swap: Table 2; melgroups: Table 3 (default synth)")
-    p.add_argument("--policies", type=_names, default=list(POLICIES),
-                   help=f"comma list of rules (default {','.join(POLICIES)}); ar is always run as the baseline")
+    p.add_argument("--policies", type=_names, default=list(DEFAULT_POLICIES),
+                   help=f"comma list of rules (default {','.join(DEFAULT_POLICIES)}; mtp-* need the target's heads); "
+                        "ar is always run as the baseline")
     p.add_argument("--theta", type=_list(float), help="comma list of group thresholds θ for pcg (tables built and cached)")
     p.add_argument("--beta", type=_list(float), help="comma list of SSD tolerances β")
     p.add_argument("--draft-length", type=_list(int), default=[3], help="comma list of draft lengths L (default 3)")
@@ -186,13 +187,16 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_models(args, testset, sentences, recipe, progress):
-    from pcgtts.cli.bench import cases as bench_cases, group_table
+    from pcgtts.cli.bench import cases as bench_cases, check_mtp_policies, group_table
     from pcgtts.cli.commands import load_synthesizer
     from pcgtts.quality.harness import SynthPlan, run_synth
+    from pcgtts.runtime.config import MTP_POLICIES
 
     demo = not args.target
     args.max_tokens = args.max_tokens or (150 if demo else None)
-    needs_draft = args.mode == "melgroups" or any(p != "ar" for p in args.policies)
+    if args.mode == "synth":
+        check_mtp_policies(args.policies, args)
+    needs_draft = args.mode == "melgroups" or any(p not in ("ar",) + MTP_POLICIES for p in args.policies)
     args.policy = "pcg" if (args.mode == "synth" and "pcg" in args.policies and args.groups) else (
         "sd" if needs_draft else "ar")
     progress("loading models")

@@ -148,19 +148,6 @@ class SynthPlan:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
 
-def case_synthesizer(base, case, groups_for: Callable[[float], object] | None = None):
-    """A Synthesizer sharing `base`'s loaded models for one case (the draft only where used;
-    the case's group table where it names a θ)."""
-    from pcgtts import Synthesizer
-
-    groups = base.groups
-    if case.policy == "pcg" and case.theta is not None:
-        if groups_for is None:
-            raise ValueError("a pcg case with a θ needs a way to build its group table")
-        groups = groups_for(case.theta)
-    return Synthesizer(base.target, base.draft if case.policy != "ar" else None, base.codec, groups, base.config)
-
-
 def synth_config(base_config, case, seed: int, plan: SynthPlan):
     from pcgtts.tools.bench import case_config
 
@@ -195,6 +182,8 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
     The first case must be `ar`: speed-ups and paired deltas are measured against it."""
     if not cases or cases[0].policy != "ar":
         raise ValueError("the first case must be the target-AR baseline (policy 'ar')")
+    from pcgtts.tools.bench import case_synthesizer
+
     label = label or (lambda c: c.label)
     ref_path = render(recipe, testset.reference_text, cache_dir)
     ref_emb = reference_embedding(recipe, testset, cache_dir)
@@ -252,5 +241,5 @@ def fmt_number(value, spec: str = ".2f") -> str:
 
 
 __all__ = ["QUALITY_METRICS", "score_audio", "summarize", "reference_embedding", "run_source", "run_codec",
-           "SynthPlan", "case_synthesizer", "synth_config", "synthesize_one", "run_synth", "fmt_estimate",
+           "SynthPlan", "synth_config", "synthesize_one", "run_synth", "fmt_estimate",
            "fmt_number"]

@@ -422,7 +422,7 @@ def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
         path = getattr(models, name)
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{name} file not found: {path}")
-    heads, transitions = _heads_files(models)
+    heads, transitions = heads_files(models)
     check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
                  heads=heads is not None, transitions=transitions is not None)
     if policy in MTP_POLICIES and device.backend != "torch":
@@ -445,7 +445,7 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
         raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
 
 
-def _heads_files(models: ModelPaths) -> tuple[Path | None, Path | None]:
+def heads_files(models: ModelPaths) -> tuple[Path | None, Path | None]:
     """The heads and transition files in use: explicit paths, else found next to the target."""
     from pcgtts.runtime.lm.heads import HEADS_FILE, TRANSITIONS_FILE
 
@@ -458,7 +458,7 @@ def _heads_files(models: ModelPaths) -> tuple[Path | None, Path | None]:
 
 def _load_heads(models: ModelPaths, target_lm):
     """The target's multi-token heads (with the transition table when there is one), or None."""
-    heads_file, transitions_file = _heads_files(models)
+    heads_file, transitions_file = heads_files(models)
     if heads_file is None or not hasattr(target_lm, "forward_hidden"):
         return None
     from pcgtts.groups.transitions import TransitionTable

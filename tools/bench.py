@@ -21,6 +21,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -146,6 +147,20 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
     if cuda:
         record["peak_gpu_mb"] = torch.cuda.max_memory_allocated(synth.target.device) / 2**20
     return record
+
+
+def case_synthesizer(base: Synthesizer, case: BenchCase, groups_for: Callable[[float], object] | None = None):
+    """A Synthesizer sharing `base`'s loaded models for one case: the draft only where the policy
+    uses one, the target's heads for mtp-*, and the case's group table where it names a θ."""
+    from pcgtts.runtime.config import MTP_POLICIES
+
+    groups = base.groups
+    if case.policy in ("pcg", "mtp-pcg") and case.theta is not None:
+        if groups_for is None:
+            raise ValueError("a pcg case with a θ needs a way to build its group table")
+        groups = groups_for(case.theta)
+    draft = base.draft if case.policy not in ("ar",) + MTP_POLICIES else None
+    return Synthesizer(base.target, draft, base.codec, groups, base.config, heads=base.heads)
 
 
 def case_config(base: SynthesisConfig, case: BenchCase, seed: int, max_tokens: int | None) -> SynthesisConfig:

@@ -143,6 +143,19 @@ def codec_forward(model, features: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return audio[:, 0], codes[..., 0]
 
 
+@torch.inference_mode()
+def semantic_codes(model, samples: np.ndarray) -> np.ndarray:
+    """The stock `encode`'s codes without running the zeroed acoustic encoder (its output is exact
+    zeros): float32 [N] -> int64 [N // 320 + 1], ~20x faster on a CPU. `encode_corpus` checks it
+    against the stock path before relying on it."""
+    features = encoder_inputs(samples)["input_features"]
+    sem = model.semantic_encoder(features).last_hidden_state.transpose(1, 2)
+    sem = model.semantic_adapter(sem)
+    acoustic = sem.new_zeros(sem.shape[0], model.config.hidden_size, sem.shape[2])
+    _, codes = model.quantizer(model.fc_encoder(torch.cat([sem, acoustic], dim=1).transpose(1, 2)))
+    return codes[0, :, 0].long().numpy()
+
+
 def mel_filters(n_fft: int, n_mels: int, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
     """HTK-scale triangular mel filters [n_mels, n_fft // 2 + 1]."""
     def mel(f):
@@ -350,5 +363,5 @@ def evaluate_codec(codec_dir: Path, corpus: Path, split: str = "heldout_speakers
             "stoi_min": float(np.min(scores)), "distinct_codes": len(codes_seen)}
 
 
-__all__ = ["CodecModelConfig", "CodecTrainConfig", "new_codec", "codec_forward", "ReconstructionLoss",
+__all__ = ["CodecModelConfig", "CodecTrainConfig", "new_codec", "codec_forward", "semantic_codes", "ReconstructionLoss",
            "train_codec", "export_codec", "evaluate_codec", "CropSampler"]

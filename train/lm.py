@@ -209,10 +209,16 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
     records = read_manifest(corpus)
     todo = [r for r in records if r["id"] not in codes]
     if todo:
+        from pcgtts.train.codec import semantic_codes
+
         codec = Codec.from_pretrained(codec_dir, decode_only=False)
+        encode = codec.encode
+        first, _ = sf.read(str(Path(corpus) / todo[0]["path"]), dtype="float32")
+        if np.array_equal(semantic_codes(codec.full, first), codec.encode(first)):  # a semonly codec: the fast path
+            encode = functools.partial(semantic_codes, codec.full)
         for n, rec in enumerate(todo):
             audio, _ = sf.read(str(Path(corpus) / rec["path"]), dtype="float32")
-            codes[rec["id"]] = codec.encode(audio).astype(np.int32)
+            codes[rec["id"]] = encode(audio).astype(np.int32)
             if progress is not None:
                 progress(n + 1, len(todo))
             if (n + 1) % save_every == 0 or n + 1 == len(todo):
