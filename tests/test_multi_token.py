@@ -196,3 +196,56 @@ def test_synthesizer_finds_heads_next_to_the_target(tiny_models, tmp_path, targe
     with pytest.raises(ValueError, match="draft"):
         synth.stream("Hello.", config=__import__("dataclasses").replace(
             synth.config, decode=DecodeConfig(policy="sd")))
+
+
+def test_viterbi_heads_verified_strictly_equal_greedy(target, proposer, prompt, tmp_path):
+    """mtp-viterbi: the heads' top-k lattice searched with a transition table built from the
+    target's own codes (through `pcgtts heads transitions`'s file format); verified with top-M at
+    M = 1 and temperature 0 it is greedy decoding, and at M = 2 it accepts at least as much."""
+    from pcgtts.groups.transitions import TransitionTable
+    from pcgtts.runtime.decode.multi_token import HeadProposer
+
+    sequences = [np.array(run(target, proposer, prompt, "ar", SamplingConfig(), tokens=60, seed=s)[0]) for s in range(6)]
+    path = TransitionTable.build(sequences, vocab_size=target.vocab.restricted_size, top_k=16).save(tmp_path / "t.pct")
+    viterbi = HeadProposer(proposer.heads, target, TransitionTable.load(path))
+    reference, _ = run(target, viterbi, prompt, "ar", GREEDY)
+    strict, s1 = run(target, viterbi, prompt, "mtp-viterbi", GREEDY, mtp_top_m=1)
+    assert strict == reference
+    loose, s2 = run(target, viterbi, prompt, "mtp-viterbi", GREEDY, mtp_top_m=2)
+    assert s2.accepted >= 0 and len(loose) == 40 and all(0 <= t < target.vocab.num_speech for t in loose)
+    assert s1.drafted == 3 * (s1.steps - 1)
+
+
+@pytest.mark.slow
+def test_heads_cli_end_to_end(tiny_models, tmp_path):
+    """`pcgtts heads train` writes heads next to the target, `heads transitions` the .pct, and
+    `pcgtts speak` then decodes with mtp-sd and mtp-viterbi into WAV files."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    folder = tmp_path / "target"
+    shutil.copytree(tiny_models["target"], folder)
+    cli = [sys.executable, "-c", "import sys; from pcgtts.cli import main; sys.exit(main())"]
+    run_cli = lambda *a: subprocess.run(cli + list(a), capture_output=True, text=True, timeout=600)  # noqa: E731
+    bad = run_cli("heads", "train", "--target", str(tmp_path / "nope"))
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "no target checkpoint" in bad.stderr
+    done = run_cli("heads", "train", "--target", str(folder), "--num-heads", "2", "--sequences", "4", "--heldout", "2",
+                   "--steps", "30", "--max-tokens", "60")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(summary["accept_after"]) == 2 and (folder / "mtp_heads.safetensors").is_file()
+    seqs = np.load(folder / "mtp_heads.safetensors.work" / "sequences.npz")
+    np.savez(tmp_path / "codes.npz", a=seqs["train_generated"])
+    done = run_cli("heads", "transitions", "--codes", str(tmp_path / "codes.npz"), "--num-speech", "1024",
+                   "--out", str(folder / "transitions.pct"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    for policy in ("mtp-sd", "mtp-viterbi"):
+        wav = tmp_path / f"{policy}.wav"
+        done = run_cli("speak", "Hello there.", "--target", str(folder), "--codec", str(tiny_models["codec"]),
+                       "--policy", policy, "--max-tokens", "40", "--seed", "1", "--out", str(wav))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert sf.info(str(wav)).frames > 0
