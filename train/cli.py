@@ -80,6 +80,15 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=1)
     p.set_defaults(lab_func=_cmd_draft)
 
+    p = sub.add_parser("package", help="the compact committed form of the trained voice (fp16, factorised)")
+    p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="lab folder holding lm/, draft/, codec/export")
+    p.add_argument("--out", type=Path, default=None, help="voice folder (default: the package's pcgtts/voice)")
+    p.add_argument("--name", required=True, help="version name recorded in voice.json, e.g. lab-v1")
+    p.add_argument("--heads", type=Path, help="multi-token heads file trained for the target (optional)")
+    p.add_argument("--mean-group-size", type=_positive_int, default=140, help="θ of the built group table (paper: ~140)")
+    p.add_argument("--figures", type=Path, help="JSON of measured figures to record (WER, STOI, similarity, ...)")
+    p.set_defaults(lab_func=_cmd_package)
+
     p = sub.add_parser("all", help="corpus, codec, lm and draft in order, each resumed where it stopped")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     p.add_argument("--threads", type=_positive_int, default=1)
@@ -174,6 +183,22 @@ def _cmd_draft(args) -> dict:
     cfg = DraftTrainConfig(target=args.target, lm_dir=args.lm_dir, out_dir=args.out, layers=args.layers,
                            steps=args.steps, threads=args.threads)
     return train_draft(cfg, progress=_Bar("draft", "step"))
+
+
+def _cmd_package(args) -> dict:
+    from pcgtts.builtin import VOICE_DIR
+    from pcgtts.train.package import pack_voice
+
+    needed = [args.root / "lm" / "checkpoint.pt", args.root / "draft" / "checkpoint.pt",
+              args.root / "codec" / "export" / "model.safetensors"]
+    for path in needed + [p for p in (args.heads, args.figures) if p is not None]:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found")
+    figures = json.loads(args.figures.read_text()) if args.figures else {}
+    out = pack_voice(args.out or VOICE_DIR, args.root / "lm", args.root / "draft", args.root / "codec" / "export",
+                     name=args.name, heads_file=args.heads, mean_group_size=args.mean_group_size, figures=figures)
+    size = sum(p.stat().st_size for p in out.iterdir())
+    return {"voice": str(out), "megabytes": round(size / 2**20, 1), "name": args.name}
 
 
 def _cmd_all(args) -> dict:

@@ -1,0 +1,70 @@
+"""The built-in voice's committed form: packing the lab's folders into compact fp16 factorised files
+and expanding them back into the released layouts gives the same model (to fp16 rounding), a
+layout-checked draft, a loadable codec, re-keyed heads and a group table."""
+
+import json
+
+import pytest
+import torch
+
+from pcgtts.train.lm import LMModelConfig, build_model, lab_tokenizer
+from pcgtts.train.progress import save_checkpoint
+
+
+def _lab_folders(root):
+    from dataclasses import asdict
+
+    from pcgtts.tools.demo_codec import write_demo_codec
+
+    tok = lab_tokenizer()
+    target_cfg = LMModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    draft_cfg = LMModelConfig(**{**asdict(target_cfg), "num_layers": 1})
+    for name, cfg, extra in (("lm", target_cfg, {}), ("draft", draft_cfg, {"layers": [1]})):
+        model = build_model(cfg, tok, seed=3)
+        (root / name).mkdir(parents=True)
+        save_checkpoint(root / name / "checkpoint.pt", {"model": model.state_dict(), "model_config": asdict(cfg),
+                                                        "step": 7, **extra})
+    return write_demo_codec(root / "codec", seed=0)
+
+
+@pytest.mark.slow  # the group table over 65,536 codes takes a while on 2 cores
+def test_pack_and_expand_round_trip(tmp_path):
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+    from pcgtts.runtime.lm.draft import check_draft_layout
+    from pcgtts.runtime.lm.heads import MTPHeads
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.train.package import expand_voice, pack_voice, read_voice
+    from pcgtts.train.progress import load_checkpoint
+
+    codec = _lab_folders(tmp_path)
+    heads = MTPHeads(2, 64, "stale-fingerprint").save(tmp_path / "heads.safetensors")
+    pack = pack_voice(tmp_path / "voice", tmp_path / "lm", tmp_path / "draft", codec, name="test", heads_file=heads,
+                      mean_group_size=20, group_cap=64, figures={"stoi": 0.5})
+    meta = read_voice(pack)
+    assert meta["target"]["step"] == 7 and meta["draft"]["layers"] == [1] and meta["figures"] == {"stoi": 0.5}
+    paths = expand_voice(pack, tmp_path / "expanded", progress=False)
+
+    # The expanded target is the factorised model, materialised (fp16 rounding only).
+    tok = lab_tokenizer()
+    state = load_checkpoint(tmp_path / "lm" / "checkpoint.pt")
+    model = build_model(LMModelConfig(**state["model_config"]), tok, 0)
+    model.load_state_dict({k: v.half().float() for k, v in state["model"].items()})
+    expected = model.materialise()
+    target = TorchLM.load(paths["target"], max_length=64)
+    ids = torch.tensor([[1, 5, 9, target.vocab.speech_offset + 17, target.vocab.speech_offset + 4000]])
+    with torch.no_grad():
+        ref = expected(ids).logits[0, :, target.vocab.head_rows()]
+    out = target.forward(ids[0])
+    assert torch.allclose(out, ref, atol=1e-3)
+    check_draft_layout(paths["target"], target.tokenizer, paths["draft"])
+    assert json.loads((paths["draft"] / "config.json").read_text())["pcgtts_draft"]["layers"] == [1]
+    _, _, fingerprint = load_speech_embeddings(paths["target"])
+    assert MTPHeads.load(paths["target"] / "mtp_heads.safetensors", fingerprint=fingerprint).num_heads == 2
+    assert paths["groups"].is_file() and (paths["codec"] / "config.json").is_file()
+
+    # A damaged file is named before anything is expanded.
+    data = bytearray((pack / "draft.safetensors").read_bytes())
+    data[-1] ^= 1
+    (pack / "draft.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="draft.safetensors is missing or damaged"):
+        read_voice(pack)

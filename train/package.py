@@ -1,0 +1,155 @@
+"""The built-in voice's committed form, and its expansion into the released layouts on first use.
+
+Last step of the lab (corpus -> codec -> LM -> draft -> **package**). The trained models are
+committed compactly (the one generated thing that is): fp16 safetensors, the target and draft
+*factorised* as the lab trains them (text rows + 8 x 4 FSQ digit rows + the LLaMA body: a code's
+row is the sum of its digits' rows), so a 65,536-row embedding costs 32 rows. Folder layout:
+
+    voice.json          format, name, the model configs, measured figures, sha256 of each file
+    target.safetensors  factorised target (fp16)
+    draft.safetensors   factorised draft (fp16), a layer subset of the target, fine-tuned
+    codec.safetensors   the Xcodec2Model state dict (fp16); its config is in voice.json
+    mtp_heads.safetensors   optional multi-token heads
+    MODEL_CARD.md       data, recipe command, training time and hardware, measured figures
+
+`expand_voice` writes, once, a plain tied `LlamaForCausalLM` + LLaSA tokenizer for target and
+draft (exact: the digit sums are materialised), the codec as `Xcodec2Model.save_pretrained`
+would, the heads re-keyed to the expanded target, and the target's group table (θ chosen for
+the recorded mean group size). `pack_voice` makes the folder from the lab's training folders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMAT, VERSION = "pcgtts-voice", 1
+FILES = ("target.safetensors", "draft.safetensors", "codec.safetensors")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _save_half(state: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}, str(path))
+
+
+def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, codec_dir: str | Path, *,
+               name: str, heads_file: str | Path | None = None, mean_group_size: int = 140,
+               group_cap: int = 512, figures: dict | None = None) -> Path:
+    """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders."""
+    from pcgtts.train.progress import load_checkpoint
+
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    meta = {"format": FORMAT, "version": VERSION, "name": name, "created": time.strftime("%Y-%m-%d"),
+            "groups": {"mean_size": mean_group_size, "cap": group_cap}, "figures": figures or {}}
+    for role, folder in (("target", lm_dir), ("draft", draft_dir)):
+        state = load_checkpoint(Path(folder) / "checkpoint.pt")
+        _save_half(state["model"], tmp / f"{role}.safetensors")
+        meta[role] = {"model_config": state["model_config"], "step": state["step"]}
+        if role == "draft":
+            meta[role]["layers"] = state.get("layers")
+    from safetensors.torch import load_file
+
+    codec_dir = Path(codec_dir)
+    _save_half(load_file(str(codec_dir / "model.safetensors")), tmp / "codec.safetensors")
+    meta["codec"] = {"config": json.loads((codec_dir / "config.json").read_text())}
+    if heads_file is not None:
+        shutil.copyfile(heads_file, tmp / "mtp_heads.safetensors")
+    meta["sha256"] = {p.name: _sha256(p) for p in sorted(tmp.glob("*.safetensors"))}
+    (tmp / "voice.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if (out / "MODEL_CARD.md").is_file():
+        shutil.copyfile(out / "MODEL_CARD.md", tmp / "MODEL_CARD.md")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def read_voice(pack_dir: str | Path) -> dict:
+    """voice.json, checked: format, version, every file present with its recorded checksum."""
+    pack = Path(pack_dir)
+    try:
+        meta = json.loads((pack / "voice.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{pack}: not a voice folder ({err})") from None
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise ValueError(f"{pack}/voice.json: format {meta.get('format')!r} version {meta.get('version')!r}, "
+                         f"expected {FORMAT!r} {VERSION}")
+    for file, digest in meta["sha256"].items():
+        if not (pack / file).is_file() or _sha256(pack / file) != digest:
+            raise ValueError(f"{pack}/{file} is missing or damaged (checksum differs from voice.json)")
+    return meta
+
+
+def _expand_lm(pack: Path, role: str, meta: dict, out: Path) -> Path:
+    from safetensors.torch import load_file
+
+    from pcgtts.train.lm import LMModelConfig, build_model, lab_tokenizer, save_lm
+
+    tokenizer = lab_tokenizer()
+    model = build_model(LMModelConfig(**meta[role]["model_config"]), tokenizer, 0)
+    model.load_state_dict({k: v.float() for k, v in load_file(str(pack / f"{role}.safetensors")).items()})
+    save_lm(model, tokenizer, out)
+    if role == "draft":
+        cfg = json.loads((out / "config.json").read_text())
+        cfg["pcgtts_draft"] = {"source": "built-in voice target", "layers": meta["draft"]["layers"]}
+        (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = True) -> dict[str, Path]:
+    """Expand a voice folder into {target, draft, codec, groups} in `out_dir` (atomically)."""
+    from safetensors.torch import load_file, save_file
+
+    from pcgtts.groups.build import theta_for_mean_size
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+    from pcgtts.runtime.lm.heads import HEADS_FILE, MTPHeads
+    from pcgtts.tools.model_groups import build_groups_for_model
+
+    pack, out = Path(pack_dir), Path(out_dir)
+    meta = read_voice(pack)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    paths = {"target": _expand_lm(pack, "target", meta, tmp / "target"),
+             "draft": _expand_lm(pack, "draft", meta, tmp / "draft")}
+    codec = tmp / "codec"
+    codec.mkdir()
+    (codec / "config.json").write_text(json.dumps(meta["codec"]["config"], indent=2))
+    save_file({k: v.float() for k, v in load_file(str(pack / "codec.safetensors")).items()},
+              str(codec / "model.safetensors"), metadata={"format": "pt"})
+    paths["codec"] = codec
+    rows, _, fingerprint = load_speech_embeddings(paths["target"])
+    if (pack / HEADS_FILE).is_file():  # re-keyed to the expanded (fp32) target it was trained with
+        heads = MTPHeads.load(pack / HEADS_FILE)
+        heads.target_fingerprint = fingerprint
+        heads.save(paths["target"] / HEADS_FILE)
+    groups = meta["groups"]
+    theta = theta_for_mean_size(rows, groups["mean_size"], groups["cap"])
+    log.warning("building the built-in voice's group table (θ %.3f for mean size %d; once)", theta, groups["mean_size"])
+    table_path = tmp / "groups.pcg"
+    build_groups_for_model(paths["target"], theta, groups["cap"], progress=progress).save(table_path)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
+
+
+__all__ = ["pack_voice", "read_voice", "expand_voice", "FORMAT", "VERSION"]
