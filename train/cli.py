@@ -51,7 +51,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive_int, default=1)
     p.add_argument("--checkpoint-minutes", type=_positive_float, default=5.0)
     p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
-    p.add_argument("--eval", action="store_true", help="only evaluate the export: STOI on held-out speakers")
+    p.add_argument("--eval", action="store_true", help="only evaluate the export on held-out speakers: STOI, PocketSphinx WER of source and resynthesis")
     p.add_argument("--freeze-encoder", action="store_true",
                    help="stage 2: fix the codes (freeze up to the quantizer) and train only the decoder; sticky")
     p.set_defaults(lab_func=_cmd_codec)
