@@ -76,13 +76,15 @@ class StreamStats:
             for name in ("steps", "target_forwards", "draft_forwards", "drafted", "accepted", "emitted",
                          "time_draft", "time_target", "time_verify"):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
-            width = max(len(total.per_position_accepted), len(s.per_position_accepted))
-            total.per_position_accepted = [
-                (total.per_position_accepted[i] if i < len(total.per_position_accepted) else 0)
-                + (s.per_position_accepted[i] if i < len(s.per_position_accepted) else 0)
-                for i in range(width)
-            ]
+            total.per_position_accepted = _add_lists(total.per_position_accepted, s.per_position_accepted)
+            total.length_counts = _add_lists(total.length_counts, s.length_counts)
+            total.catchup_tokens += s.catchup_tokens
         return total
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    """Element-wise sum of two count lists of possibly different lengths."""
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(max(len(a), len(b)))]
 
 
 class SynthesisStream:

@@ -137,3 +137,15 @@ def test_cli_speak_writes_a_wav_and_reports(models, groups_file, tmp_path, capsy
     assert rate == 16000 and len(audio) == 320 * report["tokens"] and report["underruns"] == 0
     assert main(["speak", "Hello world", "--device", "null", "--policy", "ar", "--max-tokens", "30"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == 30
+
+
+def test_stream_totals_sum_every_counter():
+    """StreamStats.totals() adds per-sentence counts, lists of different lengths included."""
+    from pcgtts.runtime.decode.speculative import DecodeStats
+    from pcgtts.runtime.synthesizer import StreamStats
+
+    a = DecodeStats(steps=3, accepted=2, per_position_accepted=[2, 0], length_counts=[1, 0, 2], catchup_tokens=1)
+    b = DecodeStats(steps=1, accepted=1, per_position_accepted=[1], length_counts=[0, 1], catchup_tokens=4)
+    total = StreamStats(sentences=[a, b]).totals()
+    assert (total.steps, total.accepted, total.catchup_tokens) == (4, 3, 5)
+    assert total.per_position_accepted == [3, 0] and total.length_counts == [1, 1, 2]

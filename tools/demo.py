@@ -156,7 +156,11 @@ def confuse_draft_head(draft_dir: Path, share: float, num_speech: int, seed: int
     step = torch.randint(0, 2, (num_speech,), generator=gen) * 2 - 1
     digit = (idx // 4**dim) % 4
     step = torch.where((digit + step < 0) | (digit + step > 3), -step, step)  # stay on the lattice
-    source = torch.where(torch.rand(num_speech, generator=gen) < share, idx + step * 4**dim, idx)
+    neighbour = idx + step * 4**dim
+    flipped, flipped_ok = idx - step * 4**dim, (digit - step >= 0) & (digit - step <= 3)
+    neighbour = torch.where(neighbour < num_speech, neighbour,  # ... and in a vocabulary smaller than 4**8
+                            torch.where(flipped_ok & (flipped < num_speech), flipped, idx))
+    source = torch.where(torch.rand(num_speech, generator=gen) < share, neighbour, idx)
     head[offset:offset + num_speech] = head[offset + source]
     weights["lm_head.weight"] = head.contiguous()
     save_file(weights, str(draft_dir / "model.safetensors"), metadata={"format": "pt"})
