@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from pcgtts.cli.flags import deprecated_alias, positive
 from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES, check_compute_device
@@ -25,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     init.add_argument("--target", required=True, help="target checkpoint directory")
     init.add_argument("--layers", required=True, help="a count (spread over the depth) or indices like 0,7,15")
     init.add_argument("--out", required=True)
+    init.add_argument("--used-codes", help=".npz/.npy of speech code sequences (e.g. the lab's codes.npz): give the draft "
+                                           "a head over only the codes that occur (cheaper steps; still exact)")
     init.set_defaults(func=_draft_init)
     train = draft.add_parser("train", help="distil a draft towards the target on the target's own samples "
                                            "(resumes from --out)")
@@ -141,16 +144,27 @@ def _draft_init(args) -> int:
     from pcgtts.runtime.lm.draft import make_layer_subset_draft
 
     check_output_dir(args.out)
+    if args.used_codes is not None and not Path(args.used_codes).is_file():
+        raise ValueError(f"--used-codes {args.used_codes}: file not found")
     spec = args.layers.strip()
     layers = [int(x) for x in spec.split(",")] if "," in spec else int(spec)
     out = make_layer_subset_draft(args.target, args.out, layers)
-    print(json.dumps({"draft": str(out), "layers": json.loads((out / "config.json").read_text())["pcgtts_draft"]["layers"]}))
+    report = {"draft": str(out), "layers": json.loads((out / "config.json").read_text())["pcgtts_draft"]["layers"]}
+    if args.used_codes is not None:
+        import numpy as np
+
+        from pcgtts.runtime.lm.checkpoint import load_tokenizer, write_head_codes
+        from pcgtts.runtime.text.vocab import SpeechVocab
+
+        data = np.load(args.used_codes, allow_pickle=False)
+        codes = np.concatenate([np.asarray(data[k]).reshape(-1) for k in data.files]) if hasattr(data, "files") else data
+        num_speech = SpeechVocab.from_tokenizer(load_tokenizer(out)).num_speech
+        report["head_rows"] = int(np.load(write_head_codes(out, codes, num_speech)).size)
+    print(json.dumps(report))
     return 0
 
 
 def _draft_train(args) -> int:
-    from pathlib import Path
-
     from pcgtts.runtime.files import check_output_dir
 
     # Everything checkable is checked before a model loads (the library checks the numbers again).

@@ -76,7 +76,7 @@ class StepGraph(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             present += [k, v]
         x = x.index_select(1, logits_index[0])
-        logits = m.head(m.norm(x)).float()
+        logits = m.logits(m.norm(x))
         return (logits, *present)
 
 

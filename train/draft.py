@@ -38,6 +38,7 @@ class DraftTrainConfig:
     log_every: int = 20
     seed: int = 1
     threads: int = 1
+    used_codes_head: bool = True  # the export's head covers only codes that occur in the corpus (+ stop)
 
     def __post_init__(self) -> None:
         for name in ("target", "lm_dir", "out_dir"):
@@ -89,6 +90,11 @@ def train_draft(cfg: DraftTrainConfig, progress=None, stop_after: int | None = N
     exported = json.loads(cfg_path.read_text())
     exported["pcgtts_draft"] = {"source": str(cfg.target), "layers": layers, "fine_tuned_steps": summary["step"]}
     cfg_path.write_text(json.dumps(exported, indent=2))
+    if cfg.used_codes_head:  # a head over the codes the corpus uses: a fraction of the 65,536 rows
+        from pcgtts.runtime.lm.checkpoint import write_head_codes
+
+        used = np.concatenate([np.asarray(c).reshape(-1) for c in codes.values()])
+        summary["head_rows"] = int(np.load(write_head_codes(cfg.out_dir / "export", used, draft.num_speech)).size)
     summary["layers"] = layers
     return summary
 

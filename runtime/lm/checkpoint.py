@@ -109,7 +109,9 @@ def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dty
     state = read_state_dict(model_dir)
     prefix = "model."
     head = lm_head_weight(state, args.tie_word_embeddings, model_dir)
-    rows = vocab.head_rows()
+    all_rows = vocab.head_rows()
+    subset = read_head_codes(model_dir, len(all_rows))
+    rows = all_rows if subset is None else all_rows[subset]
     with torch.device("meta"):
         model = Llama(args, rows)
     params = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -127,7 +129,40 @@ def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dty
     model.head_rows = rows.clone()
     model.inv_freq = rope_inv_freq(args)
     model.causal = torch.zeros(0, dtype=torch.bool)
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if subset is not None:
+        model.use_head_subset(subset, len(all_rows))
+    return model
+
+
+HEAD_CODES_FILE = "head_codes.npy"  # a draft's used-codes head: restricted indices with a head row
+
+
+def read_head_codes(model_dir: Path, restricted_size: int) -> torch.Tensor | None:
+    """The restricted indices a draft's head covers (sorted, the stop index included), or None."""
+    import numpy as np
+
+    path = Path(model_dir) / HEAD_CODES_FILE
+    if not path.is_file():
+        return None
+    index = torch.from_numpy(np.load(path, allow_pickle=False).astype(np.int64))
+    if index.dim() != 1 or not len(index) or int(index.min()) < 0 or int(index.max()) >= restricted_size:
+        raise ValueError(f"{path}: expected a list of restricted-vocabulary indices below {restricted_size}")
+    if int(index[-1]) != restricted_size - 1 or not bool((index[1:] > index[:-1]).all()):
+        raise ValueError(f"{path}: indices must be strictly increasing and end with the stop index {restricted_size - 1}")
+    return index
+
+
+def write_head_codes(model_dir: Path, used_codes, num_speech: int) -> Path:
+    """Give a draft a used-codes head: rows for `used_codes` (speech codes) and the stop token."""
+    import numpy as np
+
+    codes = np.unique(np.asarray(used_codes, dtype=np.int64).reshape(-1))
+    if codes.size == 0 or codes.min() < 0 or codes.max() >= num_speech:
+        raise ValueError(f"used codes must be speech codes in [0, {num_speech})")
+    path = Path(model_dir) / HEAD_CODES_FILE
+    np.save(path, np.append(codes, num_speech).astype(np.int32))
+    return path
 
 
 def embedding_rows(model_dir: str | Path) -> int | None:

@@ -205,6 +205,10 @@ class Llama(nn.Module):
         # [V_restricted, hidden]: filled from lm_head (or the tied embedding) at load time.
         self.head = nn.Linear(args.hidden_size, len(head_rows), bias=False)
         self.register_buffer("head_rows", head_rows.clone(), persistent=False)
+        # A draft's used-codes head: rows for a subset of the restricted vocabulary only
+        # (`head_index`, positions in it); every other entry gets logit -inf (probability 0).
+        self.register_buffer("head_index", None, persistent=False)
+        self.restricted_size = len(head_rows)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.register_buffer("causal", torch.zeros(0, dtype=torch.bool), persistent=False)
         self.max_length = 0
@@ -248,7 +252,19 @@ class Llama(nn.Module):
             x = x[:, -1:]
         return self.norm(x)
 
+    def use_head_subset(self, index: torch.Tensor, restricted_size: int) -> None:
+        """Keep head rows for restricted indices `index` only (the rest: probability 0)."""
+        self.head_index, self.restricted_size = index.to(self.head.weight.device), restricted_size
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., D] -> float32 restricted-vocabulary logits [..., V_r]."""
+        logits = self.head(hidden).float()
+        if self.head_index is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.restricted_size), float("-inf"))
+        return full.index_copy_(-1, self.head_index, logits)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
                 last_only: bool = False) -> torch.Tensor:
         """Restricted-vocabulary logits [B, T, V_r] (float32), or [B, 1, V_r] with `last_only`."""
-        return self.head(self.hidden(input_ids, positions, end, last_only)).float()
+        return self.logits(self.hidden(input_ids, positions, end, last_only))

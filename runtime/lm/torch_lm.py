@@ -77,7 +77,7 @@ class TorchLM(SequenceMixin):
         positions = torch.arange(self.length, self.length + n, device=self.device)
         hidden = self.model.hidden(ids, positions, end=self.length + n)[0]
         self.length += n
-        return self.model.head(hidden).float(), hidden
+        return self.model.logits(hidden), hidden
 
     @property
     def fingerprint(self) -> str:
