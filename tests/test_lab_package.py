@@ -62,6 +62,17 @@ def test_pack_and_expand_round_trip(tmp_path):
     assert MTPHeads.load(paths["target"] / "mtp_heads.safetensors", fingerprint=fingerprint).num_heads == 2
     assert paths["groups"].is_file() and (paths["codec"] / "config.json").is_file()
 
+    # A later lab run starts from the committed weights (`--init-from`), refusing another size.
+    from dataclasses import asdict
+
+    from pcgtts.train.package import init_weights
+
+    fresh = build_model(LMModelConfig(**state["model_config"]), tok, 1)
+    init_weights(fresh, pack, "target", state["model_config"])
+    assert torch.equal(fresh.digits, state["model"]["digits"].half().float())
+    with pytest.raises(ValueError, match="choose the matching --size"):
+        init_weights(build_model(LMModelConfig.tiny(), tok, 1), pack, "target", asdict(LMModelConfig.tiny()))
+
     # A damaged file is named before anything is expanded.
     data = bytearray((pack / "draft.safetensors").read_bytes())
     data[-1] ^= 1

@@ -52,6 +52,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-minutes", type=_positive_float, default=5.0)
     p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
     p.add_argument("--eval", action="store_true", help="only evaluate the export on held-out speakers: STOI, PocketSphinx WER of source and resynthesis")
+    p.add_argument("--init-from", type=Path, help="start a fresh run from a committed voice's codec (e.g. pcgtts/voice)")
     p.add_argument("--freeze-encoder", action="store_true",
                    help="stage 2: fix the codes (freeze up to the quantizer) and train only the decoder; sticky")
     p.set_defaults(lab_func=_cmd_codec)
@@ -67,6 +68,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
     p.add_argument("--size", choices=("base", "small"), default="base",
                    help="base: h384/6 layers (the probe's recommendation); small: h256/6 layers, 2.2x faster per step")
+    p.add_argument("--init-from", type=Path, help="start a fresh run from a committed voice's target (e.g. pcgtts/voice)")
     p.add_argument("--voice-prompt-prob", type=float, default=0.5,
                    help="share of examples prompted with a same-speaker reference (voice cloning)")
     p.set_defaults(lab_func=_cmd_lm)
@@ -158,7 +160,8 @@ def _cmd_codec(args) -> dict:
                              semantic_hidden=32, semantic_intermediate=64) if args.tiny else CodecModelConfig()
     cfg = CodecTrainConfig(corpus=args.corpus, out_dir=args.out, model=model, steps=args.steps,
                            batch_size=args.batch_size, threads=args.threads,
-                           checkpoint_minutes=args.checkpoint_minutes, freeze_encoder=args.freeze_encoder)
+                           checkpoint_minutes=args.checkpoint_minutes, freeze_encoder=args.freeze_encoder,
+                           init_from=args.init_from)
     return train_codec(cfg, progress=_Bar("codec", "step"))
 
 
@@ -171,7 +174,8 @@ def _cmd_lm(args) -> dict:
     model = LMModelConfig.tiny() if args.tiny else LMModelConfig.small() if args.size == "small" else LMModelConfig()
     cfg = LMTrainConfig(corpus=args.corpus, codec=args.codec, out_dir=args.out, model=model, steps=args.steps,
                         batch_size=args.batch_size, threads=args.threads,
-                        checkpoint_minutes=args.checkpoint_minutes, voice_prompt_prob=args.voice_prompt_prob)
+                        checkpoint_minutes=args.checkpoint_minutes, voice_prompt_prob=args.voice_prompt_prob,
+                        init_from=args.init_from)
     return train_lm(cfg, progress=_Bar("lm", "step"))
 
 
@@ -209,10 +213,10 @@ def _cmd_all(args) -> dict:
                                    speakers=None, seed=0))["hours"]
     out["codec"] = _cmd_codec(ns(corpus=root / "corpus", out=root / "codec", steps=20000, batch_size=8,
                                  threads=args.threads, checkpoint_minutes=5.0, tiny=False, eval=False,
-                                 freeze_encoder=False))["export"]
+                                 freeze_encoder=False, init_from=None))["export"]
     out["lm"] = _cmd_lm(ns(corpus=root / "corpus", codec=root / "codec" / "export", out=root / "lm", steps=6000,
                            batch_size=8, threads=args.threads, checkpoint_minutes=5.0, tiny=False, size="base",
-                           voice_prompt_prob=0.5))["export"]
+                           voice_prompt_prob=0.5, init_from=None))["export"]
     out["draft"] = _cmd_draft(ns(target=root / "lm" / "export", lm_dir=root / "lm", out=root / "draft", layers=3,
                                  steps=1000, threads=args.threads))["export"]
     return out

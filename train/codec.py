@@ -99,6 +99,7 @@ class CodecTrainConfig:
     # Stage 2: freeze everything up to the quantizer so the codes stop changing (the LM can train
     # on them meanwhile) and train only the decoder. Sticky: recorded in `encoder_frozen.json`.
     freeze_encoder: bool = False
+    init_from: Path | None = None  # a committed voice folder (pcgtts/voice) whose codec a fresh run starts from
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "corpus", Path(self.corpus))
@@ -280,6 +281,12 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     out.mkdir(parents=True, exist_ok=True)
     sampler = CropSampler(cfg.corpus, cfg.crop_frames)
     model = new_codec(cfg.model, cfg.seed)
+    if cfg.init_from is not None and not (out / "checkpoint.pt").is_file():
+        from pcgtts.train.package import init_weights
+
+        frozen = init_weights(model, cfg.init_from, "codec")["codec"].get("encoder_frozen")
+        if frozen and not (out / FROZEN_MARKER).is_file():  # the shipped LM was trained on these codes
+            (out / FROZEN_MARKER).write_text(json.dumps({**frozen, "inherited_from": str(cfg.init_from)}) + "\n")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.8, 0.99), weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)

@@ -250,6 +250,7 @@ class LMTrainConfig:
     log_every: int = 20
     seed: int = 0
     threads: int = 1
+    init_from: Path | None = None  # a committed voice folder (pcgtts/voice) whose target a fresh run starts from
 
     def __post_init__(self) -> None:
         for name in ("corpus", "codec", "out_dir"):
@@ -403,6 +404,10 @@ def train_lm(cfg: LMTrainConfig, progress=None, stop_after: int | None = None, c
     held_recs = [r for r in held if r["id"] in codes]
     heldout = ExampleBuilder(tokenizer, held_recs, codes, cfg) if held_recs else None
     model = build_model(cfg.model, tokenizer, cfg.seed)
+    if cfg.init_from is not None and not (out / "checkpoint.pt").is_file():
+        from pcgtts.train.package import init_weights
+
+        init_weights(model, cfg.init_from, "target", asdict(cfg.model))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
     summary = train_loop(model, tokenizer, builder, heldout, cfg, out,
                          {"model_config": asdict(cfg.model), "kind": "factorised-llasa"}, progress, stop_after,

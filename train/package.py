@@ -71,7 +71,9 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
 
     codec_dir = Path(codec_dir)
     _save_half(load_file(str(codec_dir / "model.safetensors")), tmp / "codec.safetensors")
-    meta["codec"] = {"config": json.loads((codec_dir / "config.json").read_text())}
+    frozen = codec_dir.parent / "encoder_frozen.json"  # the lab's stage-2 marker: codes fixed since then
+    meta["codec"] = {"config": json.loads((codec_dir / "config.json").read_text()),
+                     "encoder_frozen": json.loads(frozen.read_text()) if frozen.is_file() else None}
     if heads_file is not None:
         shutil.copyfile(heads_file, tmp / "mtp_heads.safetensors")
     meta["sha256"] = {p.name: _sha256(p) for p in sorted(tmp.glob("*.safetensors"))}
@@ -96,6 +98,21 @@ def read_voice(pack_dir: str | Path) -> dict:
     for file, digest in meta["sha256"].items():
         if not (pack / file).is_file() or _sha256(pack / file) != digest:
             raise ValueError(f"{pack}/{file} is missing or damaged (checksum differs from voice.json)")
+    return meta
+
+
+def init_weights(model: torch.nn.Module, pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:
+    """Start a lab run from a committed voice's weights (`--init-from`): load `role`
+    ("target" or "codec") into `model`; a target must have the same model config. Returns voice.json."""
+    from safetensors.torch import load_file
+
+    meta = read_voice(pack_dir)
+    if role == "target" and model_config is not None and meta["target"]["model_config"] != model_config:
+        raise ValueError(f"{pack_dir}: its target was trained with {meta['target']['model_config']}, "
+                         f"not {model_config}; choose the matching --size")
+    state = {k: v.float() for k, v in load_file(str(Path(pack_dir) / f"{role}.safetensors")).items()}
+    model.load_state_dict(state)
+    log.info("initialised the %s from %s (%s)", role, pack_dir, meta["name"])
     return meta
 
 
@@ -152,4 +169,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "read_voice", "expand_voice", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
