@@ -18,8 +18,9 @@ log = logging.getLogger(__name__)
 VOICE_DIR = Path(__file__).with_name("voice")  # the committed trained voice, when there is one
 
 
-def trained_voice(pack_dir: Path = VOICE_DIR, cache_root: Path | None = None) -> ModelPaths | None:
+def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) -> ModelPaths | None:
     """The trained voice's models, expanded on first use into the cache; None if none ships."""
+    pack_dir = Path(pack_dir) if pack_dir is not None else VOICE_DIR
     if not (pack_dir / "voice.json").is_file():
         return None
     import hashlib

@@ -13,6 +13,8 @@ test_export.py run on both sizes: tiny in the default suite, demo in `-m slow`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 # The tiny pair's speech vocabulary: 4**5 tokens, i.e. the first five digits of the FSQ lattice
@@ -105,6 +107,14 @@ def load_pair(paths, max_length: int = 1024):
     target = TorchLM.load(paths["target"], max_length=max_length, tokenizer=tok)
     draft = TorchLM.load(paths["draft"], max_length=max_length, tokenizer=tok)
     return target, draft
+
+
+@pytest.fixture(autouse=True)
+def builtin_is_the_demo(monkeypatch, request):
+    """Tests that exercise the built-in voice's plumbing see the demo pair (patched per test), not
+    the shipped trained voice, whose expansion takes minutes; tests marked `shipped_voice` see it."""
+    if "shipped_voice" not in request.keywords:
+        monkeypatch.setattr("pcgtts.builtin.VOICE_DIR", Path("/nonexistent/pcgtts-voice"))
 
 
 # --- tiny: the default suite -------------------------------------------------------------------

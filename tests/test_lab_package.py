@@ -79,3 +79,23 @@ def test_pack_and_expand_round_trip(tmp_path):
     (pack / "draft.safetensors").write_bytes(bytes(data))
     with pytest.raises(ValueError, match="draft.safetensors is missing or damaged"):
         read_voice(pack)
+
+
+@pytest.mark.slow
+@pytest.mark.shipped_voice
+def test_the_shipped_voice_is_the_default_and_speaks(tmp_path, monkeypatch):
+    """When a trained voice is committed, `from_pretrained()` with no model expands and uses it:
+    intact checksums, a target/draft/codec/groups set that loads, audio out."""
+    from pcgtts import Synthesizer
+    from pcgtts.builtin import VOICE_DIR, builtin_models
+    from pcgtts.train.package import read_voice
+
+    if not (VOICE_DIR / "voice.json").is_file():
+        pytest.skip("no trained voice is committed in pcgtts/voice")
+    read_voice(VOICE_DIR)
+    monkeypatch.setenv("PCGTTS_CACHE", str(tmp_path))
+    models = builtin_models()
+    assert "voice-" in models.target and models.groups.endswith(".pcg")
+    synth = Synthesizer.from_pretrained(seed=0, max_new_tokens=40)
+    audio = synth.synthesize("Hello world.")
+    assert audio.size >= 320 and abs(audio).max() > 0
