@@ -19,13 +19,12 @@ for the model in hand; each failure is a `ValueError` naming the problem.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import struct
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+
+from pcgtts.groups.envelope import read_arrays, read_envelope, write_envelope
 
 from pcgtts.groups.device import DeviceGroupTable, token_major
 
@@ -105,15 +104,7 @@ class GroupTable:
         }
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        head = json.dumps(self.header(), sort_keys=True).encode()
-        body = MAGIC + bytes([VERSION]) + struct.pack("<I", len(head)) + head
-        body += b"".join(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
-                         for a in (self.group_offsets, self.group_members))
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(body + hashlib.sha256(body).digest())
-        tmp.replace(path)  # never leave a half-written table under the real name
-        return path
+        return write_envelope(path, MAGIC, VERSION, self.header(), (self.group_offsets, self.group_members))
 
     @classmethod
     def load(cls, path: str | Path, expect_vocab=None, expect_fingerprint: str | None = None) -> "GroupTable":
@@ -121,33 +112,13 @@ class GroupTable:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"group table not found: {path}")
-        data = path.read_bytes()
-        fixed = len(MAGIC) + 1 + 4
-        if len(data) < fixed + _DIGEST or data[: len(MAGIC)] != MAGIC:
-            raise ValueError(f"{path} is not a pcgtts group table (bad magic bytes)")
-        if data[len(MAGIC)] != VERSION:
-            raise ValueError(f"{path}: group table format version {data[len(MAGIC)]}, this pcgtts reads {VERSION}")
-        # The checksum covers everything before it: check it first, so a flipped byte anywhere
-        # (header included) is reported as corruption rather than as whatever it parses into.
-        if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
-            raise ValueError(f"{path}: group table checksum mismatch (the file is corrupt or truncated)")
-        (head_len,) = struct.unpack("<I", data[len(MAGIC) + 1:fixed])
+        header, data, pos = read_envelope(path, MAGIC, VERSION, "group table")
         try:
-            header = json.loads(data[fixed:fixed + head_len])
             m, n, nnz = (int(header[k]) for k in ("num_groups", "num_tokens", "nnz"))
             header["theta"], header["top_k"], header["speech_offset"], header["vocab_size"], header["fingerprint"]
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{path}: group table header is corrupt ({type(err).__name__}: {err})") from None
-        sizes = [(np.uint32, m + 1), (np.uint16, nnz)]
-        expected = fixed + head_len + sum(np.dtype(t).itemsize * k for t, k in sizes) + _DIGEST
-        if len(data) != expected:
-            raise ValueError(f"{path}: group table is truncated or has trailing data "
-                             f"({len(data)} bytes, expected {expected})")
-        arrays, pos = [], fixed + head_len
-        for dtype, count in sizes:
-            arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"), count=count, offset=pos)
-            arrays.append(arr.astype(dtype))
-            pos += arr.nbytes
+        arrays = read_arrays(path, data, pos, [(np.uint32, m + 1), (np.uint16, nnz)], "group table")
         group_offsets, group_members = arrays
         if group_offsets[0] != 0 or group_offsets[-1] != nnz or np.any(np.diff(group_offsets.astype(np.int64)) <= 0):
             raise ValueError(f"{path}: inconsistent group offsets")

@@ -44,15 +44,13 @@ one-line `ValueError`. `save` writes a temporary file and renames it into place.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+
+from pcgtts.groups.envelope import read_arrays, read_envelope, write_envelope
 import torch
 
 MAGIC = b"PCGTRN\0"
@@ -232,18 +230,7 @@ class TransitionTable:
         path = Path(path)
         if path.suffix != SUFFIX:
             raise ValueError(f"transition tables are saved as {SUFFIX} files, got {path.name!r}")
-        head = json.dumps(self.header(), sort_keys=True).encode()
-        body = MAGIC + bytes([VERSION]) + struct.pack("<I", len(head)) + head
-        body += b"".join(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
-                         for a in self._disk_arrays())
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_bytes(body + hashlib.sha256(body).digest())
-            os.replace(tmp, path)  # never leave a half-written table under the real name
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        return path
+        return write_envelope(path, MAGIC, VERSION, self.header(), self._disk_arrays())
 
     @classmethod
     def load(cls, path: str | Path, expect_vocab_size: int | None = None) -> "TransitionTable":
@@ -251,36 +238,19 @@ class TransitionTable:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"transition table not found: {path}")
-        data = path.read_bytes()
-        if len(data) < _FIXED + _DIGEST or data[:len(MAGIC)] != MAGIC:
-            raise ValueError(f"{path} is not a pcgtts transition table (bad magic bytes)")
-        if data[len(MAGIC)] != VERSION:
-            raise ValueError(f"{path}: transition table format version {data[len(MAGIC)]}, this pcgtts reads {VERSION}")
-        # Checksum first: a flipped byte anywhere is reported as corruption, not as what it parses into.
-        if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
-            raise ValueError(f"{path}: transition table checksum mismatch (the file is corrupt or truncated)")
-        (head_len,) = struct.unpack("<I", data[len(MAGIC) + 1:_FIXED])
+        h, data, pos = read_envelope(path, MAGIC, VERSION, "transition table")
         try:
-            h = json.loads(data[_FIXED:_FIXED + head_len])
             v, k, nnz = int(h["vocab_size"]), int(h["top_k"]), int(h["nnz"])
             lam, alpha = float(h["smoothing"]), float(h["unigram_alpha"])
             indptr_t, succ_t = _INDPTR_DTYPES[h["indptr_dtype"]], _SUCCESSOR_DTYPES[h["successor_dtype"]]
             stats = dict(h.get("stats", {}))
             _check_params(v, k, lam, alpha)
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"{path}: transition table header is corrupt ({type(err).__name__}: {err})") from None
         if expect_vocab_size is not None and v != expect_vocab_size:
             raise ValueError(f"{path}: transition table covers {v} codes, the model has {expect_vocab_size}")
         sizes = [(indptr_t, v + 1), (succ_t, nnz), (np.float16, nnz), (np.float32, v), (np.float32, v)]
-        expected = _FIXED + head_len + sum(np.dtype(t).itemsize * n for t, n in sizes) + _DIGEST
-        if len(data) != expected:
-            raise ValueError(f"{path}: transition table is truncated or has trailing data "
-                             f"({len(data)} bytes, expected {expected})")
-        arrays, pos = [], _FIXED + head_len
-        for dtype, count in sizes:
-            arr = np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<"), count=count, offset=pos)
-            arrays.append(arr.astype(dtype))
-            pos += arr.nbytes
+        arrays = read_arrays(path, data, pos, sizes, "transition table")
         indptr, succ, logprob, backoff, log_unigram = arrays
         indptr = indptr.astype(np.int64)
         lengths = np.diff(indptr)

@@ -35,7 +35,7 @@ import torch
 from pcgtts.runtime.config import MTP_POLICIES
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
-from pcgtts.runtime.decode.speculative import _room, _start
+from pcgtts.runtime.decode.speculative import _room, _start, emitted
 
 EXACT_MTP_POLICIES = ("mtp-sd", "mtp-pcg")
 
@@ -146,13 +146,7 @@ def decode_multi_token(target, proposer: HeadProposer, prompt_ids: torch.Tensor,
             stats.per_position_accepted[i] += 1
         last = vocab.restricted_to_token_ids(torch.tensor(tokens[-1:], device=target.device))
 
-        if vocab.stop_index in tokens:
-            tokens = tokens[: tokens.index(vocab.stop_index)]
-            stats.finish = "stop"
-        room = config.max_new_tokens - stats.emitted
-        if len(tokens) > room:
-            tokens = tokens[:room]
-        stats.emitted += len(tokens)
+        tokens = emitted(tokens, vocab.stop_index, config.max_new_tokens, stats)
         if tokens:
             yield tokens
         if stats.finish:

@@ -259,14 +259,19 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
             policy.record(L, n)
         last = vocab.restricted_to_token_ids(new)
 
-        if vocab.stop_index in tokens:
-            tokens = tokens[: tokens.index(vocab.stop_index)]
-            stats.finish = "stop"
-        room = config.max_new_tokens - stats.emitted
-        if len(tokens) > room:
-            tokens = tokens[:room]
-        stats.emitted += len(tokens)
+        tokens = emitted(tokens, vocab.stop_index, config.max_new_tokens, stats)
         if tokens:
             yield tokens
         if stats.finish:
             return
+
+
+def emitted(tokens: list[int], stop_index: int, max_new_tokens: int, stats: DecodeStats) -> list[int]:
+    """A step's tokens as they are handed out: cut at the stop token (finish "stop") and at the
+    token budget; counted in `stats.emitted`."""
+    if stop_index in tokens:
+        tokens = tokens[: tokens.index(stop_index)]
+        stats.finish = "stop"
+    tokens = tokens[: max_new_tokens - stats.emitted]
+    stats.emitted += len(tokens)
+    return tokens
