@@ -240,6 +240,8 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         # Per-forward costs (seconds): verify includes the acceptance rule after the target pass.
         "t_target_step": sum(r["time_target"] + r["time_verify"] for r in records) / max(steps, 1),
         "t_draft_step": sum(r["time_draft"] for r in records) / max(draft_fw, 1),
+        # mtp-*: the heads' proposals, once per step (no draft forwards)
+        "t_propose_step": sum(r["time_draft"] for r in records) / max(steps, 1),
         "harness_us_per_step": float(np.mean([r["harness_us_per_step"] for r in records])),
     }
 
@@ -257,7 +259,12 @@ def predicted_speedup(summary: dict, ar: dict) -> float | None:
         tokens = sum(c * expected_tokens(rates, n) for n, c in enumerate(counts))
         seconds = sum(c * step_seconds(costs, rates, n) for n, c in enumerate(counts))
         return tokens * costs.ar_step / seconds if seconds else None
-    step = summary["draft_length"] * summary["t_draft_step"] + summary["t_target_step"]
+    from pcgtts.runtime.config import MTP_POLICIES
+
+    if summary["policy"] in MTP_POLICIES:  # one target pass and one heads pass per step
+        step = summary["t_propose_step"] + summary["t_target_step"]
+    else:
+        step = summary["draft_length"] * summary["t_draft_step"] + summary["t_target_step"]
     return expected_tokens(rates, summary["draft_length"]) * ar["t_target_step"] / step if step else None
 
 

@@ -10,6 +10,7 @@ row is the sum of its digits' rows), so a 65,536-row embedding costs 32 rows. Fo
     draft.safetensors   factorised draft (fp16), a layer subset of the target, fine-tuned
     codec.safetensors   the Xcodec2Model state dict (fp16); its config is in voice.json
     mtp_heads.safetensors   optional multi-token heads
+    draft_head_codes.npy    optional: the codes the draft's head covers (used-codes head)
     MODEL_CARD.md       data, recipe command, training time and hardware, measured figures
 
 `expand_voice` writes, once, a plain tied `LlamaForCausalLM` + LLaSA tokenizer for target and
@@ -29,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from pcgtts.runtime.lm.checkpoint import HEAD_CODES_FILE
+
 log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "pcgtts-voice", 1
@@ -47,6 +50,7 @@ def _save_half(state: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.detach().to(torch.float16).contiguous() for k, v in state.items()}, str(path))
+    path.chmod(0o644)
 
 
 def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, codec_dir: str | Path, *,
@@ -76,7 +80,10 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
                      "encoder_frozen": json.loads(frozen.read_text()) if frozen.is_file() else None}
     if heads_file is not None:
         shutil.copyfile(heads_file, tmp / "mtp_heads.safetensors")
-    meta["sha256"] = {p.name: _sha256(p) for p in sorted(tmp.glob("*.safetensors"))}
+    head_codes = Path(draft_dir) / "export" / HEAD_CODES_FILE  # the draft's used-codes head, if it has one
+    if head_codes.is_file():
+        shutil.copyfile(head_codes, tmp / f"draft_{HEAD_CODES_FILE}")
+    meta["sha256"] = {p.name: _sha256(p) for p in sorted([*tmp.glob("*.safetensors"), *tmp.glob("*.npy")])}
     (tmp / "voice.json").write_text(json.dumps(meta, indent=2) + "\n")
     if (out / "MODEL_CARD.md").is_file():
         shutil.copyfile(out / "MODEL_CARD.md", tmp / "MODEL_CARD.md")
@@ -148,6 +155,8 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     tmp.mkdir(parents=True)
     paths = {"target": _expand_lm(pack, "target", meta, tmp / "target"),
              "draft": _expand_lm(pack, "draft", meta, tmp / "draft")}
+    if (pack / f"draft_{HEAD_CODES_FILE}").is_file():
+        shutil.copyfile(pack / f"draft_{HEAD_CODES_FILE}", paths["draft"] / HEAD_CODES_FILE)
     codec = tmp / "codec"
     codec.mkdir()
     (codec / "config.json").write_text(json.dumps(meta["codec"]["config"], indent=2))
