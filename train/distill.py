@@ -399,7 +399,8 @@ def load_student(draft_dir: Path, vocab, device) -> tuple[Student, dict]:
     return student.to(device), config
 
 
-_EXPORT_FILES = TOKENIZER_FILES + ("added_tokens.json", "tokenizer.model", "generation_config.json")
+# ... and a used-codes head's code list (runtime/lm/checkpoint.py: HEAD_CODES_FILE), which the draft keeps
+_EXPORT_FILES = TOKENIZER_FILES + ("added_tokens.json", "tokenizer.model", "generation_config.json", "head_codes.npy")
 
 
 def export_student(student: Student, draft_dir: Path, export_dir: Path, config: dict, provenance: dict) -> Path:
