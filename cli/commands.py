@@ -156,8 +156,7 @@ def _draft_init(args) -> int:
         from pcgtts.runtime.lm.checkpoint import load_tokenizer, write_head_codes
         from pcgtts.runtime.text.vocab import SpeechVocab
 
-        data = np.load(args.used_codes, allow_pickle=False)
-        codes = np.concatenate([np.asarray(data[k]).reshape(-1) for k in data.files]) if hasattr(data, "files") else data
+        codes = np.concatenate(read_code_sequences([args.used_codes]))
         num_speech = SpeechVocab.from_tokenizer(load_tokenizer(out)).num_speech
         report["head_rows"] = int(np.load(write_head_codes(out, codes, num_speech)).size)
     print(json.dumps(report))
@@ -282,6 +281,19 @@ def speak_report(stats, playback) -> dict:
         "truncated_sentences": stats.truncated,
         "cancelled": stats.cancelled,
     }
+
+
+def read_code_sequences(paths) -> list:
+    """Speech code sequences from .npz (one array per entry, e.g. the lab's codes.npz) or .npy
+    files, each flattened to 1-D; empty arrays are left out."""
+    import numpy as np
+
+    sequences = []
+    for path in paths:
+        data = np.load(path, allow_pickle=False)
+        arrays = [data[k] for k in data.files] if hasattr(data, "files") else [data]
+        sequences += [np.asarray(a).reshape(-1) for a in arrays if np.asarray(a).size]
+    return sequences
 
 
 def print_report(report: dict, title: str = "pcgtts speak") -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pcgtts.cli.commands import print_report
+from pcgtts.cli.commands import print_report, read_code_sequences
 from pcgtts.cli.flags import positive
 
 
@@ -68,8 +68,6 @@ def _train(args) -> int:
 
 
 def _transitions(args) -> int:
-    import numpy as np
-
     from pcgtts.runtime.files import check_output_file
 
     for path in args.codes:
@@ -78,11 +76,7 @@ def _transitions(args) -> int:
     check_output_file(Path(args.out))
     from pcgtts.groups.transitions import TransitionTable
 
-    sequences = []
-    for path in args.codes:
-        data = np.load(path, allow_pickle=False)
-        arrays = [data[k] for k in data.files] if hasattr(data, "files") else [data]
-        sequences += [np.asarray(a).reshape(-1) for a in arrays if np.asarray(a).size]
+    sequences = read_code_sequences(args.codes)
     table = TransitionTable.build(sequences, vocab_size=args.num_speech + 1, top_k=args.top_k)  # + the stop index
     table.save(args.out)
     print_report({"out": args.out, "sequences": len(sequences), "codes": int(sum(len(s) for s in sequences)),

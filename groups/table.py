@@ -24,9 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pcgtts.groups.envelope import read_arrays, read_envelope, write_envelope
-
 from pcgtts.groups.device import DeviceGroupTable, token_major
+from pcgtts.groups.envelope import read_arrays, read_envelope, write_envelope
 
 MAGIC = b"PCGGRP\0"
 VERSION = 1

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pcgtts.groups.envelope import read_arrays, read_envelope, write_envelope
-import torch
 
 MAGIC = b"PCGTRN\0"
 VERSION = 1

@@ -81,7 +81,7 @@ def test_fresh_heads_predict_like_the_target_head(target):
     """U_i = 0 at init: every head's logits are the target head's own on the same state."""
     heads = MTPHeads(2, target.model.head.in_features)
     hidden = torch.randn(5, target.model.head.in_features)
-    logits = heads.logits(hidden, target.model.head)  # [5, 2, V]
+    logits = heads.logits(hidden, target.model.logits)  # [5, 2, V]
     expected = target.model.head(hidden).float()
     assert torch.allclose(logits[:, 0], expected, atol=1e-5) and torch.allclose(logits[:, 1], expected, atol=1e-5)
 

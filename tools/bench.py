@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
+from pcgtts.runtime.config import MTP_POLICIES
 from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
 
 # Written for this project: plain English of varied length, numbers and punctuation included.
@@ -152,8 +153,6 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
 def case_synthesizer(base: Synthesizer, case: BenchCase, groups_for: Callable[[float], object] | None = None):
     """A Synthesizer sharing `base`'s loaded models for one case: the draft only where the policy
     uses one, the target's heads for mtp-*, and the case's group table where it names a θ."""
-    from pcgtts.runtime.config import MTP_POLICIES
-
     groups = base.groups
     if case.policy in ("pcg", "mtp-pcg") and case.theta is not None:
         if groups_for is None:
@@ -259,8 +258,6 @@ def predicted_speedup(summary: dict, ar: dict) -> float | None:
         tokens = sum(c * expected_tokens(rates, n) for n, c in enumerate(counts))
         seconds = sum(c * step_seconds(costs, rates, n) for n, c in enumerate(counts))
         return tokens * costs.ar_step / seconds if seconds else None
-    from pcgtts.runtime.config import MTP_POLICIES
-
     if summary["policy"] in MTP_POLICIES:  # one target pass and one heads pass per step
         step = summary["t_propose_step"] + summary["t_target_step"]
     else:

@@ -135,13 +135,18 @@ def codec_forward(model, features: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     The same submodules, in the same order, as the stock `encode` + `decode`; the zeroed acoustic
     encoder's output (exact zeros) is passed as zeros instead of being computed.
     """
+    latents, codes = _quantize(model, features)
+    audio = model.acoustic_decoder(latents)
+    return audio[:, 0], codes[..., 0]
+
+
+def _quantize(model, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """features [B, T, 160] -> (FSQ latents, codes [B, T, 1]): the encoder side of the stock model,
+    the zeroed acoustic encoder's output (exact zeros) passed as zeros instead of computed."""
     sem = model.semantic_encoder(features).last_hidden_state.transpose(1, 2)
     sem = model.semantic_adapter(sem)
     acoustic = sem.new_zeros(sem.shape[0], model.config.hidden_size, sem.shape[2])
-    hidden = model.fc_encoder(torch.cat([sem, acoustic], dim=1).transpose(1, 2))
-    latents, codes = model.quantizer(hidden)
-    audio = model.acoustic_decoder(latents)
-    return audio[:, 0], codes[..., 0]
+    return model.quantizer(model.fc_encoder(torch.cat([sem, acoustic], dim=1).transpose(1, 2)))
 
 
 @torch.inference_mode()
@@ -149,11 +154,7 @@ def semantic_codes(model, samples: np.ndarray) -> np.ndarray:
     """The stock `encode`'s codes without running the zeroed acoustic encoder (its output is exact
     zeros): float32 [N] -> int64 [N // 320 + 1], ~20x faster on a CPU. `encode_corpus` checks it
     against the stock path before relying on it."""
-    features = encoder_inputs(samples)["input_features"]
-    sem = model.semantic_encoder(features).last_hidden_state.transpose(1, 2)
-    sem = model.semantic_adapter(sem)
-    acoustic = sem.new_zeros(sem.shape[0], model.config.hidden_size, sem.shape[2])
-    _, codes = model.quantizer(model.fc_encoder(torch.cat([sem, acoustic], dim=1).transpose(1, 2)))
+    _, codes = _quantize(model, encoder_inputs(samples)["input_features"])
     return codes[0, :, 0].long().numpy()
 
 
@@ -261,7 +262,7 @@ def _set_train_mode(model, frozen: bool) -> None:
         getattr(model, name).eval()
 
 
-def _freeze_encoder(model, out: Path, step: int) -> bool:
+def _freeze_encoder(model, out: Path, step: int) -> None:
     """Stop the codes from changing: no gradients (so AdamW leaves them alone, weight decay
     included) for the encoder side. Recorded once, honoured by every later run in `out`."""
     marker = out / FROZEN_MARKER
@@ -270,7 +271,6 @@ def _freeze_encoder(model, out: Path, step: int) -> bool:
         log.info("encoder frozen at step %d: codes are fixed from here on (%s)", step, marker)
     for name in ENCODER_PARTS:
         getattr(model, name).requires_grad_(False)
-    return True
 
 
 def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = None) -> dict:
@@ -296,7 +296,9 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     step = resume(ckpt_path, model, opt, rng, losses, asdict(cfg.model))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
     loss_fn = ReconstructionLoss()
-    frozen = (cfg.freeze_encoder or (out / FROZEN_MARKER).is_file()) and _freeze_encoder(model, out, step)
+    frozen = cfg.freeze_encoder or (out / FROZEN_MARKER).is_file()
+    if frozen:
+        _freeze_encoder(model, out, step)
     _set_train_mode(model, frozen)
     t_ckpt = t_reload = time.monotonic()
     first = step

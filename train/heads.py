@@ -95,8 +95,7 @@ def hidden_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]]) -> H
     return HiddenRows(torch.cat(states), torch.cat(left), tokens)
 
 
-def head_losses(heads: MTPHeads, head: torch.nn.Linear, rows: HiddenRows, index: torch.Tensor,
-                ) -> tuple[torch.Tensor, dict]:
+def head_losses(heads: MTPHeads, to_logits, rows: HiddenRows, index: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """Mean over heads of KL(target at j+i || head i at j) for rows `index` [B]; also per-head
     top-1 agreement and SD acceptance 1 - TV (no gradient)."""
     hidden = rows.hidden
@@ -110,9 +109,10 @@ def head_losses(heads: MTPHeads, head: torch.nn.Linear, rows: HiddenRows, index:
             continue
         rows_i = index[valid]
         with torch.no_grad():
-            p = torch.softmax(head(hidden[rows_i + i + 1]).float(), -1)  # the target at row j + i + 1
-        log_q = torch.log_softmax(head(latents[valid, i]).float(), -1)
-        kl = (p * (torch.log(p.clamp_min(1e-30)) - log_q)).sum(-1).mean()
+            p = torch.softmax(to_logits(hidden[rows_i + i + 1]), -1)  # the target at row j + i + 1
+        log_q = torch.log_softmax(to_logits(latents[valid, i]), -1)
+        # 0 where p is 0 (codes a used-codes head leaves out have log q = -inf there too)
+        kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-30)) - log_q), 0.0).sum(-1).mean()
         total = total + kl
         with torch.no_grad():
             q = log_q.exp()
@@ -121,14 +121,14 @@ def head_losses(heads: MTPHeads, head: torch.nn.Linear, rows: HiddenRows, index:
     return total / heads.num_heads, figures
 
 
-def evaluate_heads(heads: MTPHeads, head: torch.nn.Linear, rows: HiddenRows, batch: int = 512) -> dict:
+def evaluate_heads(heads: MTPHeads, to_logits, rows: HiddenRows, batch: int = 512) -> dict:
     """Per-head top-1 agreement with the target and SD acceptance, over every row."""
     sums = {"agree": [0.0] * heads.num_heads, "accept": [0.0] * heads.num_heads}
     counts = [0] * heads.num_heads
     with torch.no_grad():
         for start in range(0, len(rows.hidden), batch):
             index = torch.arange(start, min(start + batch, len(rows.hidden)))
-            _, figures = head_losses(heads, head, rows, index)
+            _, figures = head_losses(heads, to_logits, rows, index)
             for i in range(heads.num_heads):
                 n = int((rows.left[index] >= i + 1).sum())
                 if n:
@@ -164,9 +164,10 @@ def train_heads(cfg: HeadsTrainConfig, progress=None, generation_progress=None) 
     target = TorchLM.load(cfg.target, max_length=4096)
     train_seqs, heldout_seqs = _sequences(cfg, target, generation_progress)
     rows, heldout = hidden_rows(target, train_seqs), hidden_rows(target, heldout_seqs)
-    head = target.model.head.float().requires_grad_(False)
-    heads = MTPHeads(cfg.num_heads, head.in_features, target.fingerprint)
-    before = evaluate_heads(heads, head, heldout)
+    target.model.requires_grad_(False)
+    to_logits = target.model.logits  # the target's own head: the targets and the heads' shared unembedding
+    heads = MTPHeads(cfg.num_heads, target.model.head.in_features, target.fingerprint)
+    before = evaluate_heads(heads, to_logits, heldout)
     opt = torch.optim.AdamW(heads.parameters(), lr=cfg.lr, weight_decay=0.0)
     rng = random.Random(cfg.seed)
     ckpt = cfg.work_dir / "checkpoint.pt"
@@ -195,7 +196,7 @@ def train_heads(cfg: HeadsTrainConfig, progress=None, generation_progress=None) 
         for group in opt.param_groups:
             group["lr"] = lr
         index = torch.tensor([rng.randrange(n_rows) for _ in range(cfg.batch_rows)])
-        loss, _ = head_losses(heads, head, rows, index)
+        loss, _ = head_losses(heads, to_logits, rows, index)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -210,7 +211,7 @@ def train_heads(cfg: HeadsTrainConfig, progress=None, generation_progress=None) 
             checkpoint()
             t_ckpt = time.monotonic()
     checkpoint()
-    after = evaluate_heads(heads, head, heldout)
+    after = evaluate_heads(heads, to_logits, heldout)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     heads.save(cfg.out)
     losses.plot(cfg.work_dir / "loss.png", title="multi-token heads: KL to the target")

@@ -51,7 +51,7 @@ class HeadProposer:
         if heads.hidden_size != model.head.in_features:
             raise ValueError(f"heads of hidden size {heads.hidden_size} do not fit this target "
                              f"(hidden size {model.head.in_features})")
-        self.heads, self.head, self.transitions = heads, model.head, transitions
+        self.heads, self.model, self.transitions = heads, model, transitions
 
     @property
     def num_heads(self) -> int:
@@ -60,7 +60,7 @@ class HeadProposer:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, count: int) -> torch.Tensor:
         """hidden [D] -> [count, V_r] logits of the tokens 2 .. count + 1 positions ahead."""
-        return self.heads.logits(hidden, self.head, count)
+        return self.heads.logits(hidden, self.model.logits, count)
 
 
 def _propose(policy: str, head_logits: torch.Tensor, config, generator: torch.Generator, proposer: HeadProposer,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -51,9 +52,11 @@ class MTPHeads(nn.Module):
         """hidden [..., D] -> [..., k', D]: the first `count` heads' inputs to the shared head."""
         return torch.stack([head(hidden) for head in self.heads[:count]], dim=-2)
 
-    def logits(self, hidden: torch.Tensor, head: nn.Linear, count: int | None = None) -> torch.Tensor:
-        """hidden [..., D] -> float32 logits [..., k', V_r] through the target's `head`."""
-        return head(self.latents(hidden.to(head.weight.dtype), count)).float()
+    def logits(self, hidden: torch.Tensor, to_logits: Callable[[torch.Tensor], torch.Tensor],
+               count: int | None = None) -> torch.Tensor:
+        """hidden [..., D] -> float32 logits [..., k', V_r] through the target's own head,
+        `to_logits` (its `Llama.logits`, so a head over part of the vocabulary expands as there)."""
+        return to_logits(self.latents(hidden, count))
 
     def save(self, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
         """Write the heads atomically (temporary file, then rename)."""
