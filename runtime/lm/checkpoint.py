@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from pcgtts.runtime.lm.digit_head import digit_count, find_digit_table
 from pcgtts.runtime.lm.llama import Llama, LlamaArgs, rope_inv_freq
 from pcgtts.runtime.text.vocab import SpeechVocab
 
@@ -100,8 +101,9 @@ def lm_head_weight(state: dict[str, torch.Tensor], tied: bool, model_dir: Path) 
 
 
 def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dtype = "float32",
-               device: str | torch.device = "cpu") -> Llama:
-    """Build `Llama` from a checkpoint, keeping only the restricted LM-head rows."""
+               device: str | torch.device = "cpu", digit_head: bool = True) -> Llama:
+    """Build `Llama` from a checkpoint, keeping only the restricted LM-head rows (or, when the
+    speech rows are FSQ digit sums and `digit_head`, their 34-row digit table: same logits)."""
     model_dir = Path(model_dir)
     args = LlamaArgs.from_hf_config(read_config(model_dir))
     if args.vocab_size < vocab.vocab_size:
@@ -112,10 +114,14 @@ def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dty
     all_rows = vocab.head_rows()
     subset = read_head_codes(model_dir, len(all_rows))
     rows = all_rows if subset is None else all_rows[subset]
+    table = find_digit_table(head[all_rows[:-1]], head[all_rows[-1]]) if digit_head else None
+    if table is not None:
+        log.info("%s: the speech head is FSQ digit-factorised; computing it from %d rows", model_dir, len(table))
+    digits = 0 if table is None else digit_count(vocab.num_speech)
     with torch.device("meta"):
-        model = Llama(args, rows)
+        model = Llama(args, rows, digits=digits)
     params = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    params["head.weight"] = head[rows]
+    params["head.weight"] = head[rows] if table is None else table
     missing = set(model.state_dict()) - set(params)
     unexpected = set(params) - set(model.state_dict())
     if missing:

@@ -6,7 +6,9 @@ cache is a fixed `[B, kv_heads, max_length, head_dim]` buffer per layer, and eac
 the new keys/values at `positions` and attends to every slot `<= position`. Rolling back is
 therefore O(1): the caller just reuses positions, stale slots are masked by causality and
 later overwritten. The LM head is computed only over the rows of the restricted vocabulary
-(speech tokens + stop, `runtime/text/vocab.py`), about a third of LLaSA's 193,800-row head.
+(speech tokens + stop, `runtime/text/vocab.py`), about a third of LLaSA's 193,800-row head; a
+head whose speech rows are FSQ digit sums is computed from its 34-row digit table
+(`runtime/lm/digit_head.py`), the same logits without the 65,536-row matmul.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pcgtts.runtime.lm.digit_head import expand_digit_scores
 
 
 @dataclass(frozen=True)
@@ -194,20 +198,26 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """LLaMA decoder whose head covers only `head_rows` (the restricted speech vocabulary)."""
+    """LLaMA decoder whose head covers only `head_rows` (the restricted speech vocabulary).
 
-    def __init__(self, args: LlamaArgs, head_rows: torch.Tensor):
+    `digits` > 0: the head holds a digit table (`runtime/lm/digit_head.py`, 1 + digits * 4 + 1
+    rows) instead of one row per restricted token."""
+
+    def __init__(self, args: LlamaArgs, head_rows: torch.Tensor, digits: int = 0):
         super().__init__()
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        # [V_restricted, hidden]: filled from lm_head (or the tied embedding) at load time.
-        self.head = nn.Linear(args.hidden_size, len(head_rows), bias=False)
+        # [V_restricted or table rows, hidden]: filled from lm_head (or the tied embedding) at load time.
+        self.digits = digits
+        head_size = 1 + digits * 4 + 1 if digits else len(head_rows)
+        self.head = nn.Linear(args.hidden_size, head_size, bias=False)
         self.register_buffer("head_rows", head_rows.clone(), persistent=False)
         # A draft's used-codes head: rows for a subset of the restricted vocabulary only
         # (`head_index`, positions in it); every other entry gets logit -inf (probability 0).
         self.register_buffer("head_index", None, persistent=False)
+        self.register_buffer("head_excluded", None, persistent=False)
         self.restricted_size = len(head_rows)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.register_buffer("causal", torch.zeros(0, dtype=torch.bool), persistent=False)
@@ -255,10 +265,17 @@ class Llama(nn.Module):
     def use_head_subset(self, index: torch.Tensor, restricted_size: int) -> None:
         """Keep head rows for restricted indices `index` only (the rest: probability 0)."""
         self.head_index, self.restricted_size = index.to(self.head.weight.device), restricted_size
+        keep = torch.zeros(restricted_size, dtype=torch.bool, device=self.head_index.device)
+        self.head_excluded = (~keep.index_fill_(0, self.head_index, True)).nonzero().view(-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., D] -> float32 restricted-vocabulary logits [..., V_r]."""
         logits = self.head(hidden).float()
+        if self.digits:
+            logits = expand_digit_scores(logits, self.digits)
+            if self.head_index is not None:  # a used-codes subset of a digit head: mask the rest
+                logits = logits.index_fill(-1, self.head_excluded, float("-inf"))
+            return logits
         if self.head_index is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.restricted_size), float("-inf"))

@@ -1,0 +1,66 @@
+"""Digit-factorised speech heads: a head whose 4**8 speech rows are sums of per-digit rows costs 34 rows.
+
+X-codec2 codes are 8 FSQ digits of 4 levels (transformers' basis: digit d of code c is
+(c // 4**d) % 4). A target trained with a factorised speech head (the lab's, `train/lm.py`) is
+exported in the released layout as a plain 65,536-row matrix whose row c is exactly
+`base + sum_d delta[d, digit_d(c)]`. `find_digit_table` recognises such a matrix at load time
+(every row is checked) and returns the 1 + 8 * 4 rows that reproduce it; `expand_digit_scores`
+turns their scores into the 65,536 logits with 7 broadcast adds instead of a 65,536-row matmul.
+Any other head (a released LLaSA's, a random one) fails the check and is used as stored.
+
+Table layout, [1 + digits * levels + 1, hidden]: the base row (code 0), then for each digit d
+(least significant first) its `levels` deltas, then the stop row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LEVELS = 4  # X-codec2's FSQ: 4 levels per digit
+
+
+def digit_count(num_speech: int, levels: int = LEVELS) -> int | None:
+    """n with levels**n == num_speech (n >= 2), or None when the speech vocabulary is not a digit grid."""
+    n, size = 0, 1
+    while size < num_speech:
+        n, size = n + 1, size * levels
+    return n if size == num_speech and n >= 2 else None
+
+
+def code_digits(codes: torch.Tensor, digits: int, levels: int = LEVELS) -> torch.Tensor:
+    """codes [...] -> their digits [..., digits], least significant first."""
+    powers = levels ** torch.arange(digits, device=codes.device)
+    return (codes.unsqueeze(-1) // powers) % levels
+
+
+@torch.no_grad()
+def find_digit_table(speech_rows: torch.Tensor, stop_row: torch.Tensor, levels: int = LEVELS,
+                     rel_tol: float = 1e-5, chunk: int = 8192) -> torch.Tensor | None:
+    """The [1 + n * levels + 1, D] digit table reproducing `speech_rows` [levels**n, D] and the
+    stop row [D], or None when some row is not its digits' sum (checked for every row, to
+    `rel_tol` of the largest entry: float32 rounding of an exact sum passes, anything else fails)."""
+    n = digit_count(len(speech_rows), levels)
+    if n is None:
+        return None
+    rows = speech_rows.float()
+    base = rows[0]
+    one_digit = (levels ** torch.arange(n))[:, None] * torch.arange(levels)[None, :]  # [n, L]: codes with one nonzero digit
+    deltas = rows[one_digit] - base  # [n, L, D]
+    tol = rel_tol * float(rows.abs().max().clamp(min=1e-30))
+    for start in range(0, len(rows), chunk):
+        codes = torch.arange(start, min(start + chunk, len(rows)))
+        predicted = base + deltas[torch.arange(n), code_digits(codes, n, levels)].sum(-2)  # [chunk, D]
+        if float((predicted - rows[codes]).abs().max()) > tol:
+            return None
+    return torch.cat([base[None], deltas.reshape(n * levels, -1), stop_row.float()[None]])
+
+
+def expand_digit_scores(scores: torch.Tensor, digits: int, levels: int = LEVELS) -> torch.Tensor:
+    """Scores of a digit table [..., 1 + digits * levels + 1] -> restricted logits [..., levels**digits + 1]
+    (speech codes in index order, then stop)."""
+    base, stop = scores[..., :1], scores[..., -1:]
+    per_digit = scores[..., 1:-1].unflatten(-1, (digits, levels))  # [..., n, L]
+    speech = per_digit[..., digits - 1, :]
+    for d in range(digits - 2, -1, -1):  # append less significant digits: index = high * L + low
+        speech = (speech.unsqueeze(-1) + per_digit[..., d, None, :]).flatten(-2)
+    return torch.cat([speech + base, stop], dim=-1)

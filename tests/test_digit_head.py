@@ -1,0 +1,119 @@
+"""Digit-factorised heads (runtime/lm/digit_head.py): recognised exactly, same logits, same decoding."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from pcgtts.runtime.lm.digit_head import code_digits, digit_count, expand_digit_scores, find_digit_table
+
+
+def test_digit_count():
+    assert digit_count(65536) == 8 and digit_count(1024) == 5
+    assert digit_count(1000) is None and digit_count(4) is None and digit_count(512) is None
+
+
+def test_expand_matches_the_digit_sum_of_every_code():
+    gen = torch.Generator().manual_seed(0)
+    n, hidden = 5, 16
+    table = torch.randn(1 + n * 4 + 1, hidden, generator=gen)
+    h = torch.randn(3, hidden, generator=gen)
+    logits = expand_digit_scores(h @ table.T, n)  # [3, 4**5 + 1]
+    codes = torch.arange(4 ** n)
+    rows = table[0] + table[1:-1].view(n, 4, hidden)[torch.arange(n), code_digits(codes, n)].sum(-2)
+    torch.testing.assert_close(logits[:, :-1], h @ rows.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[:, -1], h @ table[-1])
+
+
+def test_find_digit_table_reproduces_a_factorised_matrix_and_refuses_others():
+    gen = torch.Generator().manual_seed(1)
+    n, hidden = 5, 8
+    digit_rows = torch.randn(n, 4, hidden, generator=gen)
+    rows = digit_rows[torch.arange(n), code_digits(torch.arange(4 ** n), n)].sum(-2)
+    stop = torch.randn(hidden, generator=gen)
+    table = find_digit_table(rows, stop)
+    assert table is not None and table.shape == (1 + n * 4 + 1, hidden)
+    h = torch.randn(4, hidden, generator=gen)
+    torch.testing.assert_close(expand_digit_scores(h @ table.T, n), torch.cat([h @ rows.T, (h @ stop)[:, None]], 1),
+                               rtol=1e-5, atol=1e-5)
+    perturbed = rows.clone()
+    perturbed[777, 3] += 1e-3  # one entry of one row off the digit sum
+    assert find_digit_table(perturbed, stop) is None
+    assert find_digit_table(torch.randn(4 ** n, hidden, generator=gen), stop) is None
+    assert find_digit_table(rows[:1000], stop) is None  # not a digit grid
+
+
+@pytest.fixture(scope="module")
+def factorised_target(tiny_lms, tmp_path_factory):
+    """The tiny target with its (tied) speech rows replaced by digit sums: what a lab export looks like."""
+    from safetensors.torch import load_file, save_file
+
+    from pcgtts.runtime.lm.checkpoint import load_tokenizer
+    from pcgtts.runtime.text.vocab import SpeechVocab
+
+    out = tmp_path_factory.mktemp("digit") / "target"
+    shutil.copytree(tiny_lms["target"], out)
+    vocab = SpeechVocab.from_tokenizer(load_tokenizer(out))
+    n = digit_count(vocab.num_speech)
+    state = load_file(str(out / "model.safetensors"))
+    emb = state["model.embed_tokens.weight"]
+    gen = torch.Generator().manual_seed(2)
+    digit_rows = torch.randn(n, 4, emb.shape[1], generator=gen) * float(emb.std()) / n ** 0.5
+    codes = torch.arange(vocab.num_speech)
+    emb[vocab.speech_offset:vocab.speech_offset + vocab.num_speech] = digit_rows[torch.arange(n), code_digits(codes, n)].sum(-2)
+    assert "lm_head.weight" not in state  # tied: the head is these rows
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def test_a_factorised_checkpoint_loads_with_the_digit_table_and_gives_the_same_logits(factorised_target, tiny_lms):
+    from pcgtts.runtime.lm.checkpoint import load_llama, load_tokenizer
+    from pcgtts.runtime.text.vocab import SpeechVocab
+
+    vocab = SpeechVocab.from_tokenizer(load_tokenizer(factorised_target))
+    fast = load_llama(factorised_target, vocab)
+    full = load_llama(factorised_target, vocab, digit_head=False)
+    assert fast.digits == 5 and fast.head.out_features == 22
+    assert full.digits == 0 and full.head.out_features == vocab.restricted_size
+    assert load_llama(tiny_lms["target"], vocab).digits == 0  # an ordinary head is used as stored
+    ids = torch.randint(0, vocab.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
+    for model in (fast, full):
+        model.setup_cache(32)
+    positions = torch.arange(12)
+    torch.testing.assert_close(fast(ids, positions, end=12), full(ids, positions, end=12), rtol=1e-5, atol=1e-5)
+    subset = torch.tensor([3, 40, 41, 500, vocab.restricted_size - 1])
+    fast.use_head_subset(subset, vocab.restricted_size)  # a used-codes draft head: the rest get -inf
+    got = fast(ids, positions, end=12)
+    assert torch.isinf(got).sum(-1).eq(vocab.restricted_size - len(subset)).all()
+    torch.testing.assert_close(got[..., subset], full(ids, positions, end=12)[..., subset], rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_and_speculative_decoding_are_unchanged_by_the_digit_table(factorised_target, tiny_lms):
+    from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+    from pcgtts.runtime.decode.speculative import decode
+    from pcgtts.runtime.lm.checkpoint import load_llama, load_tokenizer
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.runtime.text.vocab import SpeechVocab
+
+    tok = load_tokenizer(factorised_target)
+    vocab = SpeechVocab.from_tokenizer(tok)
+
+    def lm(digit_head: bool) -> TorchLM:
+        return TorchLM(load_llama(factorised_target, vocab, digit_head=digit_head), vocab, 256, tokenizer=tok)
+
+    draft = TorchLM.load(tiny_lms["draft"], max_length=256, tokenizer=tok)
+    prompt = torch.tensor(tok("<|begin_of_text|>hello there")["input_ids"])
+    argmax = SamplingConfig(temperature=0.0)
+    greedy = DecodeConfig(policy="ar", sampling=argmax, max_new_tokens=40)
+    outputs = {}
+    for digit_head in (True, False):
+        target = lm(digit_head)
+        outputs[digit_head, "ar"] = [t for chunk in decode(target, None, prompt, greedy, torch.Generator()) for t in chunk]
+        target.release(); target.ensure_cache()
+        spec = DecodeConfig(policy="sd", sampling=argmax, max_new_tokens=40, draft_length=3)
+        outputs[digit_head, "sd"] = [t for chunk in decode(target, draft, prompt, spec, torch.Generator()) for t in chunk]
+        draft.release(); draft.ensure_cache()
+    assert len(outputs[True, "ar"]) == 40
+    assert outputs[True, "ar"] == outputs[False, "ar"] == outputs[True, "sd"] == outputs[False, "sd"]
