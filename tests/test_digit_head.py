@@ -117,3 +117,25 @@ def test_greedy_and_speculative_decoding_are_unchanged_by_the_digit_table(factor
         draft.release(); draft.ensure_cache()
     assert len(outputs[True, "ar"]) == 40
     assert outputs[True, "ar"] == outputs[False, "ar"] == outputs[True, "sd"] == outputs[False, "sd"]
+
+
+@pytest.mark.slow
+def test_the_digit_head_and_a_used_codes_mask_export_to_onnx(factorised_target, tmp_path):
+    """The ONNX step graph computes the same digit head; a used-codes head's -inf entries match too
+    (the export's own numeric check used to read -inf - -inf as nan and refuse such a draft)."""
+    from pcgtts.export.onnx_lm import export_lm
+    from pcgtts.runtime.lm.checkpoint import write_head_codes
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    draft = tmp_path / "draft"
+    shutil.copytree(factorised_target, draft)
+    write_head_codes(draft, [3, 40, 41, 500], num_speech=1024)
+    meta, check = export_lm(draft, tmp_path / "onnx", max_length=64)
+    assert check.ok and check.max_abs_diff < 2e-3
+    torch_lm, ort_lm = TorchLM.load(draft, max_length=64), OrtLM.load(tmp_path / "onnx", max_length=64)
+    assert torch_lm.model.digits == 5
+    ids = torch.tensor([1, 2, 3, 4, 5])
+    a, b = torch_lm.prefill(ids), ort_lm.prefill(ids)
+    assert torch.equal(torch.isinf(a), torch.isinf(b)) and int(torch.isfinite(b).sum()) == 5
+    torch.testing.assert_close(b[torch.isfinite(b)], a[torch.isfinite(a)], rtol=1e-3, atol=1e-3)
