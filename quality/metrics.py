@@ -232,13 +232,25 @@ def stoi(reference: np.ndarray, degraded: np.ndarray) -> float:
     return float(_stoi(ref, deg, SAMPLE_RATE, extended=False))
 
 
-def mel_cepstrum(samples: np.ndarray, order: int = 24) -> np.ndarray:
-    """Mel-cepstral coefficients c1..c_order per 10 ms frame [frames, order] (c0, energy, dropped)."""
-    import librosa
+MEL_BANDS = 40
 
-    mfcc = librosa.feature.mfcc(y=np.asarray(samples, np.float32), sr=SAMPLE_RATE, n_mfcc=order + 1,
-                                n_fft=512, hop_length=160, win_length=400, n_mels=40, htk=True)
-    return mfcc[1:].T
+
+def mel_cepstrum(samples: np.ndarray, order: int = 24) -> np.ndarray:
+    """Mel-cepstral coefficients c1..c_order per 10 ms frame [frames, order] (c0, energy, dropped).
+
+    The cepstrum of the natural-log mel *amplitude* spectrum, c_n = (1/N) sum_k ln S_k cos(pi n (k + 1/2) / N)
+    over N = 40 HTK mel bands: the units the MCD formula's 10 / ln 10 factor assumes (a cepstral
+    difference of 1 is a log-amplitude ripple of 1 neper). librosa's MFCC is not in these units (it
+    is a scaled DCT of a clipped dB power spectrum, about 78x larger), which made earlier MCD figures
+    read in the hundreds."""
+    import librosa
+    from scipy.fft import dct
+
+    mel = librosa.feature.melspectrogram(y=np.asarray(samples, np.float32), sr=SAMPLE_RATE, n_fft=512, hop_length=160,
+                                         win_length=400, n_mels=MEL_BANDS, htk=True, power=1.0)
+    log_mel = np.log(np.maximum(mel, 1e-5))  # [bands, frames]
+    cepstrum = dct(log_mel, type=2, axis=0) / (2 * MEL_BANDS)  # scipy's DCT-II carries a factor 2
+    return cepstrum[1:order + 1].T
 
 
 def mcd(reference: np.ndarray, degraded: np.ndarray, align: bool = True) -> float:

@@ -104,3 +104,29 @@ def test_stoi_and_mcd_track_degradation():
     assert mcd(clean, noisy, align=False) > mcd(clean, 0.99 * clean + 0.003 * noisy, align=False) + 1.0
     with pytest.raises(ValueError):
         stoi(clean[:100], clean[:100])
+
+
+def test_mcd_is_in_log_amplitude_cepstral_units():
+    """A gain moves c0 only (MCD 0); a spectral ripple of known depth gives the MCD the formula says.
+
+    Multiplying the mel amplitude spectrum by exp(r cos(pi n (k + 1/2) / N)) adds r / 2 to c_n (the
+    cepstrum's 1/N normalisation), so MCD = (10 / ln 10) sqrt(2) r / 2; checked through a filter
+    applied in the STFT domain, to 5 % (mel bands are not exactly the filter's sampling points)."""
+    import librosa
+
+    from pcgtts.quality.metrics import MEL_BANDS, mel_cepstrum
+
+    rng = np.random.default_rng(1)
+    noise = (0.1 * rng.standard_normal(16000 * 2)).astype(np.float32)
+    assert mcd(noise, 0.25 * noise, align=False) == pytest.approx(0.0, abs=1e-3)
+    # A ripple on the mel axis: the gain of each FFT bin follows its HTK-mel position.
+    freqs = np.fft.rfftfreq(512, 1 / 16000)
+    mel_pos = librosa.hz_to_mel(freqs, htk=True) / librosa.hz_to_mel(8000, htk=True) * MEL_BANDS  # 0..N
+    ripple, n = 0.4, 3
+    gain = np.exp(ripple * np.cos(np.pi * n * mel_pos / MEL_BANDS))
+    spec = librosa.stft(noise, n_fft=512, hop_length=160, win_length=400)
+    shaped = librosa.istft(spec * gain[:, None], hop_length=160, win_length=400, length=noise.size)
+    delta = (mel_cepstrum(shaped) - mel_cepstrum(noise))[5:-5].mean(0)
+    assert delta[n - 1] == pytest.approx(ripple / 2, rel=0.05)
+    expected = 10 / np.log(10) * np.sqrt(2) * ripple / 2
+    assert mcd(noise, shaped, align=False) == pytest.approx(expected, rel=0.1)
