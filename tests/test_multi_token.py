@@ -49,11 +49,12 @@ def groups(tiny_groups_file):
     return GroupTable.load(tiny_groups_file).to_device("cpu")
 
 
-def run(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3, **extra):
+def run(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3, costs=None,
+        **extra):
     config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling, **extra)
     stats = DecodeStats()
     out = [t for burst in decode(target, None, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
-                                 heads=proposer) for t in burst]
+                                 heads=proposer, costs=costs) for t in burst]
     return out, stats
 
 
@@ -131,6 +132,33 @@ def test_multi_token_statistics_are_consistent(target, proposer, prompt, groups)
         assert a == b, policy
 
 
+def test_adaptive_heads_with_useless_heads_stay_within_five_percent_of_ar(target, proposer, viterbi_proposer, prompt,
+                                                                           groups):
+    """Counted in the cost model's time (given costs: cheap heads, a verify of 4 costing 2.5 steps),
+    not wall time. The random heads are useless, so the policy must settle on plain target steps;
+    the same heads at a fixed 3 proposals cost far more (the check has power). Greedy output is
+    unchanged by the choice of head count."""
+    from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds
+
+    costs = StepCosts(target_forward=(1.0, 1.5, 2.0, 2.5), draft_forward=(0.1, 0.1), rule=0.03, sample=0.02)
+
+    def per_token(stats):
+        return counted_seconds(costs, stats.length_counts, 0) / stats.emitted
+
+    for policy in ("mtp-sd", "mtp-pcg", "mtp-viterbi"):
+        extra = {"groups": groups} if policy == "mtp-pcg" else {}
+        proposing = viterbi_proposer if policy == "mtp-viterbi" else proposer
+        out, stats = run(target, proposing, prompt, policy, SamplingConfig(), tokens=120, costs=costs,
+                         adaptive_draft=True, **extra)
+        assert len(out) == 120 and stats.target_forwards <= stats.emitted, policy
+        assert per_token(stats) <= 1.05 * costs.ar_step, (policy, stats.length_counts)
+        _, fixed = run(target, proposing, prompt, policy, SamplingConfig(), tokens=120, costs=costs, **extra)
+        assert per_token(fixed) > 1.05 * costs.ar_step, policy
+    reference, _ = run(target, proposer, prompt, "ar", GREEDY)
+    adaptive, _ = run(target, proposer, prompt, "mtp-sd", GREEDY, costs=costs, adaptive_draft=True)
+    assert adaptive == reference
+
+
 @pytest.mark.slow  # 3,000 decodes: minutes on a loaded 2-core machine
 def test_mtp_sd_is_exact_in_distribution(target, proposer, prompt):
     """The marginal of the 3rd generated code (the first one a head proposes and the target
@@ -198,16 +226,22 @@ def test_synthesizer_finds_heads_next_to_the_target(tiny_models, tmp_path, targe
             synth.config, decode=DecodeConfig(policy="sd")))
 
 
-def test_viterbi_heads_verified_strictly_equal_greedy(target, proposer, prompt, tmp_path):
-    """mtp-viterbi: the heads' top-k lattice searched with a transition table built from the
-    target's own codes (through `pcgtts heads transitions`'s file format); verified with top-M at
-    M = 1 and temperature 0 it is greedy decoding, and at M = 2 it accepts at least as much."""
+@pytest.fixture(scope="module")
+def viterbi_proposer(target, proposer, prompt, tmp_path_factory):
+    """The random heads with a transition table built from the target's own codes (through
+    `pcgtts heads transitions`'s file format)."""
     from pcgtts.groups.transitions import TransitionTable
-    from pcgtts.runtime.decode.multi_token import HeadProposer
 
     sequences = [np.array(run(target, proposer, prompt, "ar", SamplingConfig(), tokens=60, seed=s)[0]) for s in range(6)]
-    path = TransitionTable.build(sequences, vocab_size=target.vocab.restricted_size, top_k=16).save(tmp_path / "t.pct")
-    viterbi = HeadProposer(proposer.heads, target, TransitionTable.load(path))
+    table = TransitionTable.build(sequences, vocab_size=target.vocab.restricted_size, top_k=16)
+    path = table.save(tmp_path_factory.mktemp("viterbi") / "t.pct")
+    return HeadProposer(proposer.heads, target, TransitionTable.load(path))
+
+
+def test_viterbi_heads_verified_strictly_equal_greedy(target, viterbi_proposer, prompt):
+    """mtp-viterbi: the heads' top-k lattice searched with the transition table; verified with
+    top-M at M = 1 and temperature 0 it is greedy decoding, and at M = 2 it accepts at least as much."""
+    viterbi = viterbi_proposer
     reference, _ = run(target, viterbi, prompt, "ar", GREEDY)
     strict, s1 = run(target, viterbi, prompt, "mtp-viterbi", GREEDY, mtp_top_m=1)
     assert strict == reference

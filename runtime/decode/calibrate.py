@@ -1,4 +1,4 @@
-"""Measuring the `StepCosts` of a loaded target/draft pair, once per pair, for the adaptive draft length.
+"""Measuring the `StepCosts` of a loaded target/draft pair (or target/heads), once per pair, for the adaptive draft length.
 
 Times real forwards of 1 .. L_max + 1 tokens on both models (at the start of the cache, which
 the decode loop's prefill then overwrites), the rule on the vocabulary's size, and one
@@ -55,14 +55,9 @@ def _forward_costs(lm: LM, counts: range, repeats: int, sync) -> tuple[float, ..
     return out
 
 
-def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
-                  groups: DeviceGroupTable | None = None, repeats: int = 3,
-                  sync: Callable[[], None] | None = None) -> StepCosts:
-    """Time the pair: target forwards of 1..max_length + 1 tokens, draft forwards of 1..max_length + 1,
-    the rule at L = max_length, and one AR sampling step."""
-    counts = range(1, max_length + 2)
-    target_costs = _forward_costs(target, counts, repeats, sync)
-    draft_costs = _forward_costs(draft, counts, repeats, sync)
+def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: SamplingConfig,
+                           groups: DeviceGroupTable | None, repeats: int, sync) -> tuple[float, float]:
+    """The rule at L = max_length and one AR sampling step, on random logits of the vocabulary's size."""
     device, vocab_size = target.device, target.vocab.num_speech + 1
     gen = torch.Generator(device=device).manual_seed(0)
     logits = torch.randn(max_length + 1, vocab_size, generator=gen, device=device)
@@ -75,14 +70,43 @@ def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: S
 
     rule_cost = _median_seconds(rule_step, repeats, sync) if rule != "pcg" or groups is not None else 0.0
     sample_cost = _median_seconds(lambda: int(sample(logits_to_probs(logits[0], sampling), gen)), repeats, sync)
-    costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost)
+    return rule_cost, sample_cost
+
+
+def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
+                  groups: DeviceGroupTable | None = None, repeats: int = 3,
+                  sync: Callable[[], None] | None = None) -> StepCosts:
+    """Time the pair: target forwards of 1..max_length + 1 tokens, draft forwards of 1..max_length + 1,
+    the rule at L = max_length, and one AR sampling step."""
+    counts = range(1, max_length + 2)
+    target_costs = _forward_costs(target, counts, repeats, sync)
+    draft_costs = _forward_costs(draft, counts, repeats, sync)
+    costs = StepCosts(target_costs, draft_costs, *_rule_and_sample_costs(target, max_length, rule, sampling, groups,
+                                                                         repeats, sync))
     log.info("calibrated step costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
+    return costs
+
+
+def measure_head_costs(target: LM, proposer, max_length: int, rule: str, sampling: SamplingConfig,
+                       groups: DeviceGroupTable | None = None, repeats: int = 3,
+                       sync: Callable[[], None] | None = None) -> StepCosts:
+    """Time the target with its multi-token heads (`multi_token.HeadProposer`): target forwards of
+    1..max_length + 1 tokens, and the heads per proposal as the 'draft' cost. Heads read the
+    step's own hidden state, so they never catch up: draft(k) is flat in k."""
+    target_costs = _forward_costs(target, range(1, max_length + 2), repeats, sync)
+    head = proposer.model.head.weight
+    hidden = torch.zeros(proposer.heads.hidden_size, dtype=head.dtype, device=head.device)
+    per_head = _median_seconds(lambda: proposer.logits(hidden, max_length), repeats, sync) / max_length
+    costs = StepCosts(target_costs, (per_head, per_head), *_rule_and_sample_costs(target, max_length, rule, sampling,
+                                                                                  groups, repeats, sync))
+    log.info("calibrated head costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
     return costs
 
 
 def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
                      groups: DeviceGroupTable | None = None, sync: Callable[[], None] | None = None) -> StepCosts:
-    """`measure_costs`, once per (target, draft, rule, max_length, greedy) while both models live."""
+    """`measure_costs`, once per (target, draft, rule, max_length, greedy) while both models live;
+    `draft` may be a `multi_token.HeadProposer` (then `measure_head_costs`)."""
     key = (rule, max_length, sampling.greedy)
     try:
         per_draft = _CACHE.setdefault(target, weakref.WeakKeyDictionary())
@@ -90,5 +114,6 @@ def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling
     except TypeError:  # a model object that cannot be weakly referenced: measure every time
         cached = {}
     if key not in cached:
-        cached[key] = measure_costs(target, draft, max_length, rule, sampling, groups, sync=sync)
+        measure = measure_head_costs if hasattr(draft, "num_heads") else measure_costs
+        cached[key] = measure(target, draft, max_length, rule, sampling, groups, sync=sync)
     return cached[key]

@@ -7,7 +7,10 @@ One target pass per step does two jobs (Speech-LLaMA's "verify this step, predic
   2. the hidden state that predicted the new token (row n) goes through the heads, whose k
      outputs propose the l tokens after it; the cache is rolled back to [.., last, x_1 .. x_n].
 
-The first step has no proposals (a plain target step). Policies (how heads propose / the rule):
+The first step has no proposals (a plain target step). With `adaptive_draft`, the number of
+heads used for the next step (0 = a plain target step) is chosen by the cost model, as for a
+draft model (`cost_model.DraftLengthPolicy`; the heads' cost per proposal is the draft cost).
+Policies (how heads propose / the rule):
 
   mtp-sd         sample x_i from head i          SD rule: exact (the target's distribution)
   mtp-pcg        sample x_i from head i          PCG rule: exact at group level
@@ -33,6 +36,8 @@ from typing import Iterator
 import torch
 
 from pcgtts.runtime.config import MTP_POLICIES
+from pcgtts.runtime.decode.calibrate import calibrated_costs
+from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 from pcgtts.runtime.decode.speculative import _room, _start, emitted
@@ -95,7 +100,7 @@ def _verify(policy: str, tokens, probs, target_logits, target_probs, config, gen
 
 
 def decode_multi_token(target, proposer: HeadProposer, prompt_ids: torch.Tensor, config, generator: torch.Generator,
-                       groups, stats, timer) -> Iterator[list[int]]:
+                       groups, stats, timer, costs: StepCosts | None = None) -> Iterator[list[int]]:
     """Yield bursts of speech codes, as `speculative.decode`; `timer` is its `_Timer`."""
     policy, sampling, vocab = config.policy, config.sampling, target.vocab
     if policy == "mtp-pcg" and groups is None and not sampling.greedy:
@@ -105,6 +110,13 @@ def decode_multi_token(target, proposer: HeadProposer, prompt_ids: torch.Tensor,
     max_length = min(config.draft_length, proposer.num_heads)
     stats.per_position_accepted = [0] * max_length
     stats.length_counts = [0] * (max_length + 1)
+    length_policy = None
+    if config.adaptive_draft:
+        if costs is None:  # the inexact rules' cost is close to SD's (one comparison per position)
+            rule = "greedy" if sampling.greedy else ("pcg" if policy == "mtp-pcg" else "sd")
+            costs = calibrated_costs(target, proposer, max_length, rule, sampling, groups, timer.sync)
+        length_policy = DraftLengthPolicy(costs, max_length)
+        stats.costs = costs.as_dict()
     _start(target, prompt_ids)
     last = prompt_ids[-1:].to(target.device)
     proposals, proposal_probs = None, None
@@ -134,8 +146,14 @@ def decode_multi_token(target, proposer: HeadProposer, prompt_ids: torch.Tensor,
         t0 = timer("time_verify", t0)
 
         # 2. The heads read the state that predicted the new token and propose what follows it.
-        proposals, proposal_probs = _propose(policy, proposer.logits(hidden[n], max_length), config, generator,
-                                             proposer, tokens[-1])
+        count = max_length
+        if length_policy is not None:
+            length_policy.record(l, n)
+            count = length_policy.choose()
+        proposals, proposal_probs = None, None
+        if count:
+            proposals, proposal_probs = _propose(policy, proposer.logits(hidden[n], count), config, generator,
+                                                 proposer, tokens[-1])
         stats.trace.append((timer("time_draft", t0), n + 1))
         stats.steps += 1
         stats.target_forwards += 1

@@ -102,7 +102,7 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
 
         if heads is None:
             raise ValueError(f"policy {config.policy!r} needs the target's multi-token heads")
-        return decode_multi_token(target, heads, prompt_ids, config, generator, groups, stats, _Timer(stats, sync))
+        return decode_multi_token(target, heads, prompt_ids, config, generator, groups, stats, _Timer(stats, sync), costs)
     if config.policy == "ar":
         return _autoregressive(target, prompt_ids, config, generator, stats, sync, "target")
     if draft is None:
