@@ -12,6 +12,8 @@ models' forward passes.
     python benchmarks/bench_lm.py --model wide                  # CPU, hidden 1024 x 8 layers
     python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16   # GPU
     python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf  # ORT vs torch
+    python benchmarks/bench_lm.py --target LAB/v0/target --draft LAB/v0/draft --groups LAB/v0/groups.pcg \
+        --backends torch,torch-full-head       # a trained pair; its digit head vs the same head row by row
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ def run_hf(hf_target, hf_draft, prompt, tokens, seed, device):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="demo")
+    ap.add_argument("--target", help="an existing target checkpoint instead of --model's synthetic shape")
+    ap.add_argument("--draft", help="its draft (with --target)")
+    ap.add_argument("--groups", help="its group table (.pcg; default: built at --theta from the embeddings)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tokens", type=int, default=200, help="speech tokens generated per run")
@@ -118,33 +123,47 @@ def main() -> int:
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")
-    ap.add_argument("--backends", default="torch", help="comma list: torch, onnxruntime (exported once, cached)")
+    ap.add_argument("--backends", default="torch",
+                    help="comma list: torch, torch-full-head (a digit-factorised head computed row by row), "
+                         "onnxruntime (exported once, cached)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pcgtts-bench-models"))
     args = ap.parse_args()
 
     dtype = getattr(torch, args.dtype)
-    target_dir, draft_dir = make_models(args.model, Path(args.cache))
+    if (args.target is None) != (args.draft is None):
+        ap.error("--target and --draft go together")
+    if args.target:
+        target_dir, draft_dir, args.model = Path(args.target), Path(args.draft), Path(args.target).parent.name
+    else:
+        target_dir, draft_dir = make_models(args.model, Path(args.cache))
     tok = None
-    emb, vocab, _ = load_speech_embeddings(target_dir)
     t0 = time.perf_counter()
-    groups = build_groups(emb, args.theta, device=args.device, progress=False)
+    if args.groups:
+        from pcgtts.groups.table import GroupTable
+
+        groups = GroupTable.load(args.groups)
+    else:
+        emb, vocab, _ = load_speech_embeddings(target_dir)
+        groups = build_groups(emb, args.theta, device=args.device, progress=False)
+        del emb
     group_build_s = time.perf_counter() - t0
     device_groups = groups.to_device(args.device)
-    del emb
 
     graph_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cuda_graphs]
     if not args.device.startswith("cuda"):
         graph_modes = [False]
     variants = [("torch", g) for g in graph_modes] if "torch" in args.backends.split(",") else []
+    if "torch-full-head" in args.backends.split(","):
+        variants.append(("torch-full-head", False))
     if "onnxruntime" in args.backends.split(","):
         variants.append(("onnxruntime", False))
     rows = []
     for backend, graphs in variants:
-        if backend == "torch":
-            target = TorchLM.load(target_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
-                                  graph_token_counts=(1, args.draft_length + 1), tokenizer=tok)
-            draft = TorchLM.load(draft_dir, device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
-                                 graph_token_counts=(1, args.draft_length + 1), tokenizer=target.tokenizer)
+        if backend.startswith("torch"):
+            common = dict(device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
+                          graph_token_counts=(1, args.draft_length + 1), digit_head=backend == "torch")
+            target = TorchLM.load(target_dir, tokenizer=tok, **common)
+            draft = TorchLM.load(draft_dir, tokenizer=target.tokenizer, **common)
         else:
             target, draft = load_onnx_pair(target_dir, draft_dir, args.device)
         prompt = build_prompt(target.tokenizer, target.vocab, TEXT)
@@ -158,7 +177,7 @@ def main() -> int:
             steps = sum(s.steps for s in st)
             fwd_time = sum(s.time_draft + s.time_target for s in st)
             rows.append({
-                "impl": "ours" + ("+graphs" if graphs else "") + ("-ort" if backend == "onnxruntime" else ""),
+                "impl": "ours" + ("+graphs" if graphs else "") + {"onnxruntime": "-ort", "torch-full-head": "-fullhead"}.get(backend, ""),
                 "policy": policy,
                 "tokens_per_s": n / secs,
                 "target_forwards_per_token": sum(s.target_forwards for s in st) / n,
@@ -187,7 +206,7 @@ def main() -> int:
     base = {r["policy"]: r["tokens_per_s"] for r in rows if r["impl"].startswith("hf")}
     ar = next(r["tokens_per_s"] for r in rows if r["policy"] == "ar" and r["impl"].startswith("ours"))
     print(f"\n{args.model} on {args.device} ({args.dtype}), {args.tokens} tokens x {args.runs} runs, "
-          f"L={args.draft_length}, theta={args.theta}: {groups.num_groups} groups, "
+          f"L={args.draft_length}, theta={groups.theta if args.groups else args.theta}: {groups.num_groups} groups, "
           f"mean size {groups.stats['mean_group_size']:.1f}")
     print(f"{'impl':13s} {'policy':8s} {'tok/s':>8s} {'x ours-ar':>9s} {'x hf-gen':>8s} {'x hf-asst':>9s} "
           f"{'tgt fwd/tok':>11s} {'accept':>7s} {'mean len':>8s} {'ms/step':>8s} {'outside':>8s}")
@@ -200,7 +219,7 @@ def main() -> int:
               f"{fmt('target_forwards_per_token', '11.3f')} {fmt('acceptance', '7.3f')} "
               f"{fmt('mean_accepted_length', '8.2f')} {fmt('ms_per_step', '8.2f')} {fmt('outside_forward_share', '8.1%')}")
     print(json.dumps({"model": args.model, "device": args.device, "dtype": args.dtype, "tokens": args.tokens,
-                      "runs": args.runs, "draft_length": args.draft_length, "theta": args.theta,
+                      "runs": args.runs, "draft_length": args.draft_length, "theta": groups.theta if args.groups else args.theta,
                       "group_build_s": group_build_s, "rows": rows}))
     return 0
 
