@@ -242,7 +242,8 @@ def _run_models(args, testset, sentences, recipe, progress):
     args.max_tokens = args.max_tokens or (150 if demo else None)
     if args.mode == "synth":
         check_mtp_policies(args.policies, args)
-    needs_draft = args.mode == "melgroups" or any(p not in ("ar",) + MTP_POLICIES for p in args.policies)
+    needs_draft = args.mode == "melgroups" or (args.mode == "synth" and
+                                               any(p not in ("ar",) + MTP_POLICIES for p in args.policies))
     args.policy = "pcg" if (args.mode == "synth" and "pcg" in args.policies and args.groups) else (
         "sd" if needs_draft else "ar")
     progress("loading models")
