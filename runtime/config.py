@@ -88,8 +88,11 @@ class DecodeConfig:
 class StreamConfig:
     """How accepted tokens become audio chunks (`runtime/audio/streaming.py`)."""
 
-    first_chunk_tokens: int = 10  # 200 ms of audio: the first chunk, kept small for time to first audio
-    chunk_tokens: int = 25  # 500 ms per later chunk
+    # The first chunk is small for time to first audio; each later chunk doubles the one before
+    # (5, 10, 20, 25, 25, ... tokens) up to chunk_tokens, so the playback queue is refilled before
+    # it drains at any real-time factor below 1.
+    first_chunk_tokens: int = 5  # 100 ms of audio
+    chunk_tokens: int = 25  # 500 ms per chunk once grown
     left_context_tokens: int = 50  # 1 s of already-emitted tokens decoded again as context
     codec_lookahead: int = 8  # tokens past the chunk that must exist before it is decoded
     crossfade_samples: int = 640  # 40 ms raised-cosine blend with the previous window

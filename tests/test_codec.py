@@ -71,6 +71,16 @@ def test_stream_covers_every_sample_once(codecs, config, burst):
         assert np.array_equal(chunks[5], decode_only.decode(codes[5:6]))
 
 
+def test_chunks_start_small_and_double_up_to_the_chunk_size(codecs):
+    decode_only, _ = codecs
+    codes = np.random.default_rng(2).integers(0, 65536, 140)
+    window = WindowDecoder(decode_only.decode, StreamConfig(first_chunk_tokens=5, chunk_tokens=25))
+    sizes = [len(c) // 320 for i in range(len(codes)) for c in window.push(codes[i:i + 1])]
+    assert sizes == [5, 10, 20, 25, 25, 25]  # 110 tokens out; the next chunk needs 135 + 8 lookahead
+    big_first = WindowDecoder(decode_only.decode, StreamConfig(first_chunk_tokens=30, chunk_tokens=25))
+    assert [len(c) // 320 for c in big_first.push(codes)] == [30, 25, 25, 25, 25]
+
+
 def test_streamed_audio_matches_one_shot_decode(codecs):
     decode_only, _ = codecs
     for seed in range(2):

@@ -8,7 +8,8 @@ window [a - left_context, b + lookahead) and keeping the samples of [a, b); the 
 that window produced as lookahead), so seams are continuous. Every sample is emitted exactly
 once: the stream holds 320 samples per token, no gaps, no duplicates.
 
-The first chunk is small (low time to first audio), later chunks larger (fewer decodes).
+The first chunk is small (low time to first audio); each later chunk doubles the previous one up
+to `chunk_tokens` (fewer decodes), so the next chunk is ready before the audio already out runs dry.
 Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
 """
 
@@ -35,6 +36,7 @@ class WindowDecoder:
         self.offset = len(ctx) if config.left_context_tokens else 0  # tokens before the stream's first
         self.tokens = list(ctx[-self.offset:]) if self.offset else []
         self.done = 0  # stream tokens already emitted
+        self.size = config.first_chunk_tokens  # tokens in the next chunk (doubles up to chunk_tokens)
         self.tail: np.ndarray | None = None  # previous window's audio just past its chunk
         fade = np.arange(config.crossfade_samples, dtype=np.float32) + 0.5
         self.fade_in = (0.5 - 0.5 * np.cos(np.pi * fade / max(config.crossfade_samples, 1))).astype(np.float32)
@@ -47,10 +49,10 @@ class WindowDecoder:
         self.tokens.extend(int(t) for t in tokens)
         out = []
         while True:
-            size = self.config.first_chunk_tokens if self.done == 0 else self.config.chunk_tokens
-            if self.available < self.done + size + self.config.codec_lookahead:
+            if self.available < self.done + self.size + self.config.codec_lookahead:
                 return out
-            out.append(self._emit(self.done + size, self.config.codec_lookahead))
+            out.append(self._emit(self.done + self.size, self.config.codec_lookahead))
+            self.size = min(2 * self.size, self.config.chunk_tokens)
 
     def flush(self) -> np.ndarray:
         """Audio for every token not emitted yet (possibly empty)."""
