@@ -114,7 +114,8 @@ def load_llama(model_dir: str | Path, vocab: SpeechVocab, dtype: str | torch.dty
     all_rows = vocab.head_rows()
     subset = read_head_codes(model_dir, len(all_rows))
     rows = all_rows if subset is None else all_rows[subset]
-    table = find_digit_table(head[all_rows[:-1]], head[all_rows[-1]]) if digit_head else None
+    speech = head[vocab.speech_offset:vocab.speech_offset + vocab.num_speech]  # a view: checked chunk by chunk
+    table = find_digit_table(speech, head[vocab.stop_id]) if digit_head else None
     if table is not None:
         log.info("%s: the speech head is FSQ digit-factorised; computing it from %d rows", model_dir, len(table))
     digits = 0 if table is None else digit_count(vocab.num_speech)
