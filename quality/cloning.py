@@ -13,14 +13,13 @@ against the speakers of *other* source voices only ("distinct sources").
 `oracle=True` scores another real utterance of the speaker instead of a synthesis: the pool's
 separability, the ceiling any synthesis can reach (and the harness's self-test in CI).
 
-    rows = read_manifest(corpus)                  # lab corpus manifest.jsonl
+    rows = read_manifest(corpus)                  # train/corpus.py: the lab corpus's manifest.jsonl
     plan = cloning_plan(rows, refs=4)             # references + centroid utterances per speaker
     result = run_cloning(plan, corpus, speak)     # speak(text, ref_path, ref_text, seed) -> audio
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
@@ -29,14 +28,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from pcgtts.quality.stats import wilson
+from pcgtts.train.corpus import read_manifest
+
 REF_SECONDS = (3.0, 5.0)
-
-
-def read_manifest(corpus: str | Path) -> list[dict]:
-    path = Path(corpus) / "manifest.jsonl"
-    if not path.is_file():
-        raise ValueError(f"{corpus} is not a lab corpus (no manifest.jsonl; make one with `pcgtts lab corpus`)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)
@@ -88,16 +83,6 @@ def identify(embedding: np.ndarray, own: str, centroids: dict) -> tuple[bool, fl
     return sims[own] > best_other, sims[own] - best_other
 
 
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95 % by default)."""
-    if n == 0:
-        return math.nan, math.nan
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
-
-
 def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, sentences: Sequence[str],
                 embed: Callable[[np.ndarray], np.ndarray] | None = None, progress: Callable[[str], None] = lambda m: None,
                 seed: int = 0) -> dict:
@@ -121,6 +106,8 @@ def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, s
         centroids[speaker] = np.mean([embed(load(r)) for r in rows], axis=0)
     cases = []
     for speaker in plan.cloned:
+        distinct = {name: c for name, c in centroids.items()  # the pool less the speaker's siblings
+                    if name == speaker or plan.sources[name] != plan.sources[speaker]}
         for i, ref in enumerate(plan.references[speaker]):
             text = sentences[len(cases) % len(sentences)]
             if speak is None:  # oracle: a real utterance of the speaker that is in no centroid
@@ -130,8 +117,6 @@ def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, s
                 progress(f"clone {speaker} ref {i + 1}: {text[:40]}")
                 audio = speak(text, corpus / ref["path"], ref["text"], seed + i)
             emb = embed(audio)  # None: no speech found (a silent synthesis fails the case)
-            distinct = {name: c for name, c in centroids.items()
-                        if name == speaker or plan.sources[name] != plan.sources[speaker]}
             passed, margin = identify(emb, speaker, centroids) if emb is not None else (False, None)
             passed_distinct = identify(emb, speaker, distinct)[0] if emb is not None else False
             cases.append({"speaker": speaker, "reference": ref["id"], "text": text, "passed": passed,
@@ -149,4 +134,4 @@ def _rate(cases: Sequence[dict], key: str) -> dict:
     return {"passed": k, "n": n, "rate": k / n if n else math.nan, "low": low, "high": high}
 
 
-__all__ = ["read_manifest", "CloningPlan", "cloning_plan", "identify", "wilson", "run_cloning"]
+__all__ = ["read_manifest", "CloningPlan", "cloning_plan", "identify", "run_cloning"]

@@ -4,6 +4,7 @@ Data flow: per-utterance metric values (one per sentence x seed, `harness.py`) g
 `Estimate`s come out and are formatted by `format_table`.
 
     mean_ci        mean with a two-sided t-interval over the utterances (default 95 %)
+    wilson         Wilson score interval of a pass rate (k of n cases), for the cloning bar
     paired_diff    mean difference to a baseline on the SAME keys (sentence, seed), paired t-interval:
                    differences between rules are read against the spread of the differences, not
                    of the raw scores, so a small but consistent change is not lost in sentence noise
@@ -73,6 +74,16 @@ def mean_ci(values: Sequence[float | None], confidence: float = 0.95) -> Estimat
     return Estimate(mean, mean - half, mean + half, n, confidence)
 
 
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95 % by default); NaNs for n = 0."""
+    if n == 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
 def paired_diff(values: Mapping[Hashable, float | None], baseline: Mapping[Hashable, float | None],
                 confidence: float = 0.95) -> Estimate:
     """Mean of values[k] - baseline[k] over the keys both define, with the paired t-interval.
@@ -106,4 +117,4 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title
     return "\n".join(out)
 
 
-__all__ = ["Estimate", "mean_ci", "paired_diff", "format_table"]
+__all__ = ["Estimate", "mean_ci", "wilson", "paired_diff", "format_table"]

@@ -9,7 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from pcgtts.quality.cloning import cloning_plan, identify, read_manifest, run_cloning, wilson
+from pcgtts.quality.cloning import cloning_plan, identify, read_manifest, run_cloning
+from pcgtts.quality.stats import wilson
 
 SENTENCES = ["The old barn stood at the edge of the field for many years.",
              "She carried a basket of apples down to the market every morning.",
@@ -67,7 +68,7 @@ def test_plan_keeps_references_out_of_centroids(corpus):
     assert {len(v) for v in plan.centroid_rows.values()} == {3}
     with pytest.raises(ValueError, match="references asked for"):
         cloning_plan(rows, refs=7)
-    with pytest.raises(ValueError, match="not a lab corpus"):
+    with pytest.raises(FileNotFoundError, match="corpus manifest not found"):
         read_manifest(corpus / "audio")
 
 

@@ -139,7 +139,7 @@ def small_table(path):
      "not a readable audio file"),
     (["speak", "hi", "--out", "{tmp}/a.wav", "--config", "{tmp}/bad.toml"], "unknown setting 'polcy'"),
     (["eval", "--mode", "cloning"], "--mode cloning needs --corpus"),
-    (["eval", "--mode", "cloning", "--corpus", "{tmp}"], "is not a lab corpus"),
+    (["eval", "--mode", "cloning", "--corpus", "{tmp}"], "corpus manifest not found"),
     (["eval", "--corpus", "{tmp}"], "--corpus and --oracle are for --mode cloning"),
     (["bench", "--speed", "0"], "must be > 0"),
     (["bench", "--runs", "0"], "must be > 0"),

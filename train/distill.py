@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.decode.acceptance import _all_coarse_masses, _coarse_view
+from pcgtts.runtime.lm.checkpoint import HEAD_CODES_FILE
 from pcgtts.runtime.lm.draft import TOKENIZER_FILES
 from pcgtts.train.progress import LossLog, lr_at, resume, rng_state, save_checkpoint
 
@@ -399,8 +400,8 @@ def load_student(draft_dir: Path, vocab, device) -> tuple[Student, dict]:
     return student.to(device), config
 
 
-# ... and a used-codes head's code list (runtime/lm/checkpoint.py: HEAD_CODES_FILE), which the draft keeps
-_EXPORT_FILES = TOKENIZER_FILES + ("added_tokens.json", "tokenizer.model", "generation_config.json", "head_codes.npy")
+# ... and a used-codes head's code list, which the draft keeps
+_EXPORT_FILES = TOKENIZER_FILES + ("added_tokens.json", "tokenizer.model", "generation_config.json", HEAD_CODES_FILE)
 
 
 def export_student(student: Student, draft_dir: Path, export_dir: Path, config: dict, provenance: dict) -> Path:

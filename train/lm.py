@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 
+from pcgtts.runtime.lm.digit_head import code_digits
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SpeechVocab
 from pcgtts.train.corpus import read_manifest
@@ -98,11 +99,6 @@ def lab_tokenizer():
     return build_demo_tokenizer(NUM_SPEECH_TOKENS)
 
 
-def code_digits(codes: torch.Tensor) -> torch.Tensor:
-    """FSQ digits of codec indices in transformers' basis (digit 0 least significant). [..., 8]"""
-    return (codes.unsqueeze(-1) // LEVELS ** torch.arange(NUM_DIGITS, device=codes.device)) % LEVELS
-
-
 class FactorisedLM(torch.nn.Module):
     """Llama body + text rows + 8 x 4 digit rows; speech row(c) = sum_d digit_rows[d, digit_d(c)]."""
 
@@ -129,7 +125,7 @@ class FactorisedLM(torch.nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         is_speech = ids >= self.speech_offset
         text = self.text[ids.clamp(max=self.speech_offset - 1)]
-        digits = code_digits((ids - self.speech_offset).clamp(min=0))  # [B, T, 8]
+        digits = code_digits((ids - self.speech_offset).clamp(min=0), NUM_DIGITS)  # [B, T, 8]
         speech = self.digits[torch.arange(NUM_DIGITS, device=ids.device), digits].sum(-2)
         return torch.where(is_speech.unsqueeze(-1), speech, text)
 
@@ -147,7 +143,7 @@ class FactorisedLM(torch.nn.Module):
         """log p(target) for every position (text or speech targets). [...]"""
         text, digit, log_z = self.head(hidden)
         is_speech = targets >= self.speech_offset
-        d = code_digits((targets - self.speech_offset).clamp(min=0))
+        d = code_digits((targets - self.speech_offset).clamp(min=0), NUM_DIGITS)
         speech_logit = digit.gather(-1, d.unsqueeze(-1)).squeeze(-1).sum(-1)
         text_logit = text.gather(-1, targets.clamp(max=self.speech_offset - 1).unsqueeze(-1)).squeeze(-1)
         return torch.where(is_speech, speech_logit, text_logit) - log_z
@@ -156,12 +152,12 @@ class FactorisedLM(torch.nn.Module):
         """log p over the whole vocabulary (tests, small inputs only). [..., V]"""
         text, digit, log_z = self.head(hidden)
         codes = torch.arange(self.num_speech, device=hidden.device)
-        d = code_digits(codes)  # [N, 8]
+        d = code_digits(codes, NUM_DIGITS)  # [N, 8]
         speech = digit[..., torch.arange(NUM_DIGITS), d].sum(-1)  # [..., N, 8] -> [..., N]
         return torch.cat([text, speech], -1) - log_z.unsqueeze(-1)
 
     def speech_rows(self) -> torch.Tensor:
-        d = code_digits(torch.arange(self.num_speech, device=self.digits.device))
+        d = code_digits(torch.arange(self.num_speech, device=self.digits.device), NUM_DIGITS)
         return self.digits[torch.arange(NUM_DIGITS), d].sum(1)
 
     @torch.no_grad()
@@ -425,6 +421,6 @@ def load_factorised(lm_dir: Path) -> tuple[FactorisedLM, object, dict]:
     return model, tokenizer, state
 
 
-__all__ = ["LMModelConfig", "LMTrainConfig", "FactorisedLM", "ExampleBuilder", "lab_tokenizer", "code_digits",
+__all__ = ["LMModelConfig", "LMTrainConfig", "FactorisedLM", "ExampleBuilder", "lab_tokenizer",
            "encode_corpus", "train_lm", "train_loop", "save_lm", "lm_loss", "build_model", "load_factorised"]
 

@@ -33,6 +33,16 @@ def code_digits(codes: torch.Tensor, digits: int, levels: int = LEVELS) -> torch
     return (codes.unsqueeze(-1) // powers) % levels
 
 
+def digit_sums(per_digit: torch.Tensor) -> torch.Tensor:
+    """Every combination of per-digit values summed: [..., n, L] -> [..., L**n], indexed by the
+    code whose digits pick the terms (digit 0 least significant)."""
+    n = per_digit.shape[-2]
+    sums = per_digit[..., n - 1, :]
+    for d in range(n - 2, -1, -1):  # append less significant digits: index = high * L + low
+        sums = (sums.unsqueeze(-1) + per_digit[..., d, None, :]).flatten(-2)
+    return sums
+
+
 @torch.no_grad()
 def find_digit_table(speech_rows: torch.Tensor, stop_row: torch.Tensor, levels: int = LEVELS,
                      rel_tol: float = 1e-5) -> torch.Tensor | None:
@@ -52,9 +62,7 @@ def find_digit_table(speech_rows: torch.Tensor, stop_row: torch.Tensor, levels: 
     # Codes in an aligned block of levels**low share their high digits: predict the block as
     # (its high digits' deltas) + (every combination of the low digits' deltas), computed once.
     low = min(n, 6)
-    block = deltas[low - 1]
-    for d in range(low - 2, -1, -1):
-        block = (block[:, None, :] + deltas[d][None, :, :]).flatten(0, 1)  # index = high * L + low
+    block = digit_sums(deltas[:low].permute(2, 0, 1)).T  # [L**low, D]
     size = levels ** low
     for start in range(0, len(speech_rows), size):
         high = code_digits(torch.tensor(start), n, levels)[low:]
@@ -68,8 +76,5 @@ def expand_digit_scores(scores: torch.Tensor, digits: int, levels: int = LEVELS)
     """Scores of a digit table [..., 1 + digits * levels + 1] -> restricted logits [..., levels**digits + 1]
     (speech codes in index order, then stop)."""
     base, stop = scores[..., :1], scores[..., -1:]
-    per_digit = scores[..., 1:-1].unflatten(-1, (digits, levels))  # [..., n, L]
-    speech = per_digit[..., digits - 1, :]
-    for d in range(digits - 2, -1, -1):  # append less significant digits: index = high * L + low
-        speech = (speech.unsqueeze(-1) + per_digit[..., d, None, :]).flatten(-2)
+    speech = digit_sums(scores[..., 1:-1].unflatten(-1, (digits, levels)))  # [..., L**n]
     return torch.cat([speech + base, stop], dim=-1)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pcgtts.runtime.lm.digit_head import expand_digit_scores
+from pcgtts.runtime.lm.digit_head import LEVELS, expand_digit_scores
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """LLaMA decoder whose head covers only `head_rows` (the restricted speech vocabulary).
 
-    `digits` > 0: the head holds a digit table (`runtime/lm/digit_head.py`, 1 + digits * 4 + 1
+    `digits` > 0: the head holds a digit table (`runtime/lm/digit_head.py`, 1 + digits * LEVELS + 1
     rows) instead of one row per restricted token."""
 
     def __init__(self, args: LlamaArgs, head_rows: torch.Tensor, digits: int = 0):
@@ -211,7 +211,7 @@ class Llama(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         # [V_restricted or table rows, hidden]: filled from lm_head (or the tied embedding) at load time.
         self.digits = digits
-        head_size = 1 + digits * 4 + 1 if digits else len(head_rows)
+        head_size = 1 + digits * LEVELS + 1 if digits else len(head_rows)
         self.head = nn.Linear(args.hidden_size, head_size, bias=False)
         self.register_buffer("head_rows", head_rows.clone(), persistent=False)
         # A draft's used-codes head: rows for a subset of the restricted vocabulary only
