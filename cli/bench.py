@@ -22,9 +22,9 @@ from pathlib import Path
 
 from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive, quiet_logger
 from pcgtts.cli.groups import DEFAULT_MAX_MEMORY_GB, DEFAULT_TOP_K, group_size_options
-from pcgtts.runtime.config import MTP_POLICIES, POLICIES
+from pcgtts.runtime.config import POLICIES, STATE_POLICIES
 
-DEFAULT_POLICIES = [p for p in POLICIES if p not in MTP_POLICIES]  # mtp-* need trained heads: asked for by name
+DEFAULT_POLICIES = [p for p in POLICIES if p not in STATE_POLICIES]  # mtp-*, eagle-* need trained heads: asked for by name
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(bench, policy=False)
     bench.add_argument("--policy", type=_policies, default=DEFAULT_POLICIES,
                        help=f"comma list (default: {','.join(DEFAULT_POLICIES)}; the mtp-* policies need the "
-                            "target's heads, `pcgtts heads train`)")
+                            "target's heads, `pcgtts heads train`, the eagle-* ones its EAGLE draft, `pcgtts heads eagle`)")
     bench.add_argument("--theta", type=_floats, help="comma list of group thresholds to sweep (pcg; builds tables)")
     bench.add_argument("--mean-size", type=_floats,
                        help="comma list of target mean group sizes to sweep (pcg; theta chosen per size, as groups build)")
@@ -99,17 +99,19 @@ def cases(args) -> list:
     return out
 
 
-def check_mtp_policies(policies, args) -> None:
-    """Before any model loads: the heads (and transitions) the mtp-* policies asked for exist."""
-    mtp = sorted({p for p in policies if p in MTP_POLICIES})
+def check_state_policies(policies, args) -> None:
+    """Before any model loads: the heads, transitions and EAGLE draft the mtp-* / eagle-* policies asked for exist."""
+    mtp = sorted({p for p in policies if p in STATE_POLICIES})
     if not mtp:
         return
     from pcgtts.runtime.config import ModelPaths
     from pcgtts.runtime.synthesizer import check_policy, heads_files
 
-    heads, transitions = heads_files(ModelPaths(target=args.target, heads=args.heads, transitions=args.transitions))
+    heads, transitions, eagle = heads_files(ModelPaths(target=args.target, heads=args.heads,
+                                                       transitions=args.transitions, eagle=args.eagle))
     for policy in mtp:
-        check_policy(policy, draft=True, groups=True, heads=heads is not None, transitions=transitions is not None)
+        check_policy(policy, draft=True, groups=True, heads=heads is not None, transitions=transitions is not None,
+                     eagle=eagle is not None)
 
 
 def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = None, max_bytes: int | None = None):
@@ -156,12 +158,12 @@ def _bench(args) -> int:
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)
     policies = args.policy
-    needs_draft = any(c.policy not in ("ar",) + MTP_POLICIES for c in todo)
+    needs_draft = any(c.policy not in ("ar",) + STATE_POLICIES for c in todo)
     args.policy = "pcg" if any(c.policy == "pcg" for c in todo) else ("sd" if needs_draft else "ar")
     sizing = group_size_options(args)
     if args.mean_size and any(m < 1 for m in args.mean_size):
         raise ValueError("--mean-size values must be >= 1")
-    check_mtp_policies([c.policy for c in todo], args)
+    check_state_policies([c.policy for c in todo], args)
     base, settings = load_synthesizer(args)
     models = dataclasses.asdict(settings.models)
     if args.mean_size:  # each target mean group size becomes the theta that gives it on this target

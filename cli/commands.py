@@ -92,6 +92,7 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
     parser.add_argument("--groups", help="group table (.pcg) for policy pcg (needs --target)")
     parser.add_argument("--heads", help="multi-token heads for the mtp-* policies (default: <target>/mtp_heads.safetensors)")
     parser.add_argument("--transitions", help="code transitions (.pct) for mtp-viterbi (default: <target>/transitions.pct)")
+    parser.add_argument("--eagle", help="EAGLE draft for the eagle-* policies (default: <target>/eagle_draft.safetensors)")
     if policy:
         parser.add_argument("--policy", choices=POLICIES, help="decoding rule (default: pcg)")
     parser.add_argument("--backend", choices=BACKENDS, help="torch (default), onnxruntime or tensorrt")
@@ -108,7 +109,7 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
-    names = ("target", "draft", "codec", "groups", "heads", "transitions", "policy", "backend", "compute_device", "dtype",
+    names = ("target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype",
              "temperature", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)

@@ -1,6 +1,8 @@
-"""`pcgtts heads train | transitions`: multi-token heads for the mtp-* policies (train/heads.py).
+"""`pcgtts heads train | eagle | transitions`: proposers on the target's hidden states.
 
-Both validate their arguments before any model loads, show progress, print a readable table and
+`train`: multi-token heads for the mtp-* policies (train/heads.py); `eagle`: an EAGLE draft for
+the eagle-* policies (train/eagle.py); `transitions`: the code transition table of mtp-viterbi.
+All validate their arguments before any model loads, show progress, print a readable table and
 then one JSON line.
 """
 
@@ -14,7 +16,7 @@ from pcgtts.cli.flags import positive
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    heads = sub.add_parser("heads", help="multi-token heads on the target (policies mtp-*)")
+    heads = sub.add_parser("heads", help="proposers on the target's states: multi-token heads (mtp-*), EAGLE draft (eagle-*)")
     cmds = heads.add_subparsers(dest="heads_cmd", required=True)
 
     train = cmds.add_parser("train", help="train k heads on the frozen target, on sequences it samples itself")
@@ -31,6 +33,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.set_defaults(func=_train)
 
+    eagle = cmds.add_parser("eagle", help="train an EAGLE draft (one block on the target's states) on sequences "
+                                          "the frozen target samples itself")
+    eagle.add_argument("--target", required=True, help="target checkpoint directory (torch format)")
+    eagle.add_argument("--out", help="draft file (default: <target>/eagle_draft.safetensors, found there by the runtime)")
+    eagle.add_argument("--work-dir", help="generated sequences, checkpoint, loss log (default: <out>.work)")
+    eagle.add_argument("--sentences", help="training sentences, one per line (default: the lab's template sentences)")
+    eagle.add_argument("--sequences", type=positive(int), default=120, help="on-policy training sequences")
+    eagle.add_argument("--heldout", type=positive(int), default=12, help="sequences for the before/after figures")
+    eagle.add_argument("--steps", type=positive(int), default=600)
+    eagle.add_argument("--temperature", type=positive(float), default=0.8, help="of the on-policy sampling")
+    eagle.add_argument("--max-tokens", type=positive(int), default=400, help="speech tokens per sequence at most")
+    eagle.add_argument("--seed", type=int, default=0)
+    eagle.set_defaults(func=_eagle)
+
     trans = cmds.add_parser("transitions", help="code transition table for mtp-viterbi, from code sequences")
     trans.add_argument("--codes", required=True, nargs="+",
                        help=".npz / .npy files of speech code sequences (e.g. the lab's codes.npz)")
@@ -40,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     trans.set_defaults(func=_transitions)
 
 
-def _train(args) -> int:
+def _checked_paths(args, default_name: str) -> tuple[Path, Path, tuple[str, ...]]:
+    """(out file, work dir, sentences), validated before any model loads."""
     from pcgtts.runtime.files import check_output_dir, check_output_file
 
     target = Path(args.target)
@@ -48,22 +65,42 @@ def _train(args) -> int:
         raise ValueError(f"no target checkpoint at {target} (config.json missing)")
     if args.sentences is not None and not Path(args.sentences).is_file():
         raise ValueError(f"sentences file not found: {args.sentences}")
-    out = Path(args.out) if args.out else target / "mtp_heads.safetensors"
+    out = Path(args.out) if args.out else target / default_name
     work = Path(args.work_dir) if args.work_dir else out.with_name(out.name + ".work")
     check_output_file(out)
     check_output_dir(work, "--work-dir")
     from pcgtts.train.distill import read_sentences
 
-    sentences = tuple(read_sentences(args.sentences))
+    return out, work, tuple(read_sentences(args.sentences))
 
+
+def _train(args) -> int:
+    from pcgtts.runtime.lm.heads import HEADS_FILE
+
+    out, work, sentences = _checked_paths(args, HEADS_FILE)
     from pcgtts.train.cli import _Bar
     from pcgtts.train.heads import HeadsTrainConfig, train_heads
 
-    cfg = HeadsTrainConfig(target=target, out=out, work_dir=work, sentences=sentences, num_heads=args.num_heads,
-                           sequences=args.sequences, heldout=args.heldout, steps=args.steps,
+    cfg = HeadsTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
+                           num_heads=args.num_heads, sequences=args.sequences, heldout=args.heldout, steps=args.steps,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
     summary = train_heads(cfg, progress=_Bar("heads", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads train")
+    return 0
+
+
+def _eagle(args) -> int:
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE
+
+    out, work, sentences = _checked_paths(args, EAGLE_FILE)
+    from pcgtts.train.cli import _Bar
+    from pcgtts.train.eagle import EagleTrainConfig, train_eagle
+
+    cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
+                           sequences=args.sequences, heldout=args.heldout, steps=args.steps,
+                           temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
+    print_report(summary, "pcgtts heads eagle")
     return 0
 
 

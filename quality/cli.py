@@ -233,17 +233,17 @@ def _run_cloning(args, sentences, progress):
 
 
 def _run_models(args, testset, sentences, recipe, progress):
-    from pcgtts.cli.bench import cases as bench_cases, check_mtp_policies, group_table
+    from pcgtts.cli.bench import cases as bench_cases, check_state_policies, group_table
     from pcgtts.cli.commands import load_synthesizer
     from pcgtts.quality.harness import SynthPlan, run_synth
-    from pcgtts.runtime.config import MTP_POLICIES
+    from pcgtts.runtime.config import STATE_POLICIES
 
     demo = not args.target
     args.max_tokens = args.max_tokens or (150 if demo else None)
     if args.mode == "synth":
-        check_mtp_policies(args.policies, args)
+        check_state_policies(args.policies, args)
     needs_draft = args.mode == "melgroups" or (args.mode == "synth" and
-                                               any(p not in ("ar",) + MTP_POLICIES for p in args.policies))
+                                               any(p not in ("ar",) + STATE_POLICIES for p in args.policies))
     args.policy = "pcg" if (args.mode == "synth" and "pcg" in args.policies and args.groups) else (
         "sd" if needs_draft else "ar")
     progress("loading models")

@@ -27,9 +27,12 @@ from typing import Any, Mapping
 
 from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
 
-# mtp-*: the target's multi-token heads propose instead of a draft (runtime/decode/multi_token.py)
+# mtp-*: the target's multi-token heads propose instead of a draft; eagle-*: an EAGLE draft that
+# reads the target's hidden states (both: runtime/decode/multi_token.py, torch backend only)
 MTP_POLICIES = ("mtp-sd", "mtp-pcg", "mtp-strict", "mtp-topm", "mtp-threshold", "mtp-viterbi")
-POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + MTP_POLICIES
+EAGLE_POLICIES = ("eagle-sd", "eagle-pcg")
+STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the target's hidden states
+POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -149,6 +152,7 @@ class ModelPaths:
     groups: str | None = None  # .pcg group table of the target, for policy pcg
     heads: str | None = None  # multi-token heads (mtp-* policies); default <target>/mtp_heads.safetensors
     transitions: str | None = None  # .pct code transitions (mtp-viterbi); default <target>/transitions.pct
+    eagle: str | None = None  # EAGLE draft (eagle-* policies); default <target>/eagle_draft.safetensors
 
 
 @dataclass(frozen=True)
@@ -272,5 +276,5 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
     return out
 
 
-__all__ = ["POLICIES", "MTP_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
+__all__ = ["POLICIES", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
            "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict"]

@@ -29,7 +29,7 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (MTP_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
+from pcgtts.runtime.config import (EAGLE_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.speculative import DecodeStats, decode
@@ -214,13 +214,15 @@ class _Job:
 
 class Synthesizer:
     def __init__(self, target: LM, draft: LM | None, codec: SpeechCodec, groups: DeviceGroupTable | None = None,
-                 config: SynthesisConfig = SynthesisConfig(), heads=None):
+                 config: SynthesisConfig = SynthesisConfig(), heads=None, eagle=None):
         # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
         # from codec.source_dir); groups on the target's device, or None (pcg then unavailable);
-        # heads: the target's multi-token heads (a multi_token.HeadProposer) for the mtp-* policies.
+        # heads: the target's multi-token heads (a multi_token.HeadProposer) for the mtp-* policies;
+        # eagle: its EAGLE draft (a multi_token.EagleProposer) for the eagle-* policies.
         if draft is not None:
             target.vocab.check_same_layout(draft.vocab)
         self.target, self.draft, self.codec, self.groups, self.heads = target, draft, codec, groups, heads
+        self.eagle = eagle
         self.tokenizer = target.tokenizer
         self.config = config
         self._lock = threading.Lock()
@@ -273,12 +275,16 @@ class Synthesizer:
             table = GroupTable.load(models.groups, expect_vocab=target_lm.vocab,
                                     expect_fingerprint=target_lm.fingerprint)
             table = table.to_device(target_lm.device)
-        heads = _load_heads(models, target_lm)
+        heads, eagle = _load_heads(models, target_lm), _load_eagle(models, target_lm)
         if is_exported_codec(models.codec):
             codec_model = OrtCodec(models.codec, force=force_export)
         else:
             codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
-        return cls(target_lm, draft_lm, codec_model, table, config, heads)
+        return cls(target_lm, draft_lm, codec_model, table, config, heads, eagle)
+
+    def proposer(self, policy: str):
+        """What proposes from the target's hidden states for `policy` (None for the other policies)."""
+        return self.eagle if policy in EAGLE_POLICIES else self.heads
 
     # -- voices --------------------------------------------------------------------------
 
@@ -326,7 +332,7 @@ class Synthesizer:
         check_policy(config.decode.policy, draft=self.draft is not None, groups=self.groups is not None,
                      heads=self.heads is not None,
                      transitions=self.heads is not None and self.heads.transitions is not None,
-                     greedy=config.decode.sampling.greedy)
+                     eagle=self.eagle is not None, greedy=config.decode.sampling.greedy)
         resolved = self._resolve_voice(voice, ref_audio, ref_text)
         prompts, budgets = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
         return SynthesisStream(_Job(self, prompts, budgets, config))
@@ -393,7 +399,7 @@ class Synthesizer:
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget)
                 for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
-                                    sentence, heads=self.heads):
+                                    sentence, proposer=self.proposer(decode_config.policy)):
                     for audio in window.push(burst):
                         if not emit(audio, False):
                             return
@@ -420,22 +426,26 @@ def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
         path = getattr(models, name)
         if path is not None and not Path(path).is_dir():
             raise ValueError(f"{name} model directory not found: {path}")
-    for name in ("groups", "heads", "transitions"):
+    for name in ("groups", "heads", "transitions", "eagle"):
         path = getattr(models, name)
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{name} file not found: {path}")
-    heads, transitions = heads_files(models)
+    heads, transitions, eagle = heads_files(models)
     check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
-                 heads=heads is not None, transitions=transitions is not None)
-    if policy in MTP_POLICIES and device.backend != "torch":
-        raise ValueError(f"policy {policy!r} runs on the torch backend only (the heads read the target's hidden states)")
+                 heads=heads is not None, transitions=transitions is not None, eagle=eagle is not None)
+    if policy in STATE_POLICIES and device.backend != "torch":
+        raise ValueError(f"policy {policy!r} runs on the torch backend only (it reads the target's hidden states)")
     check_compute_device(device.compute_device)
 
 
-def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool,
+def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
                  greedy: bool = False) -> None:
     """The models a policy needs (greedy decoding never consults a group table)."""
-    if policy in MTP_POLICIES:
+    if policy in EAGLE_POLICIES:
+        if not eagle:
+            raise ValueError(f"policy {policy!r} needs the target's EAGLE draft "
+                             f"(train it with `pcgtts heads eagle`, or give --eagle)")
+    elif policy in STATE_POLICIES:
         if not heads:
             raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
                              f"(train them with `pcgtts heads train`, or give --heads)")
@@ -443,24 +453,25 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
             raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts heads transitions`)")
     elif policy != "ar" and not draft:
         raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
-    if policy in ("pcg", "mtp-pcg") and not groups and not greedy:
+    if policy in ("pcg", "mtp-pcg", "eagle-pcg") and not groups and not greedy:
         raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
 
 
-def heads_files(models: ModelPaths) -> tuple[Path | None, Path | None]:
-    """The heads and transition files in use: explicit paths, else found next to the target."""
+def heads_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path | None]:
+    """The heads, transition and EAGLE draft files in use: explicit paths, else found next to the target."""
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE
     from pcgtts.runtime.lm.heads import HEADS_FILE, TRANSITIONS_FILE
 
     found = []
-    for explicit, name in ((models.heads, HEADS_FILE), (models.transitions, TRANSITIONS_FILE)):
+    for explicit, name in ((models.heads, HEADS_FILE), (models.transitions, TRANSITIONS_FILE), (models.eagle, EAGLE_FILE)):
         default = Path(models.target) / name if models.target is not None else None
         found.append(Path(explicit) if explicit is not None else default if default and default.is_file() else None)
-    return found[0], found[1]
+    return found[0], found[1], found[2]
 
 
 def _load_heads(models: ModelPaths, target_lm):
     """The target's multi-token heads (with the transition table when there is one), or None."""
-    heads_file, transitions_file = heads_files(models)
+    heads_file, transitions_file, _ = heads_files(models)
     if heads_file is None or not hasattr(target_lm, "forward_hidden"):
         return None
     from pcgtts.groups.transitions import TransitionTable
@@ -472,3 +483,14 @@ def _load_heads(models: ModelPaths, target_lm):
                           device=target_lm.device, dtype=model.head.weight.dtype)
     transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None
     return HeadProposer(heads, target_lm, transitions)
+
+
+def _load_eagle(models: ModelPaths, target_lm):
+    """The target's EAGLE draft bound to it, or None."""
+    eagle_file = heads_files(models)[2]
+    if eagle_file is None or not hasattr(target_lm, "forward_hidden"):
+        return None
+    from pcgtts.runtime.decode.multi_token import EagleProposer
+    from pcgtts.runtime.lm.eagle import EagleDraft
+
+    return EagleProposer(EagleDraft.load(eagle_file, target_lm.model, fingerprint=target_lm.fingerprint), target_lm)

@@ -54,7 +54,7 @@ def run(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=No
     config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling, **extra)
     stats = DecodeStats()
     out = [t for burst in decode(target, None, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
-                                 heads=proposer, costs=costs) for t in burst]
+                                 proposer=proposer, costs=costs) for t in burst]
     return out, stats
 
 
@@ -178,7 +178,7 @@ def test_mtp_sd_is_exact_in_distribution(target, proposer, prompt):
         config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, sampling=SamplingConfig(temperature=0.5))
         out = []
         for _ in range(runs):
-            codes = [t for b in decode(target, None, short, config, gen, heads=proposer) for t in b]
+            codes = [t for b in decode(target, None, short, config, gen, proposer=proposer) for t in b]
             if len(codes) == 3:  # runs that sampled the stop token early are left out on both sides alike
                 out.append(codes[2])
         return np.array(out)
@@ -196,9 +196,9 @@ def test_policies_need_their_parts(target, prompt, proposer):
     with pytest.raises(ValueError, match="multi-token heads"):
         decode(target, None, prompt, DecodeConfig(policy="mtp-sd"), torch.Generator())
     with pytest.raises(ValueError, match="group table"):
-        list(decode(target, None, prompt, DecodeConfig(policy="mtp-pcg"), torch.Generator(), heads=proposer))
+        list(decode(target, None, prompt, DecodeConfig(policy="mtp-pcg"), torch.Generator(), proposer=proposer))
     with pytest.raises(ValueError, match="transition table"):
-        list(decode(target, None, prompt, DecodeConfig(policy="mtp-viterbi"), torch.Generator(), heads=proposer))
+        list(decode(target, None, prompt, DecodeConfig(policy="mtp-viterbi"), torch.Generator(), proposer=proposer))
     with pytest.raises(ValueError, match="mtp_top_m"):
         DecodeConfig(policy="mtp-topm", mtp_top_m=0)
     with pytest.raises(ValueError, match="mtp_threshold"):

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
-from pcgtts.runtime.config import MTP_POLICIES
+from pcgtts.runtime.config import STATE_POLICIES
 from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
 
 # Written for this project: plain English of varied length, numbers and punctuation included.
@@ -158,8 +158,8 @@ def case_synthesizer(base: Synthesizer, case: BenchCase, groups_for: Callable[[f
         if groups_for is None:
             raise ValueError("a pcg case with a θ needs a way to build its group table")
         groups = groups_for(case.theta)
-    draft = base.draft if case.policy not in ("ar",) + MTP_POLICIES else None
-    return Synthesizer(base.target, draft, base.codec, groups, base.config, heads=base.heads)
+    draft = base.draft if case.policy not in ("ar",) + STATE_POLICIES else None
+    return Synthesizer(base.target, draft, base.codec, groups, base.config, heads=base.heads, eagle=base.eagle)
 
 
 def case_config(base: SynthesisConfig, case: BenchCase, seed: int, max_tokens: int | None) -> SynthesisConfig:
@@ -258,7 +258,7 @@ def predicted_speedup(summary: dict, ar: dict) -> float | None:
         tokens = sum(c * expected_tokens(rates, n) for n, c in enumerate(counts))
         seconds = sum(c * step_seconds(costs, rates, n) for n, c in enumerate(counts))
         return tokens * costs.ar_step / seconds if seconds else None
-    if summary["policy"] in MTP_POLICIES:  # one target pass and one heads pass per step
+    if summary["policy"] in STATE_POLICIES:  # one target pass and one heads pass per step
         step = summary["t_propose_step"] + summary["t_target_step"]
     else:
         step = summary["draft_length"] * summary["t_draft_step"] + summary["t_target_step"]

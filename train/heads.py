@@ -138,20 +138,22 @@ def evaluate_heads(heads: MTPHeads, to_logits, rows: HiddenRows, batch: int = 51
     return {key: [round(v / c, 4) if c else None for v, c in zip(vals, counts)] for key, vals in sums.items()}
 
 
-def _sequences(cfg: HeadsTrainConfig, target, progress) -> tuple[list, list]:
-    """The target's own samples (train / held-out sentences kept apart), cached in the work dir
-    with train/distill.py's sequence cache, so a resumed run reuses them."""
+def on_policy_pairs(target, sentences: tuple[str, ...], sequences: int, heldout: int, temperature: float,
+                    max_tokens: int, seed: int, work_dir: Path, progress=None) -> tuple[list, list]:
+    """(prompt, codes) pairs of the target's own samples, train / held-out sentences kept apart,
+    cached in `work_dir` with train/distill.py's sequence cache (a resumed run reuses them).
+    Shared by the multi-token heads and the EAGLE draft (train/eagle.py)."""
     from pcgtts.runtime.text.prompt import build_prompt
     from pcgtts.train.distill import on_policy_sequences, split_sentences
 
-    sentences = list(cfg.sentences)
-    train_s, heldout_s = split_sentences(sentences, cfg.seed)
+    sentences = list(sentences)
+    train_s, heldout_s = split_sentences(sentences, seed)
     prompts = {"train": [build_prompt(target.tokenizer, target.vocab, s) for s in train_s],
                "heldout": [build_prompt(target.tokenizer, target.vocab, s) for s in heldout_s]}
-    cache = on_policy_sequences(target, prompts, {"heldout": cfg.heldout, "train": cfg.sequences}, sentences,
-                                cfg.temperature, cfg.max_tokens, cfg.seed, cfg.work_dir / "sequences.npz", progress)
+    cache = on_policy_sequences(target, prompts, {"heldout": heldout, "train": sequences}, sentences,
+                                temperature, max_tokens, seed, Path(work_dir) / "sequences.npz", progress)
     pairs = {split: [(seq.prompt, seq.generated) for seq in cache.splits[split]] for split in ("train", "heldout")}
-    return pairs["train"][:cfg.sequences], pairs["heldout"][:cfg.heldout]
+    return pairs["train"][:sequences], pairs["heldout"][:heldout]
 
 
 def train_heads(cfg: HeadsTrainConfig, progress=None, generation_progress=None) -> dict:
@@ -162,7 +164,8 @@ def train_heads(cfg: HeadsTrainConfig, progress=None, generation_progress=None) 
         torch.set_num_threads(cfg.threads)
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
     target = TorchLM.load(cfg.target, max_length=4096)
-    train_seqs, heldout_seqs = _sequences(cfg, target, generation_progress)
+    train_seqs, heldout_seqs = on_policy_pairs(target, cfg.sentences, cfg.sequences, cfg.heldout, cfg.temperature,
+                                                cfg.max_tokens, cfg.seed, cfg.work_dir, generation_progress)
     rows, heldout = hidden_rows(target, train_seqs), hidden_rows(target, heldout_seqs)
     target.model.requires_grad_(False)
     to_logits = target.model.logits  # the target's own head: the targets and the heads' shared unembedding
@@ -225,5 +228,5 @@ def default_out(target: Path) -> Path:
     return Path(target) / HEADS_FILE
 
 
-__all__ = ["HeadsTrainConfig", "HiddenRows", "hidden_rows", "head_losses", "evaluate_heads",
+__all__ = ["HeadsTrainConfig", "HiddenRows", "hidden_rows", "on_policy_pairs", "head_losses", "evaluate_heads",
            "train_heads", "default_out"]

@@ -87,26 +87,25 @@ def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: S
     return costs
 
 
-def measure_head_costs(target: LM, proposer, max_length: int, rule: str, sampling: SamplingConfig,
-                       groups: DeviceGroupTable | None = None, repeats: int = 3,
-                       sync: Callable[[], None] | None = None) -> StepCosts:
-    """Time the target with its multi-token heads (`multi_token.HeadProposer`): target forwards of
-    1..max_length + 1 tokens, and the heads per proposal as the 'draft' cost. Heads read the
-    step's own hidden state, so they never catch up: draft(k) is flat in k."""
-    target_costs = _forward_costs(target, range(1, max_length + 2), repeats, sync)
-    head = proposer.model.head.weight
-    hidden = torch.zeros(proposer.heads.hidden_size, dtype=head.dtype, device=head.device)
-    per_head = _median_seconds(lambda: proposer.logits(hidden, max_length), repeats, sync) / max_length
-    costs = StepCosts(target_costs, (per_head, per_head), *_rule_and_sample_costs(target, max_length, rule, sampling,
-                                                                                  groups, repeats, sync))
-    log.info("calibrated head costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
+def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sampling: SamplingConfig,
+                           groups: DeviceGroupTable | None = None, repeats: int = 3,
+                           sync: Callable[[], None] | None = None) -> StepCosts:
+    """Time the target with a proposer that reads its hidden states (`multi_token.HeadProposer` or
+    `EagleProposer`): target forwards of 1..max_length + 1 tokens, and one proposal after 1..max_length + 1
+    rows as the 'draft' cost (flat for heads, which read one row)."""
+    counts = range(1, max_length + 2)
+    target_costs = _forward_costs(target, counts, repeats, sync)
+    draft_costs = tuple(_median_seconds(lambda: proposer.probe(k), repeats, sync) for k in counts)
+    costs = StepCosts(target_costs, draft_costs, *_rule_and_sample_costs(target, max_length, rule, sampling,
+                                                                         groups, repeats, sync))
+    log.info("calibrated proposer costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
     return costs
 
 
 def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
                      groups: DeviceGroupTable | None = None, sync: Callable[[], None] | None = None) -> StepCosts:
     """`measure_costs`, once per (target, draft, rule, max_length, greedy) while both models live;
-    `draft` may be a `multi_token.HeadProposer` (then `measure_head_costs`)."""
+    `draft` may be a proposer from `multi_token` (then `measure_proposer_costs`)."""
     key = (rule, max_length, sampling.greedy)
     try:
         per_draft = _CACHE.setdefault(target, weakref.WeakKeyDictionary())
@@ -114,6 +113,6 @@ def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling
     except TypeError:  # a model object that cannot be weakly referenced: measure every time
         cached = {}
     if key not in cached:
-        measure = measure_head_costs if hasattr(draft, "num_heads") else measure_costs
+        measure = measure_proposer_costs if hasattr(draft, "propose") else measure_costs
         cached[key] = measure(target, draft, max_length, rule, sampling, groups, sync=sync)
     return cached[key]

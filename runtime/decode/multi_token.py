@@ -1,11 +1,14 @@
-"""Self-speculative decoding with multi-token heads on the target (no separate draft model).
+"""Self-speculative decoding from the target's own hidden states: multi-token heads or an EAGLE draft.
 
 One target pass per step does two jobs (Speech-LLaMA's "verify this step, predict the next"):
 
   1. the target is fed [last, x_1 .. x_l]: l proposals made by the heads in the previous step;
      its L + 1 distributions verify them with the policy's rule -> n accepted + one new token;
-  2. the hidden state that predicted the new token (row n) goes through the heads, whose k
-     outputs propose the l tokens after it; the cache is rolled back to [.., last, x_1 .. x_n].
+  2. the proposer reads the states of the accepted rows and proposes the l tokens after the new
+     one; the cache is rolled back to [.., last, x_1 .. x_n]. `HeadProposer`: the row that
+     predicted the new token (row n) goes through the k heads at once. `EagleProposer`: rows
+     0 .. n with the tokens chosen after them extend its one-block cache, then it proposes
+     autoregressively from its own predicted states (runtime/lm/eagle.py).
 
 The first step has no proposals (a plain target step). With `adaptive_draft`, the number of
 heads used for the next step (0 = a plain target step) is chosen by the cost model, as for a
@@ -21,10 +24,12 @@ Policies (how heads propose / the rule):
   mtp-viterbi    Viterbi path over the heads'    top-M rule, as mtp-topm
                  top-k with code transitions
                  (codec-TTS MTP; runtime/decode/viterbi.py)
+  eagle-sd       sample from the EAGLE draft     SD rule: exact
+  eagle-pcg      sample from the EAGLE draft     PCG rule: exact at group level
 
 strict, top-M, threshold and Viterbi are not exact in distribution: they trade fidelity to the
 target's sampling distribution for longer accepted runs (the quality harness measures the cost).
-At temperature 0, mtp-sd / mtp-pcg / mtp-strict verify greedily and equal plain greedy decoding.
+At temperature 0, mtp-sd / mtp-pcg / mtp-strict / eagle-* verify greedily and equal plain greedy decoding.
 No I/O, logging or tokenization here; restricted-vocabulary indices in and out, as speculative.py.
 """
 
@@ -35,53 +40,145 @@ from typing import Iterator
 
 import torch
 
-from pcgtts.runtime.config import MTP_POLICIES
+from pcgtts.runtime.config import MTP_POLICIES, STATE_POLICIES
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 from pcgtts.runtime.decode.speculative import _room, _start, emitted
 
-EXACT_MTP_POLICIES = ("mtp-sd", "mtp-pcg")
+EXACT_STATE_POLICIES = ("mtp-sd", "mtp-pcg", "eagle-sd", "eagle-pcg")
 
 
 class HeadProposer:
     """The target's multi-token heads bound to its shared speech head (torch backend)."""
 
     def __init__(self, heads, target, transitions=None):
-        model = getattr(target, "model", None)
-        if not hasattr(target, "forward_hidden") or model is None or not hasattr(model, "head"):
-            raise ValueError("multi-token heads need the torch backend (the target's hidden states); "
-                             f"this target is a {type(target).__name__}")
+        model = _state_model(target, "multi-token heads")
         if heads.hidden_size != model.head.in_features:
             raise ValueError(f"heads of hidden size {heads.hidden_size} do not fit this target "
                              f"(hidden size {model.head.in_features})")
         self.heads, self.model, self.transitions = heads, model, transitions
 
     @property
-    def num_heads(self) -> int:
+    def max_proposals(self) -> int:
         return self.heads.num_heads
+
+    def start(self, first_slot: int) -> None:
+        """A new utterance (the heads keep no state)."""
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, count: int) -> torch.Tensor:
         """hidden [D] -> [count, V_r] logits of the tokens 2 .. count + 1 positions ahead."""
         return self.heads.logits(hidden, self.model.logits, count)
 
+    @torch.inference_mode()
+    def probe(self, rows: int) -> None:
+        """The work of one proposal (the cost model's draft step); the heads read one row whatever `rows` is."""
+        weight = self.model.head.weight
+        self.logits(torch.zeros(weight.shape[1], dtype=weight.dtype, device=weight.device), 1)
 
-def _propose(policy: str, head_logits: torch.Tensor, config, generator: torch.Generator, proposer: HeadProposer,
-             prev_index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """head_logits [l, V] -> (proposals [l] int64, their distributions [l, V] or None)."""
-    sampling = config.sampling
-    if policy in EXACT_MTP_POLICIES and not sampling.greedy:
-        probs = logits_to_probs(head_logits, sampling)
-        return sample(probs, generator), probs
-    if policy == "mtp-viterbi":
-        from pcgtts.runtime.decode.viterbi import viterbi_propose
+    def propose(self, policy: str, hidden: torch.Tensor, tokens: list[int], slot: int, count: int, config,
+                generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The accepted rows' states hidden [n + 1, D] and the tokens chosen after them -> (proposals
+        [count] int64, their distributions [count, V] or None); (None, None) when count is 0."""
+        if not count:
+            return None, None
+        head_logits = self.logits(hidden[-1], count)
+        sampling = config.sampling
+        if policy in EXACT_STATE_POLICIES and not sampling.greedy:
+            probs = logits_to_probs(head_logits, sampling)
+            return sample(probs, generator), probs
+        if policy == "mtp-viterbi":
+            from pcgtts.runtime.decode.viterbi import viterbi_propose
 
-        tokens = viterbi_propose(torch.log_softmax(head_logits.float(), -1), proposer.transitions, prev_index,
-                                 config.viterbi_top_k)
-        return tokens.to(head_logits.device), None
-    return head_logits.argmax(-1), None
+            proposals = viterbi_propose(torch.log_softmax(head_logits.float(), -1), self.transitions, tokens[-1],
+                                        config.viterbi_top_k)
+            return proposals.to(head_logits.device), None
+        return head_logits.argmax(-1), None
+
+
+class EagleProposer:
+    """An EAGLE draft (runtime/lm/eagle.py) on the target, with its own one-block static KV cache.
+
+    Its slot s holds the target's row at target slot `first_slot + s` (the prompt's last token is
+    slot 0). Rows whose proposals were not asked for (speculation off) wait in `pending` and are
+    fed with the next proposal's forward."""
+
+    max_proposals = 1 << 30  # any number: the draft length alone bounds it
+
+    def __init__(self, draft, target):
+        self.model = _state_model(target, "an EAGLE draft")
+        self.draft, self.vocab, self.max_length = draft, target.vocab, target.max_length
+        attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, target.max_length, draft.args.head_dim)
+        weight = draft.fc.weight
+        attn.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        attn.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+        slots = torch.arange(target.max_length, device=weight.device)
+        self.causal = slots[None, :] <= slots[:, None]
+        self.first_slot, self.length = 0, 0
+        self.pending_states, self.pending_tokens = [], []
+
+    def start(self, first_slot: int) -> None:
+        self.first_slot, self.length = first_slot, 0
+        self.pending_states, self.pending_tokens = [], []
+
+    def _features(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed rows states [k, D] with the tokens chosen after them [k] at the next free slots -> f of the last row [D]."""
+        k = len(tokens)
+        if self.length + k > self.max_length:
+            raise ValueError("the EAGLE draft's cache is full")
+        positions = torch.arange(self.length, self.length + k, device=states.device)
+        embeds = self.model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
+        end = self.length + k
+        f = self.draft.features(states[None], embeds[None], positions, self.causal[positions, :end], end)
+        self.length = end
+        return f[0, -1]
+
+    @torch.inference_mode()
+    def probe(self, rows: int) -> None:
+        """The work of one proposal after `rows` rows are fed (the cost model's draft forward of `rows` tokens)."""
+        weight = self.draft.fc.weight
+        self.start(0)
+        self.model.logits(self._features(torch.zeros(rows, weight.shape[0], dtype=weight.dtype, device=weight.device),
+                                         torch.zeros(rows, dtype=torch.long, device=weight.device)))
+        self.start(0)
+
+    @torch.inference_mode()
+    def propose(self, policy: str, hidden: torch.Tensor, tokens: list[int], slot: int, count: int, config,
+                generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """As `HeadProposer.propose`; `slot` is the target slot of hidden's row 0."""
+        self.pending_states.append(hidden.to(self.draft.fc.weight.dtype))
+        self.pending_tokens.extend(tokens)
+        if not count:
+            return None, None
+        states = torch.cat(self.pending_states)
+        self.length = slot - self.first_slot - (len(states) - len(hidden))  # the pending rows' first slot
+        chosen = torch.tensor(self.pending_tokens, device=states.device)
+        self.pending_states, self.pending_tokens = [], []
+        f = self._features(states, chosen)
+        sampling, greedy = config.sampling, config.sampling.greedy or policy not in EXACT_STATE_POLICIES
+        proposals = torch.empty(count, dtype=torch.long, device=states.device)
+        probs = []
+        for i in range(count):
+            logits = self.model.logits(f)
+            if greedy:
+                proposals[i] = logits.argmax(-1)
+            else:
+                probs.append(logits_to_probs(logits, sampling))
+                proposals[i] = sample(probs[-1], generator)
+            if i < count - 1:
+                f = self._features(f[None], proposals[i:i + 1])
+        return proposals, (torch.stack(probs) if probs else None)
+
+
+def _state_model(target, what: str):
+    """The target's torch `Llama` (its hidden states, embedding and head), or a clear error."""
+    model = getattr(target, "model", None)
+    if not hasattr(target, "forward_hidden") or model is None or not hasattr(model, "head"):
+        raise ValueError(f"{what} need the torch backend (the target's hidden states); "
+                         f"this target is a {type(target).__name__}")
+    return model
 
 
 def _verify(policy: str, tokens, probs, target_logits, target_probs, config, generator, groups):
@@ -93,31 +190,32 @@ def _verify(policy: str, tokens, probs, target_logits, target_probs, config, gen
         return verify_threshold(tokens[None], target_probs[None], config.mtp_threshold, generator)
     if policy == "mtp-strict" and not sampling.greedy:
         return verify_top_m(tokens[None], target_logits[None], target_probs[None], 1, generator)
-    rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy.removeprefix("mtp-")
+    rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy.split("-", 1)[1]
     return verify(rule, tokens[None], probs[None] if probs is not None else target_probs[None, :-1],
                   target_probs[None], draw_uniforms(1, len(tokens), generator, target_probs.device), generator,
                   groups=groups, thinning_trials=config.pcg_thinning_trials)
 
 
-def decode_multi_token(target, proposer: HeadProposer, prompt_ids: torch.Tensor, config, generator: torch.Generator,
+def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_ids: torch.Tensor, config, generator: torch.Generator,
                        groups, stats, timer, costs: StepCosts | None = None) -> Iterator[list[int]]:
     """Yield bursts of speech codes, as `speculative.decode`; `timer` is its `_Timer`."""
     policy, sampling, vocab = config.policy, config.sampling, target.vocab
-    if policy == "mtp-pcg" and groups is None and not sampling.greedy:
-        raise ValueError("policy 'mtp-pcg' needs a group table")
+    if policy.endswith("-pcg") and groups is None and not sampling.greedy:
+        raise ValueError(f"policy {policy!r} needs a group table")
     if policy == "mtp-viterbi" and proposer.transitions is None:
         raise ValueError("policy 'mtp-viterbi' needs a transition table (`pcgtts heads transitions`)")
-    max_length = min(config.draft_length, proposer.num_heads)
+    max_length = min(config.draft_length, proposer.max_proposals)
     stats.per_position_accepted = [0] * max_length
     stats.length_counts = [0] * (max_length + 1)
     length_policy = None
     if config.adaptive_draft:
         if costs is None:  # the inexact rules' cost is close to SD's (one comparison per position)
-            rule = "greedy" if sampling.greedy else ("pcg" if policy == "mtp-pcg" else "sd")
+            rule = "greedy" if sampling.greedy else ("pcg" if policy.endswith("-pcg") else "sd")
             costs = calibrated_costs(target, proposer, max_length, rule, sampling, groups, timer.sync)
         length_policy = DraftLengthPolicy(costs, max_length)
         stats.costs = costs.as_dict()
     _start(target, prompt_ids)
+    proposer.start(target.length)
     last = prompt_ids[-1:].to(target.device)
     proposals, proposal_probs = None, None
     while True:
@@ -145,15 +243,12 @@ def decode_multi_token(target, proposer: HeadProposer, prompt_ids: torch.Tensor,
         target.rollback(start + 1 + n)
         t0 = timer("time_verify", t0)
 
-        # 2. The heads read the state that predicted the new token and propose what follows it.
+        # 2. The proposer reads the accepted rows' states and proposes what follows the new token.
         count = max_length
         if length_policy is not None:
             length_policy.record(l, n)
             count = length_policy.choose()
-        proposals, proposal_probs = None, None
-        if count:
-            proposals, proposal_probs = _propose(policy, proposer.logits(hidden[n], count), config, generator,
-                                                 proposer, tokens[-1])
+        proposals, proposal_probs = proposer.propose(policy, hidden[:n + 1], tokens, start, count, config, generator)
         stats.trace.append((timer("time_draft", t0), n + 1))
         stats.steps += 1
         stats.target_forwards += 1
@@ -171,4 +266,4 @@ def decode_multi_token(target, proposer: HeadProposer, prompt_ids: torch.Tensor,
             return
 
 
-__all__ = ["MTP_POLICIES", "EXACT_MTP_POLICIES", "HeadProposer", "decode_multi_token"]
+__all__ = ["MTP_POLICIES", "STATE_POLICIES", "EXACT_STATE_POLICIES", "EagleProposer", "HeadProposer", "decode_multi_token"]

@@ -30,7 +30,7 @@ from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
-from pcgtts.runtime.config import MTP_POLICIES, DecodeConfig
+from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 
@@ -87,22 +87,24 @@ class _Timer:
 def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: DecodeConfig,
            generator: torch.Generator, groups: DeviceGroupTable | None = None,
            stats: DecodeStats | None = None, sync: Callable[[], None] | None = None,
-           costs: StepCosts | None = None, heads=None) -> Iterator[list[int]]:
+           costs: StepCosts | None = None, proposer=None) -> Iterator[list[int]]:
     """Yield bursts of speech codes for `prompt_ids` [T] until the stop token or a limit.
 
     `generator` lives on the target's device; `sync` (e.g. torch.cuda.synchronize) makes the
     per-phase timings in `stats` exact on asynchronous devices at the cost of extra syncs.
     With `config.adaptive_draft`, `costs` are the step costs the draft length is planned with
     (default: measured once per model pair by `runtime/decode/calibrate.py`). The `mtp-*`
-    policies propose with `heads` (a `multi_token.HeadProposer`) instead of a draft model.
+    policies propose with `proposer` (a `multi_token.HeadProposer` or `EagleProposer`) reading the target's states.
     """
     stats = stats if stats is not None else DecodeStats()
-    if config.policy in MTP_POLICIES:
+    if config.policy in STATE_POLICIES:
         from pcgtts.runtime.decode.multi_token import decode_multi_token
 
-        if heads is None:
-            raise ValueError(f"policy {config.policy!r} needs the target's multi-token heads")
-        return decode_multi_token(target, heads, prompt_ids, config, generator, groups, stats, _Timer(stats, sync), costs)
+        if proposer is None:
+            raise ValueError(f"policy {config.policy!r} needs a proposer on the target's states (multi-token heads "
+                             "for mtp-*, an EAGLE draft for eagle-*)")
+        return decode_multi_token(target, proposer, prompt_ids, config, generator, groups, stats, _Timer(stats, sync),
+                                  costs)
     if config.policy == "ar":
         return _autoregressive(target, prompt_ids, config, generator, stats, sync, "target")
     if draft is None:

@@ -1,0 +1,131 @@
+"""A feature-level draft on the frozen target (EAGLE-style): one LLaMA block that reads the target's own hidden states.
+
+A layer-subset draft must rebuild from tokens what the target already computed; this draft
+starts from the target's final-normed hidden state h_j (the state whose head predicts token
+j + 1) and the token x_{j+1} actually chosen there, and predicts the next state:
+
+    e_j = W_in [h_j ; E x_{j+1}]            E: the target's token embedding (frozen, not stored)
+    f_j = RMSNorm(Block(e_0 .. e_j))        one LLaMA block with its own static KV cache
+    logits = the target's head (f_j)        predicts x_{j+2}; f_j stands in for h_{j+1}
+
+so proposing the token after next costs one small block plus the target's (digit-factorised)
+head. While drafting, f_j is fed back as the next step's h; after verification the target's true
+states overwrite the speculative positions (static cache, explicit positions). Any draft
+distribution keeps the SD and PCG rules exact, so this changes speed only, never the output law.
+
+File format: `eagle_draft.safetensors` next to the target checkpoint (or any path), tensors
+`fc.weight` [D, 2D], `block.*` (a `llama.Block`'s names), `norm.weight` [D], float16/bfloat16/float32,
+and safetensors metadata {"format": "pcgtts-eagle-draft", "version": "1", "target_fingerprint":
+<fingerprint of the target's speech embedding rows>}; the block's shape (heads, head size, MLP
+width, RoPE) is the target's, so a draft trained for one target is refused for another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pcgtts.runtime.lm.llama import Block, Llama, LlamaArgs, RMSNorm, rope_inv_freq
+
+EAGLE_FILE = "eagle_draft.safetensors"
+FORMAT = "pcgtts-eagle-draft"
+VERSION = "1"
+
+
+class EagleDraft(nn.Module):
+    """W_in + one LLaMA block + RMSNorm over the target's states; the target supplies E and the head."""
+
+    def __init__(self, args: LlamaArgs, target_fingerprint: str = ""):
+        super().__init__()
+        self.args = dataclasses.replace(args, num_layers=1)
+        d = args.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.block = Block(self.args)
+        self.norm = RMSNorm(d, args.rms_norm_eps)
+        self.target_fingerprint = target_fingerprint
+        self.register_buffer("inv_freq", rope_inv_freq(self.args), persistent=False)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.fc.weight.dtype
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def features(self, states: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
+                 mask: torch.Tensor, end: int | None) -> torch.Tensor:
+        """states, token_embeds: [B, T, D] -> predicted next states [B, T, D].
+
+        Decoding (B = 1): `positions` [T] are this draft's cache slots, `mask` [T, S] and `end`
+        as in `Llama.hidden`. Training passes no cache (`end` ignored): see `train_features`."""
+        x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
+        cos, sin = self.rope(positions)
+        return self.norm(self.block(x, cos, sin, positions, mask, end))
+
+    def train_features(self, states: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
+        """Whole sequences at once without a cache (training): [B, T, D] -> [B, T, D], causal."""
+        b, t, _ = states.shape
+        positions = torch.arange(t, device=states.device)
+        cos, sin = self.rope(positions)
+        attn = self.block.self_attn
+        x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
+        h = self.block.input_layernorm(x)
+        q, k, v = attn.project(h, cos, sin)
+        causal = torch.ones(t, t, dtype=torch.bool, device=states.device).tril()
+        x = x + attn.attend(q, k, v, causal)
+        x = x + self.block.mlp(self.block.post_attention_layernorm(x))
+        return self.norm(x)
+
+    def save(self, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
+        """Write the draft atomically (temporary file, then rename)."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        meta = {"format": FORMAT, "version": VERSION, "target_fingerprint": self.target_fingerprint}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata=meta)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, target: Llama, fingerprint: str | None = None) -> "EagleDraft":
+        """Load a draft for `target` (its `Llama`); `fingerprint` (the target's) is checked when given."""
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no EAGLE draft at {path} (train one with `pcgtts heads eagle`)")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as err:  # safetensors raises its own error types for damaged files
+            raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise ValueError(f"{path}: not a pcgtts EAGLE draft (format {meta.get('format')!r}, "
+                             f"version {meta.get('version')!r})")
+        stored = meta.get("target_fingerprint", "")
+        if fingerprint is not None and stored and stored != fingerprint:
+            raise ValueError(f"{path}: this draft was trained for another target "
+                             f"(speech embeddings {stored[:12]}..., this target {fingerprint[:12]}...)")
+        draft = cls(target.args, stored)
+        try:
+            draft.load_state_dict(tensors)
+        except RuntimeError as err:
+            raise ValueError(f"{path}: tensors do not fit this target's shape ({err})") from None
+        weight = target.embed_tokens.weight
+        return draft.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
+
+
+__all__ = ["EagleDraft", "EAGLE_FILE"]

@@ -1,0 +1,241 @@
+"""The EAGLE draft (runtime/lm/eagle.py, train/eagle.py): its file, its cache bookkeeping inside the
+decode loop, greedy equivalence, exactness in distribution, training, and the eagle-* policies'
+wiring (Synthesizer, CLI)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.decode.multi_token import EagleProposer
+from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.lm.eagle import EagleDraft
+from pcgtts.runtime.text.prompt import build_prompt
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return tiny_pair[0]
+
+
+@pytest.fixture(scope="module")
+def prompt(target):
+    return build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
+
+
+def random_draft(target, seed=0, scale=1.0) -> EagleDraft:
+    draft = EagleDraft(target.model.args, target.fingerprint)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[1] ** 0.5)
+    return draft.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def proposer(target):
+    return EagleProposer(random_draft(target), target)
+
+
+@pytest.fixture(scope="module")
+def groups(tiny_groups_file):
+    from pcgtts.groups.table import GroupTable
+
+    return GroupTable.load(tiny_groups_file).to_device("cpu")
+
+
+def run(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3, costs=None,
+        **extra):
+    config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling, **extra)
+    stats = DecodeStats()
+    out = [t for burst in decode(target, None, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
+                                 proposer=proposer, costs=costs) for t in burst]
+    return out, stats
+
+
+def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
+    draft = random_draft(target)
+    path = draft.save(tmp_path / "e.safetensors", dtype=torch.float32)
+    loaded = EagleDraft.load(path, target.model, fingerprint=target.fingerprint)
+    for (name, a), (_, b) in zip(draft.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="another target"):
+        EagleDraft.load(path, target.model, fingerprint="0" * 64)
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="not a readable"):
+        EagleDraft.load(tmp_path / "bad.safetensors", target.model)
+    with pytest.raises(FileNotFoundError, match="pcgtts heads eagle"):
+        EagleDraft.load(tmp_path / "missing.safetensors", target.model)
+
+
+def test_proposer_cache_matches_a_whole_sequence_pass(target, prompt):
+    """Rows fed in uneven chunks, with speculation off in between (count 0) and speculative slots
+    overwritten, give the same draft distribution as one cache-free pass over the true rows:
+    the slot bookkeeping of the decode loop is what makes the draft see the right history."""
+    draft = random_draft(target, seed=3)
+    proposer = EagleProposer(draft, target)
+    codes = torch.tensor([5, 17, 300, 2, 999, 64, 8, 8, 120, 33, 7, 500])
+    target.rollback(0)
+    target.prefill(prompt[:-1])
+    first = target.length
+    _, hidden = target.forward_hidden(torch.cat([prompt[-1:], target.vocab.restricted_to_token_ids(codes[:-1])]))
+    target.rollback(0)
+    with torch.no_grad():
+        embeds = target.model.embed_tokens(target.vocab.restricted_to_token_ids(codes))
+        reference = draft.train_features(hidden[None], embeds[None])[0]  # row j: f after (h_j, codes[j])
+    sampling = DecodeConfig(policy="eagle-sd", sampling=SamplingConfig(temperature=1.0))
+    proposer.start(first)
+    row, gen = 0, torch.Generator().manual_seed(0)
+    for chunk, count in ((1, 2), (3, 0), (1, 0), (2, 3), (4, 1), (1, 2)):
+        rows = slice(row, row + chunk)
+        _, probs = proposer.propose("eagle-sd", hidden[rows], codes[rows].tolist(), first + row, count, sampling, gen)
+        row += chunk
+        if count:
+            expected = torch.softmax(target.model.logits(reference[row - 1]), -1)
+            torch.testing.assert_close(probs[0], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("policy", ["eagle-sd", "eagle-pcg"])
+def test_greedy_eagle_equals_plain_greedy(target, proposer, prompt, groups, policy):
+    reference, _ = run(target, proposer, prompt, "ar", GREEDY)
+    output, stats = run(target, proposer, prompt, policy, GREEDY, groups=groups)
+    assert output == reference
+    assert stats.target_forwards == stats.steps and stats.drafted == 3 * (stats.steps - 1)
+
+
+def test_eagle_statistics_and_seeding(target, proposer, prompt, groups):
+    for policy in ("eagle-sd", "eagle-pcg"):
+        out, stats = run(target, proposer, prompt, policy, SamplingConfig(), tokens=80, groups=groups)
+        assert stats.emitted == len(out) and (len(out) == 80 or stats.finish == "stop"), policy
+        assert all(0 <= t < target.vocab.num_speech for t in out)
+        assert sum(stats.per_position_accepted) == stats.accepted
+        assert stats.accepted + stats.steps >= stats.emitted >= stats.accepted + stats.steps - 4
+        a, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=groups)
+        b, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=groups)
+        assert a == b, policy
+
+
+def test_adaptive_eagle_with_a_useless_draft_stays_within_five_percent_of_ar(target, proposer, prompt):
+    """Counted in the cost model's time (given costs), not wall time, as for the heads."""
+    from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds
+
+    costs = StepCosts(target_forward=(1.0, 1.5, 2.0, 2.5), draft_forward=(0.2, 0.25, 0.3, 0.35), rule=0.03,
+                      sample=0.02)
+    out, stats = run(target, proposer, prompt, "eagle-sd", SamplingConfig(), tokens=120, costs=costs,
+                     adaptive_draft=True)
+    assert len(out) == 120
+    assert counted_seconds(costs, stats.length_counts, 0) / stats.emitted <= 1.05 * costs.ar_step, stats.length_counts
+    _, fixed = run(target, proposer, prompt, "eagle-sd", SamplingConfig(), tokens=120, costs=costs)
+    assert counted_seconds(costs, fixed.length_counts, 0) / fixed.emitted > 1.05 * costs.ar_step
+
+
+@pytest.mark.slow  # 3,000 decodes
+def test_eagle_sd_is_exact_in_distribution(target, proposer, prompt):
+    """The marginal of the 3rd generated code (proposed at draft position 2 after a proposal at
+    position 1, both by the draft from its own state) under eagle-sd equals plain AR sampling's.
+    Two-sample chi-square over the 8 most frequent codes + the rest pooled, 1,500 runs each, at
+    significance 1e-3: false-alarm rate 0.1 % (seeds fixed: deterministic)."""
+    from scipy.stats import chi2_contingency
+
+    short = prompt[-6:]
+
+    def third(policy):
+        gen = torch.Generator().manual_seed(21 if policy == "ar" else 22)
+        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, sampling=SamplingConfig(temperature=0.5))
+        out = []
+        for _ in range(1500):
+            codes = [t for b in decode(target, None, short, config, gen, proposer=proposer) for t in b]
+            if len(codes) == 3:
+                out.append(codes[2])
+        return np.array(out)
+
+    ar, eagle = third("ar"), third("eagle-sd")
+    values, counts = np.unique(np.concatenate([ar, eagle]), return_counts=True)
+    top = values[np.argsort(-counts)[:8]]
+    table = np.array([[np.sum(x == c) for c in top] + [np.sum(~np.isin(x, top))] for x in (ar, eagle)])
+    assert table.min() >= 5
+    _, p_value, _, _ = chi2_contingency(table)
+    assert p_value > 1e-3, (p_value, table)
+
+
+def test_training_brings_the_draft_closer_to_the_target(target, prompt):
+    """A few optimiser steps on the target's own states lower the loss and raise the held-out-free
+    acceptance estimate on the training rows (the trainer's loss, on a tiny model)."""
+    from pcgtts.train.eagle import eagle_losses, state_sequences
+
+    pairs = []
+    for seed in range(4):
+        codes, _ = run(target, None, prompt, "ar", SamplingConfig(), tokens=40, seed=seed)
+        pairs.append((prompt, torch.tensor(codes)))
+    data = state_sequences(target, pairs)
+    draft = EagleDraft(target.model.args, target.fingerprint).requires_grad_(True)
+    opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
+    rng = random.Random(0)
+    with torch.no_grad():
+        first = eagle_losses(draft, target.model.logits, data, [0, 1, 2, 3], 64, 0.1, random.Random(0))
+    for _ in range(40):
+        loss, _ = eagle_losses(draft, target.model.logits, data, [0, 1, 2, 3], 64, 0.1, rng)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        last = eagle_losses(draft, target.model.logits, data, [0, 1, 2, 3], 64, 0.1, random.Random(0))
+    assert float(last[0]) < 0.7 * float(first[0])
+    assert last[1]["accept"][0] > first[1]["accept"][0]
+
+
+def test_eagle_policies_need_their_draft(tiny_models, tmp_path, target, prompt):
+    """Without the draft the eagle-* policies are refused before anything loads; a draft saved
+    next to the target is found and streams audio."""
+    import shutil
+
+    from pcgtts import Synthesizer
+
+    with pytest.raises(ValueError, match="EAGLE draft"):
+        decode(target, None, prompt, DecodeConfig(policy="eagle-sd"), torch.Generator())
+    folder = tmp_path / "target"
+    shutil.copytree(tiny_models["target"], folder)
+    kwargs = dict(codec=tiny_models["codec"], policy="eagle-sd", seed=1, max_new_tokens=30, max_length=1024)
+    with pytest.raises(ValueError, match="EAGLE draft"):
+        Synthesizer.from_pretrained(str(folder), **kwargs)
+    random_draft(target).save(folder / "eagle_draft.safetensors")
+    synth = Synthesizer.from_pretrained(str(folder), **kwargs)
+    assert synth.synthesize("Hello there.").size > 0 and synth.eagle is not None
+    with pytest.raises(ValueError, match="group table"):
+        synth.stream("Hello.", config=dataclasses.replace(synth.config, decode=DecodeConfig(policy="eagle-pcg")))
+
+
+@pytest.mark.slow
+def test_eagle_cli_end_to_end(tiny_models, tmp_path):
+    """`pcgtts heads eagle` writes the draft next to the target; `pcgtts speak --policy eagle-sd` uses it."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    import soundfile as sf
+
+    folder = tmp_path / "target"
+    shutil.copytree(tiny_models["target"], folder)
+    cli = [sys.executable, "-c", "import sys; from pcgtts.cli import main; sys.exit(main())"]
+    run_cli = lambda *a: subprocess.run(cli + list(a), capture_output=True, text=True, timeout=600)  # noqa: E731
+    bad = run_cli("heads", "eagle", "--target", str(tmp_path / "nope"))
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "no target checkpoint" in bad.stderr
+    done = run_cli("heads", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--steps", "20",
+                   "--max-tokens", "60")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(summary["accept_after"]) == 2 and (folder / "eagle_draft.safetensors").is_file()
+    wav = tmp_path / "eagle.wav"
+    done = run_cli("speak", "Hello there.", "--target", str(folder), "--codec", str(tiny_models["codec"]),
+                   "--policy", "eagle-sd", "--max-tokens", "40", "--seed", "1", "--out", str(wav))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sf.info(str(wav)).frames > 0

@@ -1,0 +1,222 @@
+"""Train an EAGLE-style feature draft on a frozen target (`pcgtts heads eagle`; runtime/lm/eagle.py).
+
+Data flow, as for the multi-token heads (train/heads.py): training sentences -> prompts -> the
+target samples speech itself (on-policy, cached with train/distill.py's sequence cache) -> one
+target pass per sequence gives its final-normed states h_j and the codes x_{j+1} it chose.
+
+The draft reads (h_j, x_{j+1}) and must give the target's distribution of x_{j+2}, p(. | h_{j+1}):
+
+    loss = KL(p_target(. | h_{j+1}) || q(. | f_j))                    pass 1: true states in
+         + KL(p_target(. | h_{j+1}) || q(. | f'_j))                   pass 2: f_{j-1} replaces h_j
+         + regression * SmoothL1(f_j, h_{j+1})
+
+Pass 2 is what the draft meets from its second proposal on (its own prediction in place of the
+target's state); the KL is taken on a random subset of rows (the 65,537-way distributions are
+the cost), the block runs over whole sequences. Reported on held-out sequences, before and after:
+the SD acceptance 1 - TV(p, q) at temperature 1 and top-1 agreement, for pass 1 (first proposal)
+and pass 2 (later proposals).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from pcgtts.runtime.lm.eagle import EagleDraft
+from pcgtts.train.progress import LossLog, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    target: Path
+    out: Path  # the draft file (default: <target>/eagle_draft.safetensors)
+    work_dir: Path  # generated sequences, checkpoint, loss log
+    sentences: tuple[str, ...]
+    sequences: int = 120  # on-policy training sequences
+    heldout: int = 12
+    steps: int = 600
+    batch_sequences: int = 4
+    kl_rows: int = 192  # rows per pass whose full distributions enter the loss
+    regression: float = 0.1
+    lr: float = 1e-3
+    temperature: float = 0.8  # of the on-policy sampling
+    max_tokens: int = 400
+    seed: int = 0
+    checkpoint_minutes: float = 5.0
+    log_every: int = 20
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("target", "out", "work_dir"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+        if not self.sentences:
+            raise ValueError("no training sentences")
+        for name in ("sequences", "heldout", "steps", "batch_sequences", "kl_rows", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0 or not self.temperature > 0 or self.regression < 0:
+            raise ValueError("lr and temperature must be > 0, regression >= 0")
+
+
+@dataclass
+class StateSequences:
+    """Per sequence: the target's states [n, D] (row j predicts codes[j]) and token embeddings of codes [n, D]."""
+
+    states: list[torch.Tensor]
+    embeds: list[torch.Tensor]
+
+    def batch(self, index: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Padded (states [B, T, D], embeds [B, T, D], valid [B, T - 1]): valid[j] = row j has a next row."""
+        t = max(len(self.states[i]) for i in index)
+        d = self.states[0].shape[1]
+        states = torch.zeros(len(index), t, d)
+        embeds = torch.zeros(len(index), t, d)
+        valid = torch.zeros(len(index), t - 1, dtype=torch.bool)
+        for b, i in enumerate(index):
+            n = len(self.states[i])
+            states[b, :n], embeds[b, :n], valid[b, :n - 1] = self.states[i], self.embeds[i], True
+        return states, embeds, valid
+
+
+def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StateSequences:
+    from pcgtts.train.heads import hidden_rows
+
+    rows = hidden_rows(target, pairs)
+    sizes = [len(codes) for codes in rows.tokens]
+    states = list(torch.split(rows.hidden, sizes))
+    with torch.no_grad():
+        embeds = [target.model.embed_tokens(target.vocab.restricted_to_token_ids(codes)).float().clone()
+                  for codes in rows.tokens]
+    return StateSequences(states, embeds)
+
+
+def _kl_and_figures(p_logits: torch.Tensor, q_logits: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+    """KL(p || q) mean over rows, and (no grad) SD acceptance 1 - TV and top-1 agreement."""
+    p = torch.softmax(p_logits, -1)
+    log_q = torch.log_softmax(q_logits, -1)
+    kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-30)) - log_q), 0.0).sum(-1).mean()
+    with torch.no_grad():
+        q = log_q.exp()
+        accept = float(1.0 - 0.5 * (p - q).abs().sum(-1).mean())
+        agree = float((q.argmax(-1) == p.argmax(-1)).float().mean())
+    return kl, accept, agree
+
+
+def eagle_losses(draft: EagleDraft, to_logits, data: StateSequences, index: list[int], kl_rows: int,
+                 regression: float, rng: random.Random) -> tuple[torch.Tensor, dict]:
+    """The training loss on sequences `index`, with per-pass acceptance / agreement figures."""
+    states, embeds, valid = data.batch(index)
+    inputs, nexts = states[:, :-1], states[:, 1:]
+    f1 = draft.train_features(inputs, embeds[:, :-1])
+    # Pass 2: at j >= 1 the draft's own f_{j-1} stands in for h_j (what later proposals see).
+    f2 = draft.train_features(torch.cat([inputs[:, :1], f1[:, :-1]], dim=1), embeds[:, :-1])
+    rows = valid.nonzero()
+    pick = rows[torch.tensor(rng.sample(range(len(rows)), min(kl_rows, len(rows))))]
+    b, j = pick[:, 0], pick[:, 1]
+    with torch.no_grad():
+        p_logits = to_logits(nexts[b, j])
+    kl1, acc1, agree1 = _kl_and_figures(p_logits, to_logits(f1[b, j]))
+    kl2, acc2, agree2 = _kl_and_figures(p_logits, to_logits(f2[b, j]))
+    reg = torch.nn.functional.smooth_l1_loss(f1[valid], nexts[valid])
+    loss = kl1 + kl2 + regression * reg
+    return loss, {"accept": [acc1, acc2], "agree": [agree1, agree2], "regression": float(reg.detach())}
+
+
+def evaluate_eagle(draft: EagleDraft, to_logits, data: StateSequences, kl_rows: int = 512) -> dict:
+    """Held-out acceptance (1 - TV at temperature 1) and agreement for pass 1 and pass 2, per sequence pooled."""
+    sums, count = {"accept": [0.0, 0.0], "agree": [0.0, 0.0]}, 0
+    rng = random.Random(0)
+    with torch.no_grad():
+        for i in range(len(data.states)):
+            _, figures = eagle_losses(draft, to_logits, data, [i], kl_rows, 0.0, rng)
+            for key in sums:
+                sums[key] = [s + v for s, v in zip(sums[key], figures[key])]
+            count += 1
+    return {key: [round(v / count, 4) for v in vals] for key, vals in sums.items()}
+
+
+def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) -> dict:
+    """Generate (or reuse) on-policy sequences, train the draft (resumable), write `cfg.out`."""
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.train.heads import on_policy_pairs
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cfg.work_dir.mkdir(parents=True, exist_ok=True)
+    target = TorchLM.load(cfg.target, max_length=4096)
+    train_pairs, heldout_pairs = on_policy_pairs(target, cfg.sentences, cfg.sequences, cfg.heldout, cfg.temperature,
+                                                 cfg.max_tokens, cfg.seed, cfg.work_dir, generation_progress)
+    data, heldout = state_sequences(target, train_pairs), state_sequences(target, heldout_pairs)
+    target.model.requires_grad_(False)
+    to_logits = target.model.logits
+    draft = EagleDraft(target.model.args, target.fingerprint)
+    with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
+        draft.block.load_state_dict(target.model.layers[-1].state_dict())
+        draft.norm.weight.copy_(target.model.norm.weight)
+        d = target.model.args.hidden_size
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, :d] = torch.eye(d)  # e_j = h_j at first
+    before = evaluate_eagle(draft, to_logits, heldout)
+    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.0)
+    rng = random.Random(cfg.seed)
+    ckpt = cfg.work_dir / "eagle_checkpoint.pt"
+    losses = LossLog(cfg.work_dir / "eagle_loss.jsonl")
+    step = 0
+    if ckpt.is_file():
+        state = load_checkpoint(ckpt)
+        draft.load_state_dict(state["draft"])
+        opt.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"], rng)
+        step = state["step"]
+        losses.truncate(step)
+        log.info("resumed %s at step %d", ckpt, step)
+    (cfg.work_dir / "eagle_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt, {"draft": draft.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                               "rng": rng_state(rng)})
+
+    t_ckpt, window = time.monotonic(), []
+    while step < cfg.steps:
+        lr = cfg.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + torch.cos(torch.tensor(step / cfg.steps * torch.pi)).item())
+        for group in opt.param_groups:
+            group["lr"] = lr
+        index = [rng.randrange(len(data.states)) for _ in range(cfg.batch_sequences)]
+        loss, figures = eagle_losses(draft, to_logits, data, index, cfg.kl_rows, cfg.regression, rng)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        step += 1
+        window.append(float(loss.detach()))
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            losses.append({"step": step, "loss": sum(window) / len(window), "lr": lr,
+                           "accept1": figures["accept"][0], "accept2": figures["accept"][1]})
+            window = []
+            if progress is not None:
+                progress(step, cfg.steps, losses.last("loss"))
+        if time.monotonic() - t_ckpt > cfg.checkpoint_minutes * 60:
+            checkpoint()
+            t_ckpt = time.monotonic()
+    checkpoint()
+    after = evaluate_eagle(draft, to_logits, heldout)
+    cfg.out.parent.mkdir(parents=True, exist_ok=True)
+    draft.save(cfg.out)
+    losses.plot(cfg.work_dir / "eagle_loss.png", title="EAGLE draft: KL to the target")
+    return {"draft": str(cfg.out), "steps": step, "train_sequences": len(data.states),
+            "heldout_sequences": len(heldout.states),
+            "accept_before": before["accept"], "accept_after": after["accept"],
+            "agree_before": before["agree"], "agree_after": after["agree"],
+            "loss_png": str(cfg.work_dir / "eagle_loss.png")}
+
+
+__all__ = ["EagleTrainConfig", "StateSequences", "state_sequences", "eagle_losses", "evaluate_eagle",
+           "train_eagle"]
