@@ -62,6 +62,16 @@ def test_pack_and_expand_round_trip(tmp_path):
     assert MTPHeads.load(paths["target"] / "mtp_heads.safetensors", fingerprint=fingerprint).num_heads == 2
     assert paths["groups"].is_file() and (paths["codec"] / "config.json").is_file()
 
+    # An EAGLE draft added to the committed voice afterwards is checksummed and re-keyed on expansion.
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE, EagleDraft
+    from pcgtts.train.package import add_to_voice
+
+    EagleDraft(target.model.args, "stale-fingerprint").save(tmp_path / "eagle.safetensors")
+    add_to_voice(pack, tmp_path / "eagle.safetensors", EAGLE_FILE)
+    assert EAGLE_FILE in read_voice(pack)["sha256"]
+    again = expand_voice(pack, tmp_path / "expanded2", progress=False)
+    EagleDraft.load(again["target"] / EAGLE_FILE, target.model, fingerprint=fingerprint)
+
     # A later lab run starts from the committed weights (`--init-from`), refusing another size.
     from dataclasses import asdict
 

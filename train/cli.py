@@ -87,6 +87,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="voice folder (default: the package's pcgtts/voice)")
     p.add_argument("--name", required=True, help="version name recorded in voice.json, e.g. lab-v1")
     p.add_argument("--heads", type=Path, help="multi-token heads file trained for the target (optional)")
+    p.add_argument("--eagle", type=Path, help="EAGLE draft file trained for the target (optional)")
     p.add_argument("--mean-group-size", type=_positive_int, default=140, help="θ of the built group table (paper: ~140)")
     p.add_argument("--figures", type=Path, help="JSON of measured figures to record (WER, STOI, similarity, ...)")
     p.set_defaults(lab_func=_cmd_package)
@@ -195,12 +196,13 @@ def _cmd_package(args) -> dict:
 
     needed = [args.root / "lm" / "checkpoint.pt", args.root / "draft" / "checkpoint.pt",
               args.root / "codec" / "export" / "model.safetensors"]
-    for path in needed + [p for p in (args.heads, args.figures) if p is not None]:
+    for path in needed + [p for p in (args.heads, args.eagle, args.figures) if p is not None]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found")
     figures = json.loads(args.figures.read_text()) if args.figures else {}
     out = pack_voice(args.out or VOICE_DIR, args.root / "lm", args.root / "draft", args.root / "codec" / "export",
-                     name=args.name, heads_file=args.heads, mean_group_size=args.mean_group_size, figures=figures)
+                     name=args.name, heads_file=args.heads, eagle_file=args.eagle,
+                     mean_group_size=args.mean_group_size, figures=figures)
     size = sum(p.stat().st_size for p in out.iterdir())
     return {"voice": str(out), "megabytes": round(size / 2**20, 1), "name": args.name}
 

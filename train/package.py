@@ -10,12 +10,13 @@ row is the sum of its digits' rows), so a 65,536-row embedding costs 32 rows. Fo
     draft.safetensors   factorised draft (fp16), a layer subset of the target, fine-tuned
     codec.safetensors   the Xcodec2Model state dict (fp16); its config is in voice.json
     mtp_heads.safetensors   optional multi-token heads
+    eagle_draft.safetensors optional EAGLE draft (runtime/lm/eagle.py)
     draft_head_codes.npy    optional: the codes the draft's head covers (used-codes head)
     MODEL_CARD.md       data, recipe command, training time and hardware, measured figures
 
 `expand_voice` writes, once, a plain tied `LlamaForCausalLM` + LLaSA tokenizer for target and
 draft (exact: the digit sums are materialised), the codec as `Xcodec2Model.save_pretrained`
-would, the heads re-keyed to the expanded target, and the target's group table (θ chosen for
+would, the heads and EAGLE draft re-keyed to the expanded target, and the target's group table (θ chosen for
 the recorded mean group size). `pack_voice` makes the folder from the lab's training folders.
 """
 
@@ -54,7 +55,8 @@ def _save_half(state: dict[str, torch.Tensor], path: Path) -> None:
 
 
 def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, codec_dir: str | Path, *,
-               name: str, heads_file: str | Path | None = None, mean_group_size: int = 140,
+               name: str, heads_file: str | Path | None = None, eagle_file: str | Path | None = None,
+               mean_group_size: int = 140,
                group_cap: int = 512, figures: dict | None = None) -> Path:
     """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders."""
     from pcgtts.train.progress import load_checkpoint
@@ -78,8 +80,12 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     frozen = codec_dir.parent / "encoder_frozen.json"  # the lab's stage-2 marker: codes fixed since then
     meta["codec"] = {"config": json.loads((codec_dir / "config.json").read_text()),
                      "encoder_frozen": json.loads(frozen.read_text()) if frozen.is_file() else None}
-    if heads_file is not None:
-        shutil.copyfile(heads_file, tmp / "mtp_heads.safetensors")
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE
+    from pcgtts.runtime.lm.heads import HEADS_FILE
+
+    for src, name in ((heads_file, HEADS_FILE), (eagle_file, EAGLE_FILE)):
+        if src is not None:
+            shutil.copyfile(src, tmp / name)
     head_codes = Path(draft_dir) / "export" / HEAD_CODES_FILE  # the draft's used-codes head, if it has one
     if head_codes.is_file():
         shutil.copyfile(head_codes, tmp / f"draft_{HEAD_CODES_FILE}")
@@ -90,6 +96,29 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def _rekeyed_copy(src: Path, dst: Path, fingerprint: str) -> None:
+    """Copy a heads / EAGLE draft file, its `target_fingerprint` metadata set to `fingerprint`."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(dst), metadata={**meta, "target_fingerprint": fingerprint})
+
+
+def add_to_voice(pack_dir: str | Path, src: str | Path, name: str) -> None:
+    """Add (or replace) an optional file of a voice folder (heads, EAGLE draft) trained for its
+    target, and record its sha256: for a committed voice whose lab folders are gone."""
+    pack = Path(pack_dir)
+    meta = read_voice(pack)
+    shutil.copyfile(src, pack / name)
+    meta["sha256"][name] = _sha256(pack / name)
+    tmp = pack / "voice.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    tmp.replace(pack / "voice.json")
 
 
 def read_voice(pack_dir: str | Path) -> dict:
@@ -145,7 +174,8 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
 
     from pcgtts.groups.build import theta_for_mean_size
     from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
-    from pcgtts.runtime.lm.heads import HEADS_FILE, MTPHeads
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE
+    from pcgtts.runtime.lm.heads import HEADS_FILE
     from pcgtts.tools.model_groups import build_groups_for_model
 
     pack, out = Path(pack_dir), Path(out_dir)
@@ -164,10 +194,9 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
               str(codec / "model.safetensors"), metadata={"format": "pt"})
     paths["codec"] = codec
     rows, _, fingerprint = load_speech_embeddings(paths["target"])
-    if (pack / HEADS_FILE).is_file():  # re-keyed to the expanded (fp32) target it was trained with
-        heads = MTPHeads.load(pack / HEADS_FILE)
-        heads.target_fingerprint = fingerprint
-        heads.save(paths["target"] / HEADS_FILE)
+    for name in (HEADS_FILE, EAGLE_FILE):  # re-keyed to the expanded (fp32) target they were trained with
+        if (pack / name).is_file():
+            _rekeyed_copy(pack / name, paths["target"] / name, fingerprint)
     groups = meta["groups"]
     theta = theta_for_mean_size(rows, groups["mean_size"], groups["cap"])
     log.warning("building the built-in voice's group table (θ %.3f for mean size %d; once)", theta, groups["mean_size"])
@@ -178,4 +207,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "add_to_voice", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
