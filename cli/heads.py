@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--steps", type=positive(int), default=600)
     eagle.add_argument("--temperature", type=positive(float), default=0.8, help="of the on-policy sampling")
     eagle.add_argument("--max-tokens", type=positive(int), default=400, help="speech tokens per sequence at most")
+    eagle.add_argument("--mlp-size", type=positive(int), help="the block's MLP width (default: the target's; "
+                       "narrower = cheaper proposals)")
     eagle.add_argument("--seed", type=int, default=0)
     eagle.set_defaults(func=_eagle)
 
@@ -98,7 +100,8 @@ def _eagle(args) -> int:
 
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
                            sequences=args.sequences, heldout=args.heldout, steps=args.steps,
-                           temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+                           temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
+                           intermediate_size=args.mlp_size)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

@@ -239,7 +239,7 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         # Per-forward costs (seconds): verify includes the acceptance rule after the target pass.
         "t_target_step": sum(r["time_target"] + r["time_verify"] for r in records) / max(steps, 1),
         "t_draft_step": sum(r["time_draft"] for r in records) / max(draft_fw, 1),
-        # mtp-*: the heads' proposals, once per step (no draft forwards)
+        # mtp-*, eagle-*: the proposer's work per step (heads or the EAGLE block; no draft-model forwards)
         "t_propose_step": sum(r["time_draft"] for r in records) / max(steps, 1),
         "harness_us_per_step": float(np.mean([r["harness_us_per_step"] for r in records])),
     }
@@ -258,7 +258,7 @@ def predicted_speedup(summary: dict, ar: dict) -> float | None:
         tokens = sum(c * expected_tokens(rates, n) for n, c in enumerate(counts))
         seconds = sum(c * step_seconds(costs, rates, n) for n, c in enumerate(counts))
         return tokens * costs.ar_step / seconds if seconds else None
-    if summary["policy"] in STATE_POLICIES:  # one target pass and one heads pass per step
+    if summary["policy"] in STATE_POLICIES:  # one target pass and one proposer call per step
         step = summary["t_propose_step"] + summary["t_target_step"]
     else:
         step = summary["draft_length"] * summary["t_draft_step"] + summary["t_target_step"]

@@ -46,6 +46,7 @@ class EagleTrainConfig:
     batch_sequences: int = 4
     kl_rows: int = 192  # rows per pass whose full distributions enter the loss
     regression: float = 0.1
+    intermediate_size: int | None = None  # the block's MLP width (default: the target's)
     lr: float = 1e-3
     temperature: float = 0.8  # of the on-policy sampling
     max_tokens: int = 400
@@ -157,9 +158,12 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     data, heldout = state_sequences(target, train_pairs), state_sequences(target, heldout_pairs)
     target.model.requires_grad_(False)
     to_logits = target.model.logits
-    draft = EagleDraft(target.model.args, target.fingerprint)
+    draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
-        draft.block.load_state_dict(target.model.layers[-1].state_dict())
+        m = draft.args.intermediate_size  # (a narrower MLP keeps the first m hidden units)
+        draft.block.load_state_dict({k: v[:m] if k.startswith("mlp.gate_proj") or k.startswith("mlp.up_proj")
+                                     else v[:, :m] if k == "mlp.down_proj.weight" else v
+                                     for k, v in target.model.layers[-1].state_dict().items()})
         draft.norm.weight.copy_(target.model.norm.weight)
         d = target.model.args.hidden_size
         draft.fc.weight.zero_()

@@ -16,8 +16,9 @@ distribution keeps the SD and PCG rules exact, so this changes speed only, never
 File format: `eagle_draft.safetensors` next to the target checkpoint (or any path), tensors
 `fc.weight` [D, 2D], `block.*` (a `llama.Block`'s names), `norm.weight` [D], float16/bfloat16/float32,
 and safetensors metadata {"format": "pcgtts-eagle-draft", "version": "1", "target_fingerprint":
-<fingerprint of the target's speech embedding rows>}; the block's shape (heads, head size, MLP
-width, RoPE) is the target's, so a draft trained for one target is refused for another.
+<fingerprint of the target's speech embedding rows>, "intermediate_size": <the block's MLP width>};
+the block's other dimensions (heads, head size, RoPE) are the target's, and a draft trained for
+one target is refused for another. A narrower MLP than the target's makes each proposal cheaper.
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ VERSION = "1"
 class EagleDraft(nn.Module):
     """W_in + one LLaMA block + RMSNorm over the target's states; the target supplies E and the head."""
 
-    def __init__(self, args: LlamaArgs, target_fingerprint: str = ""):
+    def __init__(self, args: LlamaArgs, target_fingerprint: str = "", intermediate_size: int | None = None):
         super().__init__()
-        self.args = dataclasses.replace(args, num_layers=1)
+        if intermediate_size is not None and intermediate_size < 1:
+            raise ValueError(f"intermediate_size must be >= 1, got {intermediate_size}")
+        self.args = dataclasses.replace(args, num_layers=1, intermediate_size=intermediate_size or args.intermediate_size)
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)
         self.block = Block(self.args)
@@ -86,7 +89,8 @@ class EagleDraft(nn.Module):
 
         path = Path(path)
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
-        meta = {"format": FORMAT, "version": VERSION, "target_fingerprint": self.target_fingerprint}
+        meta = {"format": FORMAT, "version": VERSION, "target_fingerprint": self.target_fingerprint,
+                "intermediate_size": str(self.args.intermediate_size)}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
         os.close(fd)
         try:
@@ -119,7 +123,7 @@ class EagleDraft(nn.Module):
         if fingerprint is not None and stored and stored != fingerprint:
             raise ValueError(f"{path}: this draft was trained for another target "
                              f"(speech embeddings {stored[:12]}..., this target {fingerprint[:12]}...)")
-        draft = cls(target.args, stored)
+        draft = cls(target.args, stored, int(meta.get("intermediate_size", target.args.intermediate_size)))
         try:
             draft.load_state_dict(tensors)
         except RuntimeError as err:
