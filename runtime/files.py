@@ -66,3 +66,23 @@ def atomic_output(path: str | Path):
         Path(tmp).unlink(missing_ok=True)
         raise
     publish(tmp, path)
+
+
+def read_tagged_safetensors(path: str | Path, fmt: str, version: str, what: str, how_to_make: str
+                            ) -> tuple[dict, dict]:
+    """(tensors, metadata) of a safetensors file whose metadata names `fmt` / `version`; a clear
+    FileNotFoundError (saying `how_to_make`) or ValueError (damaged file, other format) otherwise."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {what} at {path} ({how_to_make})")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as err:  # safetensors raises its own error types for damaged files
+        raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
+    if meta.get("format") != fmt or meta.get("version") != version:
+        raise ValueError(f"{path}: not a pcgtts {what} (format {meta.get('format')!r}, version {meta.get('version')!r})")
+    return tensors, meta

@@ -143,6 +143,14 @@ def tiny_groups_file(tiny_lms, tmp_path_factory):
     return write_lattice_groups(tiny_lms["target"], tmp_path_factory.mktemp("groups") / "tiny.pcg")
 
 
+@pytest.fixture(scope="session")
+def tiny_groups(tiny_groups_file):
+    """The tiny target's group table, loaded on the CPU."""
+    from pcgtts.groups.table import GroupTable
+
+    return GroupTable.load(tiny_groups_file).to_device("cpu")
+
+
 # --- the built-in demo: `slow` tests only --------------------------------------------------------
 
 @pytest.fixture(scope="session")

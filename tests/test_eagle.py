@@ -13,9 +13,11 @@ import torch
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.multi_token import EagleProposer
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.speculative import decode
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.runtime.text.prompt import build_prompt
+
+from helpers import decode_codes as run
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -43,22 +45,6 @@ def random_draft(target, seed=0, scale=1.0) -> EagleDraft:
 @pytest.fixture(scope="module")
 def proposer(target):
     return EagleProposer(random_draft(target), target)
-
-
-@pytest.fixture(scope="module")
-def groups(tiny_groups_file):
-    from pcgtts.groups.table import GroupTable
-
-    return GroupTable.load(tiny_groups_file).to_device("cpu")
-
-
-def run(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3, costs=None,
-        **extra):
-    config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling, **extra)
-    stats = DecodeStats()
-    out = [t for burst in decode(target, None, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
-                                 proposer=proposer, costs=costs) for t in burst]
-    return out, stats
 
 
 def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
@@ -107,22 +93,22 @@ def test_proposer_cache_matches_a_whole_sequence_pass(target, prompt):
 
 
 @pytest.mark.parametrize("policy", ["eagle-sd", "eagle-pcg"])
-def test_greedy_eagle_equals_plain_greedy(target, proposer, prompt, groups, policy):
+def test_greedy_eagle_equals_plain_greedy(target, proposer, prompt, tiny_groups, policy):
     reference, _ = run(target, proposer, prompt, "ar", GREEDY)
-    output, stats = run(target, proposer, prompt, policy, GREEDY, groups=groups)
+    output, stats = run(target, proposer, prompt, policy, GREEDY, groups=tiny_groups)
     assert output == reference
     assert stats.target_forwards == stats.steps and stats.drafted == 3 * (stats.steps - 1)
 
 
-def test_eagle_statistics_and_seeding(target, proposer, prompt, groups):
+def test_eagle_statistics_and_seeding(target, proposer, prompt, tiny_groups):
     for policy in ("eagle-sd", "eagle-pcg"):
-        out, stats = run(target, proposer, prompt, policy, SamplingConfig(), tokens=80, groups=groups)
+        out, stats = run(target, proposer, prompt, policy, SamplingConfig(), tokens=80, groups=tiny_groups)
         assert stats.emitted == len(out) and (len(out) == 80 or stats.finish == "stop"), policy
         assert all(0 <= t < target.vocab.num_speech for t in out)
         assert sum(stats.per_position_accepted) == stats.accepted
         assert stats.accepted + stats.steps >= stats.emitted >= stats.accepted + stats.steps - 4
-        a, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=groups)
-        b, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=groups)
+        a, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=tiny_groups)
+        b, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=tiny_groups)
         assert a == b, policy
 
 

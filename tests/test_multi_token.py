@@ -10,9 +10,11 @@ import torch
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.acceptance import verify_threshold, verify_top_m
 from pcgtts.runtime.decode.multi_token import HeadProposer
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.speculative import decode
 from pcgtts.runtime.lm.heads import MTPHeads
 from pcgtts.runtime.text.prompt import build_prompt
+
+from helpers import decode_codes as run
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -40,22 +42,6 @@ def random_heads(target, k=3, seed=0, scale=0.5):
 @pytest.fixture(scope="module")
 def proposer(target):
     return HeadProposer(random_heads(target), target)
-
-
-@pytest.fixture(scope="module")
-def groups(tiny_groups_file):
-    from pcgtts.groups.table import GroupTable
-
-    return GroupTable.load(tiny_groups_file).to_device("cpu")
-
-
-def run(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3, costs=None,
-        **extra):
-    config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling, **extra)
-    stats = DecodeStats()
-    out = [t for burst in decode(target, None, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
-                                 proposer=proposer, costs=costs) for t in burst]
-    return out, stats
 
 
 # --- the heads file ---------------------------------------------------------------------------
@@ -111,29 +97,29 @@ def test_top_m_and_threshold_rules():
 # --- the decode loop --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("policy", ["mtp-sd", "mtp-pcg", "mtp-strict"])
-def test_greedy_multi_token_equals_plain_greedy(target, proposer, prompt, groups, policy):
+def test_greedy_multi_token_equals_plain_greedy(target, proposer, prompt, tiny_groups, policy):
     reference, _ = run(target, proposer, prompt, "ar", GREEDY)
-    output, stats = run(target, proposer, prompt, policy, GREEDY, groups=groups)
+    output, stats = run(target, proposer, prompt, policy, GREEDY, groups=tiny_groups)
     assert output == reference
     assert stats.target_forwards == stats.steps and stats.draft_forwards == 0
 
 
-def test_multi_token_statistics_are_consistent(target, proposer, prompt, groups):
+def test_multi_token_statistics_are_consistent(target, proposer, prompt, tiny_groups):
     for policy in ("mtp-sd", "mtp-pcg", "mtp-topm", "mtp-threshold", "mtp-strict"):
-        out, stats = run(target, proposer, prompt, policy, SamplingConfig(), tokens=80, groups=groups)
+        out, stats = run(target, proposer, prompt, policy, SamplingConfig(), tokens=80, groups=tiny_groups)
         assert stats.emitted == len(out) == 80, policy
         assert all(0 <= t < target.vocab.num_speech for t in out)
         assert stats.target_forwards == stats.steps and stats.draft_forwards == 0
         assert stats.accepted + stats.steps >= stats.emitted > stats.accepted + stats.steps - 4
         assert sum(stats.per_position_accepted) == stats.accepted
         assert stats.drafted == 3 * (stats.steps - 1)  # the first step has no proposals
-        a, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=groups)
-        b, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=groups)
+        a, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=tiny_groups)
+        b, _ = run(target, proposer, prompt, policy, SamplingConfig(), tokens=30, seed=5, groups=tiny_groups)
         assert a == b, policy
 
 
 def test_adaptive_heads_with_useless_heads_stay_within_five_percent_of_ar(target, proposer, viterbi_proposer, prompt,
-                                                                           groups):
+                                                                           tiny_groups):
     """Counted in the cost model's time (given costs: cheap heads, a verify of 4 costing 2.5 steps),
     not wall time. The random heads are useless, so the policy must settle on plain target steps;
     the same heads at a fixed 3 proposals cost far more (the check has power). Greedy output is
@@ -146,7 +132,7 @@ def test_adaptive_heads_with_useless_heads_stay_within_five_percent_of_ar(target
         return counted_seconds(costs, stats.length_counts, 0) / stats.emitted
 
     for policy in ("mtp-sd", "mtp-pcg", "mtp-viterbi"):
-        extra = {"groups": groups} if policy == "mtp-pcg" else {}
+        extra = {"groups": tiny_groups} if policy == "mtp-pcg" else {}
         proposing = viterbi_proposer if policy == "mtp-viterbi" else proposer
         out, stats = run(target, proposing, prompt, policy, SamplingConfig(), tokens=120, costs=costs,
                          adaptive_draft=True, **extra)

@@ -19,52 +19,30 @@ and pass 2 (later proposals).
 
 from __future__ import annotations
 
-import json
-import logging
 import random
-import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
 from pcgtts.runtime.lm.eagle import EagleDraft
-from pcgtts.train.progress import LossLog, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-
-log = logging.getLogger(__name__)
+from pcgtts.train.on_policy import OnPolicyConfig, fit, frozen_target_and_pairs
 
 
 @dataclass(frozen=True)
-class EagleTrainConfig:
-    target: Path
-    out: Path  # the draft file (default: <target>/eagle_draft.safetensors)
-    work_dir: Path  # generated sequences, checkpoint, loss log
-    sentences: tuple[str, ...]
-    sequences: int = 120  # on-policy training sequences
+class EagleTrainConfig(OnPolicyConfig):
+    sequences: int = 120
     heldout: int = 12
     steps: int = 600
+    lr: float = 1e-3
     batch_sequences: int = 4
     kl_rows: int = 192  # rows per pass whose full distributions enter the loss
     regression: float = 0.1
     intermediate_size: int | None = None  # the block's MLP width (default: the target's)
-    lr: float = 1e-3
-    temperature: float = 0.8  # of the on-policy sampling
-    max_tokens: int = 400
-    seed: int = 0
-    checkpoint_minutes: float = 5.0
-    log_every: int = 20
-    threads: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("target", "out", "work_dir"):
-            object.__setattr__(self, name, Path(getattr(self, name)))
-        if not self.sentences:
-            raise ValueError("no training sentences")
-        for name in ("sequences", "heldout", "steps", "batch_sequences", "kl_rows", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0 or not self.temperature > 0 or self.regression < 0:
-            raise ValueError("lr and temperature must be > 0, regression >= 0")
+        super().__post_init__()
+        if self.batch_sequences < 1 or self.kl_rows < 1 or self.regression < 0:
+            raise ValueError("batch_sequences and kl_rows must be >= 1, regression >= 0")
 
 
 @dataclass
@@ -146,17 +124,8 @@ def evaluate_eagle(draft: EagleDraft, to_logits, data: StateSequences, kl_rows: 
 
 def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) -> dict:
     """Generate (or reuse) on-policy sequences, train the draft (resumable), write `cfg.out`."""
-    from pcgtts.runtime.lm.torch_lm import TorchLM
-    from pcgtts.train.heads import on_policy_pairs
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    cfg.work_dir.mkdir(parents=True, exist_ok=True)
-    target = TorchLM.load(cfg.target, max_length=4096)
-    train_pairs, heldout_pairs = on_policy_pairs(target, cfg.sentences, cfg.sequences, cfg.heldout, cfg.temperature,
-                                                 cfg.max_tokens, cfg.seed, cfg.work_dir, generation_progress)
+    target, train_pairs, heldout_pairs = frozen_target_and_pairs(cfg, generation_progress)
     data, heldout = state_sequences(target, train_pairs), state_sequences(target, heldout_pairs)
-    target.model.requires_grad_(False)
     to_logits = target.model.logits
     draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
@@ -169,52 +138,17 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
         draft.fc.weight.zero_()
         draft.fc.weight[:, :d] = torch.eye(d)  # e_j = h_j at first
     before = evaluate_eagle(draft, to_logits, heldout)
-    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, weight_decay=0.0)
-    rng = random.Random(cfg.seed)
-    ckpt = cfg.work_dir / "eagle_checkpoint.pt"
-    losses = LossLog(cfg.work_dir / "eagle_loss.jsonl")
-    step = 0
-    if ckpt.is_file():
-        state = load_checkpoint(ckpt)
-        draft.load_state_dict(state["draft"])
-        opt.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"], rng)
-        step = state["step"]
-        losses.truncate(step)
-        log.info("resumed %s at step %d", ckpt, step)
-    (cfg.work_dir / "eagle_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
 
-    def checkpoint() -> None:
-        save_checkpoint(ckpt, {"draft": draft.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                               "rng": rng_state(rng)})
-
-    t_ckpt, window = time.monotonic(), []
-    while step < cfg.steps:
-        lr = cfg.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + torch.cos(torch.tensor(step / cfg.steps * torch.pi)).item())
-        for group in opt.param_groups:
-            group["lr"] = lr
+    def loss_step(rng: random.Random):
         index = [rng.randrange(len(data.states)) for _ in range(cfg.batch_sequences)]
         loss, figures = eagle_losses(draft, to_logits, data, index, cfg.kl_rows, cfg.regression, rng)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        step += 1
-        window.append(float(loss.detach()))
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            losses.append({"step": step, "loss": sum(window) / len(window), "lr": lr,
-                           "accept1": figures["accept"][0], "accept2": figures["accept"][1]})
-            window = []
-            if progress is not None:
-                progress(step, cfg.steps, losses.last("loss"))
-        if time.monotonic() - t_ckpt > cfg.checkpoint_minutes * 60:
-            checkpoint()
-            t_ckpt = time.monotonic()
-    checkpoint()
+        return loss, {"accept1": figures["accept"][0], "accept2": figures["accept"][1]}
+
+    step = fit(draft, loss_step, cfg, "eagle_", "EAGLE draft: KL to the target",
+               {"intermediate_size": draft.args.intermediate_size}, progress, clip=1.0)
     after = evaluate_eagle(draft, to_logits, heldout)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     draft.save(cfg.out)
-    losses.plot(cfg.work_dir / "eagle_loss.png", title="EAGLE draft: KL to the target")
     return {"draft": str(cfg.out), "steps": step, "train_sequences": len(data.states),
             "heldout_sequences": len(heldout.states),
             "accept_before": before["accept"], "accept_after": after["accept"],

@@ -24,12 +24,12 @@ one target is refused for another. A narrower MLP than the target's makes each p
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
 from pcgtts.runtime.lm.llama import Block, Llama, LlamaArgs, RMSNorm, rope_inv_freq
 
@@ -91,34 +91,15 @@ class EagleDraft(nn.Module):
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
         meta = {"format": FORMAT, "version": VERSION, "target_fingerprint": self.target_fingerprint,
                 "intermediate_size": str(self.args.intermediate_size)}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata=meta)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_output(path) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
         return path
 
     @classmethod
     def load(cls, path: str | Path, target: Llama, fingerprint: str | None = None) -> "EagleDraft":
         """Load a draft for `target` (its `Llama`); `fingerprint` (the target's) is checked when given."""
-        from safetensors import safe_open
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no EAGLE draft at {path} (train one with `pcgtts heads eagle`)")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as err:  # safetensors raises its own error types for damaged files
-            raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise ValueError(f"{path}: not a pcgtts EAGLE draft (format {meta.get('format')!r}, "
-                             f"version {meta.get('version')!r})")
+        tensors, meta = read_tagged_safetensors(path, FORMAT, VERSION, "EAGLE draft",
+                                                "train one with `pcgtts heads eagle`")
         stored = meta.get("target_fingerprint", "")
         if fingerprint is not None and stored and stored != fingerprint:
             raise ValueError(f"{path}: this draft was trained for another target "

@@ -18,13 +18,13 @@ Loading checks the fingerprint, so heads trained for one target are refused for 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
+
+from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
 HEADS_FILE = "mtp_heads.safetensors"
 TRANSITIONS_FILE = "transitions.pct"  # the code transition table (groups/transitions.py) for mtp-viterbi
@@ -66,35 +66,16 @@ class MTPHeads(nn.Module):
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
         meta = {"format": FORMAT, "version": VERSION, "num_heads": str(self.num_heads),
                 "hidden_size": str(self.hidden_size), "target_fingerprint": self.target_fingerprint}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata=meta)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_output(path) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
         return path
 
     @classmethod
     def load(cls, path: str | Path, *, fingerprint: str | None = None, hidden_size: int | None = None,
              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "MTPHeads":
         """Load a heads file; `fingerprint`/`hidden_size` (the target's) are checked when given."""
-        from safetensors import safe_open
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"no multi-token heads file at {path} (train them with `pcgtts heads train`)")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as err:  # safetensors raises its own error types for damaged files
-            raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-            raise ValueError(f"{path}: not a pcgtts multi-token heads file (format {meta.get('format')!r}, "
-                             f"version {meta.get('version')!r})")
+        tensors, meta = read_tagged_safetensors(path, FORMAT, VERSION, "multi-token heads file",
+                                                "train them with `pcgtts heads train`")
         k, d = int(meta["num_heads"]), int(meta["hidden_size"])
         if hidden_size is not None and d != hidden_size:
             raise ValueError(f"{path}: heads of hidden size {d} do not fit a target of hidden size {hidden_size}")
