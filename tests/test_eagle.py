@@ -228,3 +228,15 @@ def test_eagle_cli_end_to_end(tiny_models, tmp_path):
                    "--policy", "eagle-sd", "--max-tokens", "40", "--seed", "1", "--out", str(wav))
     assert done.returncode == 0, done.stderr[-2000:]
     assert sf.info(str(wav)).frames > 0
+
+
+def test_calibration_times_the_eagle_proposer(target, proposer):
+    """`calibrated_costs` measures an EAGLE proposer like a draft model: a target forward and a
+    proposal cost for 1..L+1 rows (timed after a target step), all positive and finite."""
+    from pcgtts.runtime.decode.calibrate import measure_proposer_costs
+
+    costs = measure_proposer_costs(target, proposer, 3, "sd", SamplingConfig())
+    assert len(costs.target_forward) == 4 and len(costs.draft_forward) == 4
+    assert all(c > 0 for c in costs.target_forward) and all(c > 0 for c in costs.draft_forward)
+    assert costs.sample > 0 and costs.rule > 0
+    assert proposer.length == 0  # the probes leave the draft's cache empty
