@@ -161,7 +161,7 @@ class EagleProposer:
         proposals = torch.empty(count, dtype=torch.long, device=states.device)
         probs = []
         for i in range(count):
-            logits = self.model.logits(f)
+            logits = self.model.logits(f.to(self.model.head.weight.dtype))
             if greedy:
                 proposals[i] = logits.argmax(-1)
             else:
