@@ -75,7 +75,7 @@ def sync_fn(device: str):
     return torch.cuda.synchronize if device.startswith("cuda") else None
 
 
-def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length):
+def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length, proposer=None):
     config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens,
                           sampling=SamplingConfig(temperature=0.8))
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -84,7 +84,7 @@ def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_
     if sync:
         sync()
     t0 = time.perf_counter()
-    n = sum(len(b) for b in decode(target, draft, prompt, config, gen, groups, stats))
+    n = sum(len(b) for b in decode(target, draft, prompt, config, gen, groups, stats, proposer=proposer))
     if sync:
         sync()
     return n, time.perf_counter() - t0, stats
@@ -121,6 +121,7 @@ def main() -> int:
     ap.add_argument("--draft-length", type=int, default=3)
     ap.add_argument("--theta", type=float, default=0.25, help="0.25 ~ radius-sqrt(2) lattice balls on these embeddings")
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
+    ap.add_argument("--eagle", help="an EAGLE draft for the target (eagle-* policies; torch backend)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")
     ap.add_argument("--backends", default="torch",
@@ -167,10 +168,19 @@ def main() -> int:
         else:
             target, draft = load_onnx_pair(target_dir, draft_dir, args.device)
         prompt = build_prompt(target.tokenizer, target.vocab, TEXT)
+        proposer = None
+        if args.eagle and backend.startswith("torch"):
+            from pcgtts.runtime.decode.multi_token import EagleProposer
+            from pcgtts.runtime.lm.eagle import EagleDraft
+
+            proposer = EagleProposer(EagleDraft.load(args.eagle, target.model, fingerprint=target.fingerprint), target)
         for policy in args.policies.split(","):
-            run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length)  # warm-up
+            if policy.startswith("eagle") and proposer is None:
+                continue  # the EAGLE draft reads the torch target's hidden states
+            run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length,
+                     proposer)  # warm-up
             results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
-                                args.draft_length) for seed in range(1, args.runs + 1)]
+                                args.draft_length, proposer) for seed in range(1, args.runs + 1)]
             n = sum(r[0] for r in results)
             secs = sum(r[1] for r in results)
             st = [r[2] for r in results]

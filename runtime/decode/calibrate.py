@@ -100,13 +100,22 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync)
     ids = target.vocab.restricted_to_token_ids(torch.zeros(1, dtype=torch.long, device=target.device))
 
-    def after_target_step(k: int) -> None:
-        target.rollback(0)
-        target.forward(ids)
-        proposer.probe(k)
+    def after_target_step(k: int) -> float:
+        """Median time of a proposal made right after a target step (the step itself not counted)."""
+        times = []
+        for _ in range(2 * repeats + 1):
+            target.rollback(0)
+            target.forward(ids)
+            if sync is not None:
+                sync()
+            t0 = time.perf_counter()
+            proposer.probe(k)
+            if sync is not None:
+                sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
 
-    draft_costs = tuple(max(_median_seconds(lambda: after_target_step(k), 2 * repeats + 1, sync) - target_costs[0], 0.0)
-                        + sample_cost for k in counts)
+    draft_costs = tuple(after_target_step(k) + sample_cost for k in counts)
     target.rollback(0)
     costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost)
     log.info("calibrated proposer costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
