@@ -55,9 +55,11 @@ def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="another target"):
         EagleDraft.load(path, target.model, fingerprint="0" * 64)
+    assert loaded.acceptance is None
     narrow = EagleDraft(target.model.args, target.fingerprint, intermediate_size=16)
+    narrow.acceptance = 0.625
     loaded = EagleDraft.load(narrow.save(tmp_path / "n.safetensors"), target.model)
-    assert loaded.block.mlp.up_proj.out_features == 16
+    assert loaded.block.mlp.up_proj.out_features == 16 and loaded.acceptance == 0.625
     (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a readable"):
         EagleDraft.load(tmp_path / "bad.safetensors", target.model)

@@ -147,6 +147,7 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     step = fit(draft, loss_step, cfg, "eagle_", "EAGLE draft: KL to the target",
                {"intermediate_size": draft.args.intermediate_size}, progress, clip=1.0)
     after = evaluate_eagle(draft, to_logits, heldout)
+    draft.acceptance = sum(after["accept"]) / len(after["accept"])
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     draft.save(cfg.out)
     return {"draft": str(cfg.out), "steps": step, "train_sequences": len(data.states),

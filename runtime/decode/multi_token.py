@@ -42,7 +42,7 @@ import torch
 
 from pcgtts.runtime.config import MTP_POLICIES, STATE_POLICIES
 from pcgtts.runtime.decode.calibrate import calibrated_costs
-from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
+from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 from pcgtts.runtime.decode.speculative import _room, _start, emitted
@@ -110,6 +110,7 @@ class EagleProposer:
     def __init__(self, draft, target):
         self.model = _state_model(target, "an EAGLE draft")
         self.draft, self.vocab, self.max_length = draft, target.vocab, target.max_length
+        self.acceptance = draft.acceptance  # the adaptive draft length's starting estimate (None: its default)
         attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, target.max_length, draft.args.head_dim)
         weight = draft.fc.weight
         attn.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
@@ -212,7 +213,9 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         if costs is None:  # the inexact rules' cost is close to SD's (one comparison per position)
             rule = "greedy" if sampling.greedy else ("pcg" if policy.endswith("-pcg") else "sd")
             costs = calibrated_costs(target, proposer, max_length, rule, sampling, groups, timer.sync)
-        length_policy = DraftLengthPolicy(costs, max_length)
+        prior = getattr(proposer, "acceptance", None)  # what the trainer measured, if it recorded it
+        counter = AcceptanceCounter(max_length, prior_rate=prior) if prior is not None else None
+        length_policy = DraftLengthPolicy(costs, max_length, counter=counter)
         stats.costs = costs.as_dict()
     _start(target, prompt_ids)
     proposer.start(target.length)

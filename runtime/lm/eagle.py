@@ -16,7 +16,9 @@ distribution keeps the SD and PCG rules exact, so this changes speed only, never
 File format: `eagle_draft.safetensors` next to the target checkpoint (or any path), tensors
 `fc.weight` [D, 2D], `block.*` (a `llama.Block`'s names), `norm.weight` [D], float16/bfloat16/float32,
 and safetensors metadata {"format": "pcgtts-eagle-draft", "version": "1", "target_fingerprint":
-<fingerprint of the target's speech embedding rows>, "intermediate_size": <the block's MLP width>};
+<fingerprint of the target's speech embedding rows>, "intermediate_size": <the block's MLP width>,
+optionally "acceptance": <held-out SD acceptance measured by the trainer, the adaptive draft
+length's starting estimate>};
 the block's other dimensions (heads, head size, RoPE) are the target's, and a draft trained for
 one target is refused for another. A narrower MLP than the target's makes each proposal cheaper.
 """
@@ -51,6 +53,7 @@ class EagleDraft(nn.Module):
         self.block = Block(self.args)
         self.norm = RMSNorm(d, args.rms_norm_eps)
         self.target_fingerprint = target_fingerprint
+        self.acceptance: float | None = None  # held-out SD acceptance recorded by the trainer
         self.register_buffer("inv_freq", rope_inv_freq(self.args), persistent=False)
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +94,8 @@ class EagleDraft(nn.Module):
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
         meta = {"format": FORMAT, "version": VERSION, "target_fingerprint": self.target_fingerprint,
                 "intermediate_size": str(self.args.intermediate_size)}
+        if self.acceptance is not None:
+            meta["acceptance"] = f"{self.acceptance:.4f}"
         with atomic_output(path) as tmp:
             save_file(tensors, str(tmp), metadata=meta)
         return path
@@ -105,6 +110,7 @@ class EagleDraft(nn.Module):
             raise ValueError(f"{path}: this draft was trained for another target "
                              f"(speech embeddings {stored[:12]}..., this target {fingerprint[:12]}...)")
         draft = cls(target.args, stored, int(meta.get("intermediate_size", target.args.intermediate_size)))
+        draft.acceptance = float(meta["acceptance"]) if "acceptance" in meta else None
         try:
             draft.load_state_dict(tensors)
         except RuntimeError as err:
