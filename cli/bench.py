@@ -105,9 +105,9 @@ def check_state_policies(policies, args) -> None:
     if not mtp:
         return
     from pcgtts.runtime.config import ModelPaths
-    from pcgtts.runtime.synthesizer import check_policy, heads_files
+    from pcgtts.runtime.synthesizer import check_policy, proposer_files
 
-    heads, transitions, eagle = heads_files(ModelPaths(target=args.target, heads=args.heads,
+    heads, transitions, eagle = proposer_files(ModelPaths(target=args.target, heads=args.heads,
                                                        transitions=args.transitions, eagle=args.eagle))
     for policy in mtp:
         check_policy(policy, draft=True, groups=True, heads=heads is not None, transitions=transitions is not None,

@@ -33,6 +33,7 @@ MTP_POLICIES = ("mtp-sd", "mtp-pcg", "mtp-strict", "mtp-topm", "mtp-threshold", 
 EAGLE_POLICIES = ("eagle-sd", "eagle-pcg")
 STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the target's hidden states
 POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
+PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -276,5 +277,5 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
     return out
 
 
-__all__ = ["POLICIES", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
+__all__ = ["POLICIES", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
            "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict"]

@@ -29,7 +29,7 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (EAGLE_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
+from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.speculative import DecodeStats, decode
@@ -275,7 +275,8 @@ class Synthesizer:
             table = GroupTable.load(models.groups, expect_vocab=target_lm.vocab,
                                     expect_fingerprint=target_lm.fingerprint)
             table = table.to_device(target_lm.device)
-        heads, eagle = _load_heads(models, target_lm), _load_eagle(models, target_lm)
+        heads_file, transitions_file, eagle_file = proposer_files(models)
+        heads, eagle = _load_heads(heads_file, transitions_file, target_lm), _load_eagle(eagle_file, target_lm)
         if is_exported_codec(models.codec):
             codec_model = OrtCodec(models.codec, force=force_export)
         else:
@@ -430,7 +431,7 @@ def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
         path = getattr(models, name)
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{name} file not found: {path}")
-    heads, transitions, eagle = heads_files(models)
+    heads, transitions, eagle = proposer_files(models)
     check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
                  heads=heads is not None, transitions=transitions is not None, eagle=eagle is not None)
     if policy in STATE_POLICIES and device.backend != "torch":
@@ -453,11 +454,11 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
             raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts heads transitions`)")
     elif policy != "ar" and not draft:
         raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
-    if policy in ("pcg", "mtp-pcg", "eagle-pcg") and not groups and not greedy:
+    if policy in PCG_POLICIES and not groups and not greedy:
         raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
 
 
-def heads_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path | None]:
+def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path | None]:
     """The heads, transition and EAGLE draft files in use: explicit paths, else found next to the target."""
     from pcgtts.runtime.lm.eagle import EAGLE_FILE
     from pcgtts.runtime.lm.heads import HEADS_FILE, TRANSITIONS_FILE
@@ -469,9 +470,8 @@ def heads_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path | No
     return found[0], found[1], found[2]
 
 
-def _load_heads(models: ModelPaths, target_lm):
+def _load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm):
     """The target's multi-token heads (with the transition table when there is one), or None."""
-    heads_file, transitions_file, _ = heads_files(models)
     if heads_file is None or not hasattr(target_lm, "forward_hidden"):
         return None
     from pcgtts.groups.transitions import TransitionTable
@@ -485,9 +485,8 @@ def _load_heads(models: ModelPaths, target_lm):
     return HeadProposer(heads, target_lm, transitions)
 
 
-def _load_eagle(models: ModelPaths, target_lm):
+def _load_eagle(eagle_file: Path | None, target_lm):
     """The target's EAGLE draft bound to it, or None."""
-    eagle_file = heads_files(models)[2]
     if eagle_file is None or not hasattr(target_lm, "forward_hidden"):
         return None
     from pcgtts.runtime.decode.multi_token import EagleProposer

@@ -29,10 +29,16 @@ log = logging.getLogger(__name__)
 _CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {draft -> {key -> costs}}
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] | None) -> float:
-    fn()  # warm-up
+def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None] | None,
+                    setup: Callable[[], object] | None = None) -> float:
+    """Median time of `fn` over `repeats` calls (after one warm-up), each after an untimed `setup`."""
     times = []
-    for _ in range(repeats):
+    for i in range(repeats + 1):
+        if setup is not None:
+            setup()
+        if i == 0:
+            fn()  # warm-up
+            continue
         if sync is not None:
             sync()
         t0 = time.perf_counter()
@@ -112,22 +118,12 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync)
     ids = target.vocab.restricted_to_token_ids(torch.zeros(1, dtype=torch.long, device=target.device))
 
-    def after_target_step(k: int) -> float:
-        """Median time of a proposal made right after a target step (the step itself not counted)."""
-        times = []
-        for _ in range(2 * repeats + 1):
-            target.rollback(0)
-            target.forward(ids)
-            if sync is not None:
-                sync()
-            t0 = time.perf_counter()
-            proposer.probe(k)
-            if sync is not None:
-                sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+    def target_step() -> None:  # untimed: it only puts the caches in the state the loop leaves them in
+        target.rollback(0)
+        target.forward(ids)
 
-    draft_costs = tuple(after_target_step(k) + sample_cost for k in counts)
+    draft_costs = tuple(_median_seconds(lambda: proposer.probe(k), 2 * repeats + 1, sync, setup=target_step)
+                        + sample_cost for k in counts)
     target.rollback(0)
     costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost)
     log.info("calibrated proposer costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())

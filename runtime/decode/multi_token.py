@@ -40,7 +40,7 @@ from typing import Iterator
 
 import torch
 
-from pcgtts.runtime.config import MTP_POLICIES, STATE_POLICIES
+from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
@@ -52,6 +52,8 @@ EXACT_STATE_POLICIES = ("mtp-sd", "mtp-pcg", "eagle-sd", "eagle-pcg")
 
 class HeadProposer:
     """The target's multi-token heads bound to its shared speech head (torch backend)."""
+
+    acceptance = None  # no measured acceptance recorded with the heads: the adaptive length's default prior
 
     def __init__(self, heads, target, transitions=None):
         model = _state_model(target, "multi-token heads")
@@ -115,8 +117,6 @@ class EagleProposer:
         weight = draft.fc.weight
         attn.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         attn.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-        slots = torch.arange(target.max_length, device=weight.device)
-        self.causal = slots[None, :] <= slots[:, None]
         self.first_slot, self.length = 0, 0
         self.pending_states, self.pending_tokens = [], []
 
@@ -132,7 +132,8 @@ class EagleProposer:
         positions = torch.arange(self.length, self.length + k, device=states.device)
         embeds = self.model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
         end = self.length + k
-        f = self.draft.features(states[None], embeds[None], positions, self.causal[positions, :end], end)
+        # the target's causal mask (the draft's slots never exceed the target's)
+        f = self.draft.features(states[None], embeds[None], positions, self.model.causal[positions, :end], end)
         self.length = end
         return f[0, -1]
 
@@ -158,12 +159,12 @@ class EagleProposer:
         chosen = torch.tensor(self.pending_tokens, device=states.device)
         self.pending_states, self.pending_tokens = [], []
         f = self._features(states, chosen)
-        sampling, greedy = config.sampling, config.sampling.greedy or policy not in EXACT_STATE_POLICIES
+        sampling = config.sampling
         proposals = torch.empty(count, dtype=torch.long, device=states.device)
         probs = []
         for i in range(count):
             logits = self.model.logits(f.to(self.model.head.weight.dtype))
-            if greedy:
+            if sampling.greedy:
                 proposals[i] = logits.argmax(-1)
             else:
                 probs.append(logits_to_probs(logits, sampling))
@@ -201,7 +202,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
                        groups, stats, timer, costs: StepCosts | None = None) -> Iterator[list[int]]:
     """Yield bursts of speech codes, as `speculative.decode`; `timer` is its `_Timer`."""
     policy, sampling, vocab = config.policy, config.sampling, target.vocab
-    if policy.endswith("-pcg") and groups is None and not sampling.greedy:
+    if policy in PCG_POLICIES and groups is None and not sampling.greedy:
         raise ValueError(f"policy {policy!r} needs a group table")
     if policy == "mtp-viterbi" and proposer.transitions is None:
         raise ValueError("policy 'mtp-viterbi' needs a transition table (`pcgtts heads transitions`)")
@@ -211,9 +212,9 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
     length_policy = None
     if config.adaptive_draft:
         if costs is None:  # the inexact rules' cost is close to SD's (one comparison per position)
-            rule = "greedy" if sampling.greedy else ("pcg" if policy.endswith("-pcg") else "sd")
+            rule = "greedy" if sampling.greedy else ("pcg" if policy in PCG_POLICIES else "sd")
             costs = calibrated_costs(target, proposer, max_length, rule, sampling, groups, timer.sync)
-        prior = getattr(proposer, "acceptance", None)  # what the trainer measured, if it recorded it
+        prior = proposer.acceptance  # what the trainer measured, if it recorded it
         counter = AcceptanceCounter(max_length, prior_rate=prior) if prior is not None else None
         length_policy = DraftLengthPolicy(costs, max_length, counter=counter)
         stats.costs = costs.as_dict()

@@ -33,7 +33,7 @@ from torch import nn
 
 from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
-from pcgtts.runtime.lm.llama import Block, Llama, LlamaArgs, RMSNorm, rope_inv_freq
+from pcgtts.runtime.lm.llama import Block, Llama, LlamaArgs, RMSNorm, rope_cos_sin, rope_inv_freq
 
 EAGLE_FILE = "eagle_draft.safetensors"
 FORMAT = "pcgtts-eagle-draft"
@@ -56,35 +56,22 @@ class EagleDraft(nn.Module):
         self.acceptance: float | None = None  # held-out SD acceptance recorded by the trainer
         self.register_buffer("inv_freq", rope_inv_freq(self.args), persistent=False)
 
-    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        dtype = self.fc.weight.dtype
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     def features(self, states: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
-                 mask: torch.Tensor, end: int | None) -> torch.Tensor:
+                 mask: torch.Tensor, end: int | None, cached: bool = True) -> torch.Tensor:
         """states, token_embeds: [B, T, D] -> predicted next states [B, T, D].
 
         Decoding (B = 1): `positions` [T] are this draft's cache slots, `mask` [T, S] and `end`
-        as in `Llama.hidden`. Training passes no cache (`end` ignored): see `train_features`."""
+        as in `Llama.hidden`. `cached=False`: no cache, the T rows attend among themselves
+        (`mask` [T, T]; `positions` only place RoPE): see `train_features`."""
         x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
-        cos, sin = self.rope(positions)
-        return self.norm(self.block(x, cos, sin, positions, mask, end))
+        cos, sin = rope_cos_sin(self.inv_freq, positions, self.fc.weight.dtype)
+        return self.norm(self.block(x, cos, sin, positions if cached else None, mask, end))
 
     def train_features(self, states: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
         """Whole sequences at once without a cache (training): [B, T, D] -> [B, T, D], causal."""
-        b, t, _ = states.shape
-        positions = torch.arange(t, device=states.device)
-        cos, sin = self.rope(positions)
-        attn = self.block.self_attn
-        x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
-        h = self.block.input_layernorm(x)
-        q, k, v = attn.project(h, cos, sin)
+        t = states.shape[1]
         causal = torch.ones(t, t, dtype=torch.bool, device=states.device).tril()
-        x = x + attn.attend(q, k, v, causal)
-        x = x + self.block.mlp(self.block.post_attention_layernorm(x))
-        return self.norm(x)
+        return self.features(states, token_embeds, torch.arange(t, device=states.device), causal, None, cached=False)
 
     def save(self, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
         """Write the draft atomically (temporary file, then rename)."""

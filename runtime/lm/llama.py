@@ -108,6 +108,13 @@ def rope_inv_freq(args: LlamaArgs) -> torch.Tensor:
     return torch.where(medium, blended, scaled).float()
 
 
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, head_dim] of `positions` [T] in Hugging Face's rotate-half layout."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -164,8 +171,11 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, positions, mask, end: int | None):
         # positions: [T] int64 cache slots of the new tokens; end: attend to slots [0, end)
-        # (None = the whole buffer, the fixed-shape form CUDA graphs need).
+        # (None = the whole buffer, the fixed-shape form CUDA graphs need). positions None: no
+        # cache, the T tokens attend among themselves (a whole sequence; mask [T, T]).
         q, k, v = self.project(x, cos, sin)
+        if positions is None:
+            return self.attend(q, k, v, mask)
         self.k_cache.index_copy_(2, positions, k.to(self.k_cache.dtype))
         self.v_cache.index_copy_(2, positions, v.to(self.v_cache.dtype))
         keys, values = (self.k_cache, self.v_cache) if end is None else (self.k_cache[:, :, :end], self.v_cache[:, :, :end])
@@ -241,10 +251,7 @@ class Llama(nn.Module):
         self.max_length = 0
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        dtype = self.embed_tokens.weight.dtype
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return rope_cos_sin(self.inv_freq, positions, self.embed_tokens.weight.dtype)
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
                last_only: bool = False) -> torch.Tensor:
