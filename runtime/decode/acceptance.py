@@ -73,8 +73,9 @@ def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, next_token
 
 
 def _row(probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """probs: [B, R, V], index: [B] -> probs[b, index[b]]: [B, V]."""
-    return probs[torch.arange(probs.shape[0], device=probs.device), index]
+    """probs: [B, R, V], index: [B] -> probs[b, index[b]]: [B, V] (whole rows copied, not gathered entry by entry)."""
+    b, r, v = probs.shape
+    return probs.reshape(b * r, v).index_select(0, index + r * torch.arange(b, device=probs.device))
 
 
 def verify_greedy(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> Verdict:
@@ -160,14 +161,17 @@ def _pick_group(view: _CoarseView, tokens: torch.Tensor, uniforms: torch.Tensor)
 
 
 def _members(view: _CoarseView, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fixed-width member lists of groups [...] -> (tokens [..., W], valid [..., W]); W = max group size."""
+    """Padded member lists of groups [...] -> (tokens [..., W], valid [..., W]). W is the table's
+    largest group size (a fixed shape: no host sync) except on a CPU, where a sync is free and W
+    is the largest of these groups (about half the table's maximum on the trained voice)."""
     t = view.table
     is_stop = group == view.stop_group
     g = group.clamp(max=t.num_groups - 1)
     start = t.group_offsets[g].long()
     size = t.group_offsets[g + 1].long() - start
     size = torch.where(is_stop, torch.ones_like(size), size)
-    slot = torch.arange(t.max_group_size, device=group.device)
+    width = int(size.max()) if group.device.type == "cpu" and group.numel() else t.max_group_size
+    slot = torch.arange(width, device=group.device)
     valid = slot < size[..., None]
     entry = (start[..., None] + slot).clamp_(max=t.group_members.numel() - 1)
     members = widen(t.group_members[entry])

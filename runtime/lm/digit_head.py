@@ -74,7 +74,14 @@ def find_digit_table(speech_rows: torch.Tensor, stop_row: torch.Tensor, levels: 
 
 def expand_digit_scores(scores: torch.Tensor, digits: int, levels: int = LEVELS) -> torch.Tensor:
     """Scores of a digit table [..., 1 + digits * levels + 1] -> restricted logits [..., levels**digits + 1]
-    (speech codes in index order, then stop)."""
-    base, stop = scores[..., :1], scores[..., -1:]
-    speech = digit_sums(scores[..., 1:-1].unflatten(-1, (digits, levels)))  # [..., L**n]
-    return torch.cat([speech + base, stop], dim=-1)
+    (speech codes in index order, then stop).
+
+    The code's index splits into a high and a low half of its digits: the sums over each half
+    (L**(n/2) values, base folded into the high half) are combined by one outer add, so a row
+    costs one pass over its 65,536 speech entries (a digit-by-digit expansion makes seven)."""
+    per_digit = scores[..., 1:-1].unflatten(-1, (digits, levels))
+    low = digits // 2
+    high_sums = digit_sums(per_digit[..., low:, :]) + scores[..., :1]  # [..., L**(n - low)]
+    low_sums = digit_sums(per_digit[..., :low, :]) if low > 1 else per_digit[..., 0, :]  # [..., L**low]
+    speech = (high_sums.unsqueeze(-1) + low_sums.unsqueeze(-2)).flatten(-2)  # index = high * L**low + low
+    return torch.cat([speech, scores[..., -1:]], dim=-1)

@@ -161,11 +161,9 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q: [B, heads, T, D]; k, v: [B, kv_heads, S, D]; mask: [T, S] bool (True = visible)."""
-        rep = self.args.num_heads // self.args.num_kv_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        # Query head h reads kv head h // (heads / kv_heads), without copying the cache per head.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             enable_gqa=self.args.num_heads != self.args.num_kv_heads)
         b, _, t, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
