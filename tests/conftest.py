@@ -209,3 +209,30 @@ def pair(model_size, request):
 @pytest.fixture(scope="module")
 def groups_file(model_size, request):
     return request.getfixturevalue(f"{model_size}_groups_file")
+
+
+@pytest.fixture(scope="session")
+def factorised_target(tiny_lms, tmp_path_factory):
+    """The tiny target with its (tied) speech rows replaced by digit sums: what a lab export looks like."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from pcgtts.runtime.lm.checkpoint import load_tokenizer
+    from pcgtts.runtime.lm.digit_head import code_digits, digit_count
+    from pcgtts.runtime.text.vocab import SpeechVocab
+
+    out = tmp_path_factory.mktemp("digit") / "target"
+    shutil.copytree(tiny_lms["target"], out)
+    vocab = SpeechVocab.from_tokenizer(load_tokenizer(out))
+    n = digit_count(vocab.num_speech)
+    state = load_file(str(out / "model.safetensors"))
+    emb = state["model.embed_tokens.weight"]
+    gen = torch.Generator().manual_seed(2)
+    digit_rows = torch.randn(n, 4, emb.shape[1], generator=gen) * float(emb.std()) / n ** 0.5
+    codes = torch.arange(vocab.num_speech)
+    emb[vocab.speech_offset:vocab.speech_offset + vocab.num_speech] = digit_rows[torch.arange(n), code_digits(codes, n)].sum(-2)
+    assert "lm_head.weight" not in state  # tied: the head is these rows
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out

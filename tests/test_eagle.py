@@ -128,14 +128,23 @@ def test_adaptive_eagle_with_a_useless_draft_stays_within_five_percent_of_ar(tar
     assert counted_seconds(costs, fixed.length_counts, 0) / fixed.emitted > 1.05 * costs.ar_step
 
 
-@pytest.mark.slow  # 3,000 decodes
-def test_eagle_sd_is_exact_in_distribution(target, proposer, prompt):
+@pytest.mark.slow  # 3,000 decodes per case
+@pytest.mark.parametrize("head", ["rows", "digits"])
+def test_eagle_sd_is_exact_in_distribution(head, target, proposer, prompt, factorised_target):
     """The marginal of the 3rd generated code (proposed at draft position 2 after a proposal at
     position 1, both by the draft from its own state) under eagle-sd equals plain AR sampling's.
     Two-sample chi-square over the 8 most frequent codes + the rest pooled, 1,500 runs each, at
-    significance 1e-3: false-alarm rate 0.1 % (seeds fixed: deterministic)."""
+    significance 1e-3: false-alarm rate 0.1 % per case (seeds fixed: deterministic). "digits": a
+    digit-factorised target, whose proposals are sampled digit by digit."""
     from scipy.stats import chi2_contingency
 
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    if head == "digits":
+        target = TorchLM.load(factorised_target, max_length=256)
+        assert target.model.samples_digits
+        proposer = EagleProposer(random_draft(target), target)
+        prompt = build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
     short = prompt[-6:]
 
     def third(policy):

@@ -46,6 +46,7 @@ from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolic
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 from pcgtts.runtime.decode.speculative import _room, _start, emitted
+from pcgtts.runtime.lm.digit_head import sample_digit_codes
 
 EXACT_STATE_POLICIES = ("mtp-sd", "mtp-pcg", "eagle-sd", "eagle-pcg")
 
@@ -159,19 +160,29 @@ class EagleProposer:
         chosen = torch.tensor(self.pending_tokens, device=states.device)
         self.pending_states, self.pending_tokens = [], []
         f = self._features(states, chosen)
-        sampling = config.sampling
+        sampling, model = config.sampling, self.model
+        # A digit head at plain temperature is sampled digit by digit; the rules' rows are then
+        # expanded once for all proposals, after the loop.
+        by_digits = model.samples_digits and not sampling.greedy and sampling.top_p == 1.0
         proposals = torch.empty(count, dtype=torch.long, device=states.device)
-        probs = []
+        rows = []  # head scores (by_digits) or distributions, one per proposal
         for i in range(count):
-            logits = self.model.logits(f.to(self.model.head.weight.dtype))
-            if sampling.greedy:
-                proposals[i] = logits.argmax(-1)
+            scores = model.head_scores(f.to(model.head.weight.dtype))
+            if by_digits:
+                rows.append(scores)
+                uniforms = torch.rand(model.digits + 1, generator=generator, device=scores.device)
+                proposals[i] = sample_digit_codes(scores, model.digits, sampling.temperature, uniforms)
+            elif sampling.greedy:
+                proposals[i] = model.scores_to_logits(scores).argmax(-1)
             else:
-                probs.append(logits_to_probs(logits, sampling))
-                proposals[i] = sample(probs[-1], generator)
+                rows.append(logits_to_probs(model.scores_to_logits(scores), sampling))
+                proposals[i] = sample(rows[-1], generator)
             if i < count - 1:
                 f = self._features(f[None], proposals[i:i + 1])
-        return proposals, (torch.stack(probs) if probs else None)
+        if not rows:
+            return proposals, None
+        rows = torch.stack(rows)
+        return proposals, (logits_to_probs(model.scores_to_logits(rows), sampling) if by_digits else rows)
 
 
 def _state_model(target, what: str):

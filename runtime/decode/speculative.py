@@ -33,6 +33,7 @@ from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
 from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
+from pcgtts.runtime.lm.digit_head import sample_digit_codes
 
 
 @dataclass
@@ -134,6 +135,9 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
     _start(lm, prompt_ids)
     last = prompt_ids[-1:].to(lm.device)
     field_name = "time_target" if who == "target" else "time_draft"
+    sampling = config.sampling
+    plain = not sampling.greedy and sampling.top_p == 1.0
+    digits = getattr(lm, "sample_digits", 0) if plain else 0
     while True:
         if stats.emitted >= config.max_new_tokens:
             stats.finish = "max_tokens"
@@ -142,9 +146,15 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
             stats.finish = "cache_full"
             return
         t0 = time.perf_counter()
-        logits = lm.forward(last)[-1]
-        t0 = timer(field_name, t0)
-        token = sample(logits_to_probs(logits, config.sampling), generator)
+        if digits:  # plain temperature on a digit head: no 65,537-wide row at all
+            scores = lm.forward_scores(last)[-1]
+            t0 = timer(field_name, t0)
+            uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
+            token = sample_digit_codes(scores, digits, sampling.temperature, uniforms)
+        else:
+            logits = lm.forward(last)[-1]
+            t0 = timer(field_name, t0)
+            token = sample(logits_to_probs(logits, sampling), generator)
         index = int(token)  # the step's one host sync
         stats.trace.append((timer("time_verify", t0), 1))
         stats.steps += 1

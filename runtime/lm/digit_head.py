@@ -85,3 +85,21 @@ def expand_digit_scores(scores: torch.Tensor, digits: int, levels: int = LEVELS)
     low_sums = digit_sums(per_digit[..., :low, :]) if low > 1 else per_digit[..., 0, :]  # [..., L**low]
     speech = (high_sums.unsqueeze(-1) + low_sums.unsqueeze(-2)).flatten(-2)  # index = high * L**low + low
     return torch.cat([speech, scores[..., -1:]], dim=-1)
+
+
+def sample_digit_codes(scores: torch.Tensor, digits: int, temperature: float, uniforms: torch.Tensor,
+                       levels: int = LEVELS) -> torch.Tensor:
+    """Draws from softmax(expand_digit_scores(scores) / temperature) without expanding: the
+    speech part of that distribution is a product of independent per-digit softmaxes, so a draw
+    is one stop-or-speech coin and one 4-way draw per digit (exact; top-p needs the expanded row).
+
+    scores: [..., 1 + digits * levels + 1]; uniforms: [..., digits + 1] in [0, 1) (the coin first)
+    -> restricted indices [...] (levels**digits is the stop token)."""
+    z = scores.float() / temperature
+    per_digit = z[..., 1:-1].unflatten(-1, (digits, levels))  # [..., n, L]
+    speech_mass = z[..., 0] + per_digit.logsumexp(-1).sum(-1)  # log of the summed exp over all codes
+    p_stop = torch.sigmoid(z[..., -1] - speech_mass)
+    cdf = per_digit.softmax(-1).cumsum(-1)  # [..., n, L]
+    digit = (cdf <= uniforms[..., 1:, None] * cdf[..., -1:]).sum(-1).clamp_(max=levels - 1)  # inverse CDF
+    code = (digit * levels ** torch.arange(digits, device=scores.device)).sum(-1)
+    return torch.where(uniforms[..., 0] < p_stop, torch.full_like(code, levels ** digits), code)

@@ -273,18 +273,30 @@ class Llama(nn.Module):
         keep = torch.zeros(restricted_size, dtype=torch.bool, device=self.head_index.device)
         self.head_excluded = (~keep.index_fill_(0, self.head_index, True)).nonzero().view(-1)
 
+    @property
+    def samples_digits(self) -> bool:
+        """Whether the head's scores can be sampled digit by digit (`digit_head.sample_digit_codes`)."""
+        return bool(self.digits) and self.head_index is None
+
+    def head_scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., D] -> the head's float32 scores: the logits, or a digit table's 34 scores per row."""
+        return self.head(hidden).float()
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., D] -> float32 restricted-vocabulary logits [..., V_r]."""
-        logits = self.head(hidden).float()
+        return self.scores_to_logits(self.head_scores(hidden))
+
+    def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
+        """`head_scores` -> restricted-vocabulary logits [..., V_r]."""
         if self.digits:
-            logits = expand_digit_scores(logits, self.digits)
+            logits = expand_digit_scores(scores, self.digits)
             if self.head_index is not None:  # a used-codes subset of a digit head: mask the rest
                 logits = logits.index_fill(-1, self.head_excluded, float("-inf"))
             return logits
         if self.head_index is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.restricted_size), float("-inf"))
-        return full.index_copy_(-1, self.head_index, logits)
+            return scores
+        full = scores.new_full((*scores.shape[:-1], self.restricted_size), float("-inf"))
+        return full.index_copy_(-1, self.head_index, scores)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
                 last_only: bool = False) -> torch.Tensor:

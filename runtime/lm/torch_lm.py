@@ -68,17 +68,33 @@ class TorchLM(SequenceMixin):
         self.length += n
         return out
 
-    @torch.inference_mode()
-    def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Like `forward`, also returning the final-normed hidden states that multi-token heads
-        read: ids [T] -> (logits [T, V_r], hidden [T, D]). Eager (no CUDA graph)."""
+    def _hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """Eager forward of ids [T] -> final-normed hidden states [T, D]."""
         ids = ids.to(self.device).view(1, -1)
         n = ids.shape[1]
         check_fits(self.length, n, self.max_length)
         positions = torch.arange(self.length, self.length + n, device=self.device)
         hidden = self.model.hidden(ids, positions, end=self.length + n)[0]
         self.length += n
+        return hidden
+
+    @torch.inference_mode()
+    def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like `forward`, also returning the final-normed hidden states that multi-token heads
+        read: ids [T] -> (logits [T, V_r], hidden [T, D]). Eager (no CUDA graph)."""
+        hidden = self._hidden(ids)
         return self.model.logits(hidden), hidden
+
+    @property
+    def sample_digits(self) -> int:
+        """n > 0 when a step's token can be drawn digit by digit from `forward_scores`
+        (`digit_head.sample_digit_codes`): a digit head without a used-codes mask, stepped eagerly."""
+        return self.model.digits if self.model.samples_digits and not self._graphs else 0
+
+    @torch.inference_mode()
+    def forward_scores(self, ids: torch.Tensor) -> torch.Tensor:
+        """Like `forward`, but the head's raw scores [T, 1 + 4 * digits + 1] (eager)."""
+        return self.model.head_scores(self._hidden(ids))
 
     @property
     def fingerprint(self) -> str:
