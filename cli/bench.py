@@ -174,23 +174,25 @@ def _bench(args) -> int:
         args.theta = (args.theta or []) + [theta_for_mean_size(rows, m, sizing["top_k"]) for m in args.mean_size]
         todo = cases(argparse.Namespace(**{**vars(args), "policy": policies}))
 
-    summaries, utterances = [], []
+    synths = [case_synthesizer(base, case, lambda theta: group_table(models["target"], base.target, theta, **sizing))
+              for case in todo]
+    records: list[list[dict]] = [[] for _ in todo]
     total = len(todo) * (args.warmup + args.runs * len(texts))
     with tqdm(total=total, desc="bench", unit="utt", file=sys.stderr) as bar:
-        for case in todo:
-            synth = case_synthesizer(base, case, lambda theta: group_table(models["target"], base.target, theta, **sizing))
-            records = []
+        for case, synth in zip(todo, synths):
             for i in range(args.warmup):
                 measure(synth, texts[i % len(texts)], case_config(base.config, case, args.seed, max_tokens), args.speed)
                 bar.update()
-            for run in range(args.runs):
-                for j, text in enumerate(texts):
+        # Interleaved: each utterance is run by every case in turn, so a machine that slows down
+        # or speeds up mid-run moves every case alike and the ratios stay paired.
+        for run in range(args.runs):
+            for j, text in enumerate(texts):
+                for case, synth, kept in zip(todo, synths, records):
                     config = case_config(base.config, case, args.seed + 1000 * run + j, max_tokens)
-                    record = measure(synth, text, config, args.speed)
-                    records.append({"case": case.label, "run": run, **record})
+                    kept.append({"case": case.label, "run": run, **measure(synth, text, config, args.speed)})
                     bar.update()
-            summaries.append(summarize(case, records))
-            utterances += records
+    summaries = [summarize(case, kept) for case, kept in zip(todo, records)]
+    utterances = [record for kept in records for record in kept]
     add_speedups(summaries)
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),

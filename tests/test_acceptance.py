@@ -14,6 +14,7 @@ import torch
 from scipy.stats import chisquare
 
 from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance import PLACEHOLDER, draw_uniforms, verify
 
 ALPHA = 1e-4
@@ -112,8 +113,9 @@ def test_pcg_emits_the_coarse_target_distribution():
     assert all(t in members[k] for t, k in pairs)
 
 
-def test_pcg_exact_fallback_is_exact():
-    """One thinning trial with a small residual forces the exact all-groups fallback often."""
+def test_pcg_exact_fallback_is_exact(monkeypatch):
+    """One thinning trial, no extra rounds and a small residual force the exact all-groups fallback often."""
+    monkeypatch.setattr(acceptance, "_THINNING_ROUNDS", 0)
     draft, target = distributions(6, sharp=0.5)
     gen = torch.Generator().manual_seed(7)
     n = 60_000
@@ -124,6 +126,39 @@ def test_pcg_exact_fallback_is_exact():
     q_c, p_c = coarse(target), coarse(draft)
     residual = (q_c - p_c).clamp_min(0)
     assert_fits(torch.bincount(verdict.groups[rejected, 0], minlength=len(q_c)), residual, q_c)
+
+
+@pytest.mark.parametrize("trials", [16, 1])
+def test_pcg_recovered_token_follows_the_target_within_its_group(trials, monkeypatch):
+    """On a rejection the emitted (group K, token t) pair has probability
+    R(K) * (target(t) / N(t)) / Q_c(K), R the normalised residual [Q_c - P_c]_+: chi-square over
+    every (K, t) pair at significance 1e-4, with the power check against a uniform pick within K.
+    trials=16: the kept thinning candidate's token is emitted; trials=1 with uniforms near 1
+    and no extra thinning rounds, most rejected rows fall back to the exact all-groups residual
+    and sample the token from the group."""
+    if trials == 1:
+        monkeypatch.setattr(acceptance, "_THINNING_ROUNDS", 0)
+    draft, target = distributions(10, sharp=0.5 if trials == 1 else 1.5)
+    gen = torch.Generator().manual_seed(11)
+    tokens, dprobs, tprobs = batch(draft, target, N, 1, gen)
+    uniforms = torch.ones(N, 1) - 1e-7 if trials == 1 else draw_uniforms(N, 1, gen, "cpu")
+    verdict = verify("pcg", tokens, dprobs, tprobs, uniforms, gen, groups=table(), thinning_trials=trials)
+    rejected = verdict.num_accepted == 0
+    q_c, p_c = coarse(target), coarse(draft)
+    residual = (q_c - p_c).clamp_min(0)
+    residual = residual / residual.sum()
+    n = torch.zeros(V)
+    for members in GROUPS:
+        n[members] += 1
+    n[8] = 1
+    pairs = [(k, t) for k, members in enumerate(GROUPS + [[8]]) for t in members]
+    index = {pair: i for i, pair in enumerate(pairs)}
+    got = torch.tensor([index[(k, t)] for t, k in zip(verdict.tokens[rejected, 0].tolist(),
+                                                      verdict.groups[rejected, 0].tolist())])
+    members_of = GROUPS + [[8]]
+    expected = torch.tensor([float(residual[k] * target[t] / n[t] / q_c[k]) for k, t in pairs])
+    uniform = torch.tensor([float(residual[k] / len(members_of[k])) for k, t in pairs])
+    assert_fits(torch.bincount(got, minlength=len(pairs)), expected, uniform)
 
 
 def test_pcg_with_singleton_groups_is_sd_in_distribution():

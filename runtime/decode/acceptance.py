@@ -21,7 +21,8 @@ Rules (all over the restricted vocabulary of runtime/text/vocab.py, stop token =
           target. For draft token x pick K uniformly from S(x) (so K ~ P_c), accept with
           min(1, Q_c(K)/P_c(K)) keeping x; on rejection sample K from the residual
           [Q_c - P_c]_+ (thinning, with an exact fallback) and emit t in G_K with probability
-          proportional to target(t)/N(t). The emitted group is distributed exactly as Q_c.
+          proportional to target(t)/N(t): the kept thinning candidate's own token is such a t
+          (see `_recover`). The emitted group is distributed exactly as Q_c.
           The stop token is its own singleton group, id = groups.num_groups.
   top-M   (multi-token heads, Speech-LLaMA) accept while a proposal is among the target's M
           best tokens (M = 1: strict), then sample from the target. Not exact.
@@ -210,51 +211,60 @@ def _all_coarse_masses(view: _CoarseView, probs: torch.Tensor) -> torch.Tensor:
     return torch.cat([masses, scaled[:, -1:]], dim=1)
 
 
-def _residual_groups(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor, target_cdf: torch.Tensor,
-                     y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Sample K ~ [Q_c - P_c]_+ (normalised) for each row. draft_row, target_row: [B, V];
-    target_cdf: cdf_of(target_row); y: [B, T] independent draws from it (thinning candidates) -> [B].
+def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor, target_cdf: torch.Tensor,
+             y: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recovered group K ~ [Q_c - P_c]_+ (normalised) and its token t in G_K ~ target(t)/N(t),
+    for each row. draft_row, target_row: [B, V]; target_cdf: cdf_of(target_row); y: [B, T]
+    independent draws from it (thinning candidates) -> (groups [B], tokens [B]).
 
-    Thinning: draw y ~ target and K ~ uniform S(y), so K ~ Q_c; keep K with probability
-    1 - P_c(K)/Q_c(K). `trials` candidates are drawn at once and the first kept one wins; a
-    kept candidate is an exact residual sample, and when none is kept the residual is sampled
-    exactly from all groups' masses. That fallback is a sparse mat-vec: cheap on a GPU, so
-    there it is always computed and selected with `where` (no host sync); on a CPU a sync is
-    free and it is computed only for the rows that need it.
+    Thinning: draw y ~ target and K ~ uniform S(y), so (y, K) has probability target(y)/N(y) for
+    y in G_K and K ~ Q_c; keep the pair with probability 1 - P_c(K)/Q_c(K). That factor depends
+    on K alone, so a kept pair is exact twice over: K follows the residual and, given K, y follows
+    target(t)/N(t) on G_K, which is the token PCG emits. `trials` candidates are drawn at once
+    and the first kept one wins; when none is kept the residual is sampled exactly from all
+    groups' masses and the token from the group. That fallback is a sparse mat-vec: cheap on a
+    GPU, so there it is always computed and selected with `where` (no host sync); on a CPU a sync
+    is free and it is computed only for the rows that need it.
     """
     (b, trials), device = y.shape, draft_row.device
 
-    def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         count = candidates_y.shape[1]
         cand = _pick_group(view, candidates_y, torch.rand(b, count, generator=generator, device=device))  # [B, T]
         p_c, q_c = _coarse_masses(view, draft_row, target_row, cand)
         keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
         kept = torch.rand(b, count, generator=generator, device=device) < keep_prob
-        return kept.any(-1), cand.gather(1, kept.long().argmax(-1)[:, None]).squeeze(1)
+        first = kept.long().argmax(-1)[:, None]
+        return kept.any(-1), cand.gather(1, first).squeeze(1), candidates_y.gather(1, first).squeeze(1)
 
-    any_kept, chosen = thin(y)
+    def exact(rows_draft: torch.Tensor, rows_target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        group = _exact_residual_group(view, rows_draft, rows_target, generator)
+        return group, _token_in_group(view, rows_target, group, generator)
+
+    any_kept, group, token = thin(y)
     if device.type != "cpu":
         # Sync-free: the exact residual over all groups is a cheap sparse mat-vec on a GPU.
-        return torch.where(any_kept, chosen, _exact_residual_group(view, draft_row, target_row, generator))
+        exact_group, exact_token = exact(draft_row, target_row)
+        return torch.where(any_kept, group, exact_group), torch.where(any_kept, token, exact_token)
     # On a CPU syncs are free but the mat-vec is not (millions of entries). A rejection happens
     # with probability TV(P_c, Q_c) and each trial succeeds with probability ~TV, so repeating
     # thinning costs O(1) batches in expectation; the exact mat-vec is the rare last resort.
     for round_ in range(_THINNING_ROUNDS):
         if bool(any_kept.all()):
-            return chosen
+            return group, token
         # Each round draws twice the trials of the last: the per-round cost is mostly fixed
         # (a few dozen small ops), so few, growing rounds beat many small ones.
         more = trials << (round_ + 1)
         more_y = draw(target_cdf, torch.rand(b, more, generator=generator, device=device))
-        kept_now, chosen_now = thin(more_y)
-        chosen = torch.where(any_kept, chosen, chosen_now)
+        kept_now, group_now, token_now = thin(more_y)
+        group, token = torch.where(any_kept, group, group_now), torch.where(any_kept, token, token_now)
         any_kept = any_kept | kept_now
     if bool(any_kept.all()):
-        return chosen
+        return group, token
     rows = (~any_kept).nonzero().squeeze(1)
-    chosen = chosen.clone()
-    chosen[rows] = _exact_residual_group(view, draft_row[rows], target_row[rows], generator)
-    return chosen
+    group, token = group.clone(), token.clone()
+    group[rows], token[rows] = exact(draft_row[rows], target_row[rows])
+    return group, token
 
 
 def _exact_residual_group(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor,
@@ -299,23 +309,18 @@ def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pro
     rows = _rejected_rows(all_accepted)
     if rows is None:  # sync-free: every row computes the residual, `where` keeps the rejected ones
         draft_row = _row(draft_probs, n.clamp(max=l - 1))
-        residual_group = _residual_groups(view, draft_row, target_row, target_cdf, draws[:, 1:], generator)
-        recovered = _token_in_group(view, target_row, residual_group, generator)
+        residual_group, recovered = _recover(view, draft_row, target_row, target_cdf, draws[:, 1:], generator)
         next_token = torch.where(all_accepted, bonus, recovered)
         next_group = torch.where(all_accepted, torch.full_like(residual_group, PLACEHOLDER), residual_group)
     else:  # CPU: the residual only where a proposal was rejected
         next_token, next_group = bonus, torch.full_like(bonus, PLACEHOLDER)
         if rows.numel() == b:  # every row rejected (always, at B = 1): no row copies
-            residual_group = _residual_groups(view, _row(draft_probs, n), target_row, target_cdf, draws[:, 1:],
+            next_group, next_token = _recover(view, _row(draft_probs, n), target_row, target_cdf, draws[:, 1:],
                                               generator)
-            next_token, next_group = _token_in_group(view, target_row, residual_group, generator), residual_group
         elif rows.numel():
             next_token, next_group = bonus.clone(), next_group.clone()
-            rejected_target = target_row[rows]
-            residual_group = _residual_groups(view, draft_probs[rows, n[rows]], rejected_target, target_cdf[rows],
-                                              draws[rows, 1:], generator)
-            next_group[rows] = residual_group
-            next_token[rows] = _token_in_group(view, rejected_target, residual_group, generator)
+            next_group[rows], next_token[rows] = _recover(view, draft_probs[rows, n[rows]], target_row[rows],
+                                                          target_cdf[rows], draws[rows, 1:], generator)
     tokens = _assemble(draft_tokens, n, next_token)
     group_ids = _assemble(proposed, n, next_group)
     return Verdict(tokens, n, group_ids)
