@@ -131,11 +131,13 @@ class AcceptanceCounter:
             self.tried[i] += 1.0
             self.accepted[i] += float(i < num_accepted)
 
-    def rates(self) -> list[float]:
+    def rates(self, optimism: float = 0.0) -> list[float]:
+        """Per-position estimates; `optimism` z > 0 adds z standard errors to each (an upper
+        confidence bound: what the evidence does not yet rule out)."""
         out, prior = [], self.prior_rate
         for tried, accepted in zip(self.tried, self.accepted):
             prior = (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
-            out.append(prior)
+            out.append(min(1.0, prior + optimism * math.sqrt(prior * (1 - prior) / (tried + self.prior_weight))))
         return out
 
 
@@ -156,20 +158,27 @@ class DraftLengthPolicy:
     (a rejected L = 1 step plus the draft's catch-up on the skipped tokens, minus the AR step
     it replaces) stays within `probe_budget` of AR's cost per token; None (no probes: the
     utterance stays on AR) when even the longest interval would cost more, which happens
-    when the draft's per-token catch-up alone exceeds the budget. Deterministic given the
-    costs and the verdicts, so a seeded run is reproducible given the same costs.
+    when the draft's per-token catch-up alone exceeds the budget. Hysteresis: speculation is
+    switched on when the point estimates say it wins, but switched off only when it loses even
+    with every rate raised by `optimism` standard errors (so noise near the break-even point
+    does not park the utterance on AR between rare probes). Deterministic given the costs and
+    the verdicts, so a seeded run is reproducible given the same costs.
     """
 
     MAX_PROBE_INTERVAL = 1024
 
     def __init__(self, costs: StepCosts, max_length: int, probe_budget: float = 0.02,
-                 counter: AcceptanceCounter | None = None):
+                 counter: AcceptanceCounter | None = None, optimism: float = 1.0):
         if not 0 < probe_budget < 1:
             raise ValueError(f"probe_budget must lie in (0, 1), got {probe_budget}")
+        if optimism < 0:
+            raise ValueError(f"optimism must be >= 0, got {optimism}")
         self.costs, self.max_length = costs, max_length
         self.counter = counter or AcceptanceCounter(max_length)
         self.probe_interval = self._probe_interval(probe_budget)
+        self.optimism = optimism
         self._ar_run = 0
+        self._speculating = False  # whether the last step speculated (a probe included)
 
     def _probe_interval(self, budget: float) -> int | None:
         ar = self.costs.ar_step
@@ -180,7 +189,16 @@ class DraftLengthPolicy:
         return None
 
     def choose(self) -> int:
-        length = best_length(self.costs, self.counter.rates(), self.max_length)
+        rates = self.counter.rates()
+        length = best_length(self.costs, rates, self.max_length)
+        if length == 0 and self._speculating and best_length(self.costs, self.counter.rates(self.optimism),
+                                                             self.max_length) > 0:
+            # Speculating, and the evidence does not yet show that it loses: stay on, at the
+            # best L >= 1. (A dip of the estimate would otherwise switch it off, and while off
+            # only the rare probes can switch it back on.)
+            per_length = predict(self.costs, rates, self.max_length)
+            length = max(range(1, self.max_length + 1), key=lambda n: (per_length[n], -n))
+        self._speculating = length > 0
         if length > 0:
             self._ar_run = 0
             return length
