@@ -150,6 +150,22 @@ def counted_seconds(costs: StepCosts, length_counts: Sequence[int], catchup_toke
     return steps + costs.catch_up(catchup_tokens)
 
 
+def _moved(costs: StepCosts, length: int, seconds: dict[str, float], rate: float) -> StepCosts:
+    """`costs` with the parts `seconds` measured for one step of draft length `length` moved by `rate`."""
+    def toward(old: float, new: float | None) -> float:
+        return old if new is None or not math.isfinite(new) or new < 0 else old + rate * (new - old)
+
+    target = list(costs.target_forward)
+    if length < len(target) and seconds.get("time_target"):
+        target[length] = toward(target[length], seconds["time_target"])
+    if length == 0:
+        return StepCosts(target, costs.draft_forward, costs.rule, toward(costs.sample, seconds.get("time_verify")))
+    draft = list(costs.draft_forward)
+    if seconds.get("time_draft"):
+        draft[0] = toward(draft[0], seconds["time_draft"] / length)
+    return StepCosts(target, draft, toward(costs.rule, seconds.get("time_verify")), costs.sample)
+
+
 class DraftLengthPolicy:
     """Chooses L per step from the cost model; L = 0 (plain AR) when speculation cannot win.
 
@@ -166,19 +182,21 @@ class DraftLengthPolicy:
     """
 
     MAX_PROBE_INTERVAL = 1024
+    LEARNING_RATE = 0.1  # weight of one measured step in the running cost estimates
 
     def __init__(self, costs: StepCosts, max_length: int, probe_budget: float = 0.02,
-                 counter: AcceptanceCounter | None = None, optimism: float = 1.0):
+                 counter: AcceptanceCounter | None = None, optimism: float = 1.0, learn: bool = True):
         if not 0 < probe_budget < 1:
             raise ValueError(f"probe_budget must lie in (0, 1), got {probe_budget}")
         if optimism < 0:
             raise ValueError(f"optimism must be >= 0, got {optimism}")
         self.costs, self.max_length = costs, max_length
         self.counter = counter or AcceptanceCounter(max_length)
+        self.probe_budget, self.optimism, self.learn = probe_budget, optimism, learn
         self.probe_interval = self._probe_interval(probe_budget)
-        self.optimism = optimism
         self._ar_run = 0
         self._speculating = False  # whether the last step speculated (a probe included)
+        self._probing = False  # whether it was a probe
 
     def _probe_interval(self, budget: float) -> int | None:
         ar = self.costs.ar_step
@@ -204,10 +222,21 @@ class DraftLengthPolicy:
             return length
         self._ar_run += 1
         if self.probe_interval is not None and self._ar_run > self.probe_interval:
-            self._ar_run = 0
+            self._ar_run, self._probing = 0, True
             return 1
         return 0
 
-    def record(self, length: int, num_accepted: int) -> None:
+    def record(self, length: int, num_accepted: int, seconds: dict[str, float] | None = None) -> None:
+        """A finished step of draft length `length`; `seconds` (optional) are its measured parts,
+        as the decode loop times them: "time_draft" (all its proposals), "time_target" (the
+        target's forward of length + 1 tokens) and "time_verify" (the rule, or the AR sample).
+        With `learn`, each moves the cost it measures by `LEARNING_RATE` toward the measurement,
+        so costs calibrated on a quiet machine follow what the steps really cost inside the loop
+        (where the codec and the other model evict each other's weights from the caches)."""
         if length > 0:
             self.counter.update(length, num_accepted)
+        if seconds and self.learn:
+            self.costs = _moved(self.costs, length, seconds, self.LEARNING_RATE)
+            if self._probing:  # what a probe costs changed: so does how often to afford one
+                self.probe_interval = self._probe_interval(self.probe_budget)
+        self._probing = False

@@ -222,12 +222,13 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
     stats.length_counts = [0] * (max_length + 1)
     length_policy = None
     if config.adaptive_draft:
+        learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
         if costs is None:  # the inexact rules' cost is close to SD's (one comparison per position)
             rule = "greedy" if sampling.greedy else ("pcg" if policy in PCG_POLICIES else "sd")
             costs = calibrated_costs(target, proposer, max_length, rule, sampling, groups, timer.sync)
         prior = proposer.acceptance  # what the trainer measured, if it recorded it
         counter = AcceptanceCounter(max_length, prior_rate=prior) if prior is not None else None
-        length_policy = DraftLengthPolicy(costs, max_length, counter=counter)
+        length_policy = DraftLengthPolicy(costs, max_length, counter=counter, learn=learn)
         stats.costs = costs.as_dict()
     _start(target, prompt_ids)
     proposer.start(target.length)
@@ -261,7 +262,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         # 2. The proposer reads the accepted rows' states and proposes what follows the new token.
         count = max_length
         if length_policy is not None:
-            length_policy.record(l, n)
+            length_policy.record(l, n, timer.take())  # this verify, and the proposals it checked
             count = length_policy.choose()
         proposals, proposal_probs = proposer.propose(policy, hidden[:n + 1], tokens, start, count, config, generator)
         stats.trace.append((timer("time_draft", t0), n + 1))

@@ -76,13 +76,20 @@ class _Timer:
 
     def __init__(self, stats: DecodeStats, sync: Callable[[], None] | None):
         self.stats, self.sync = stats, sync
+        self.step: dict[str, float] = {}  # the current step's parts, until `take()`
 
     def __call__(self, name: str, start: float) -> float:
         if self.sync is not None:
             self.sync()
         now = time.perf_counter()
         setattr(self.stats, name, getattr(self.stats, name) + now - start)
+        self.step[name] = self.step.get(name, 0.0) + now - start
         return now
+
+    def take(self) -> dict[str, float]:
+        """The parts timed since the last call (what `DraftLengthPolicy.record` learns costs from)."""
+        step, self.step = self.step, {}
+        return step
 
 
 def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: DecodeConfig,
@@ -183,9 +190,10 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     device = target.device
     policy = None
     if config.adaptive_draft:
+        learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
         if costs is None:
             costs = calibrated_costs(target, draft, max_length, rule, sampling, groups, sync)
-        policy = DraftLengthPolicy(costs, max_length)
+        policy = DraftLengthPolicy(costs, max_length, learn=learn)
         stats.costs = costs.as_dict()
     _start(target, prompt_ids)
     last = prompt_ids[-1:].to(device)  # the newest token; the target's cache holds everything before it
@@ -268,7 +276,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
         stats.target_forwards += 1
         stats.length_counts[L] += 1
         if policy is not None:
-            policy.record(L, n)
+            policy.record(L, n, timer.take())
         last = vocab.restricted_to_token_ids(new)
 
         tokens = emitted(tokens, vocab.stop_index, config.max_new_tokens, stats)
