@@ -79,10 +79,15 @@ def test_stats_are_consistent(pair, prompt, lattice_groups):
 
 
 def test_pcg_accepts_more_than_sd(pair, prompt, lattice_groups):
+    """Pooled over five seeded 150-token runs: one run's rates differ by a few proposals either
+    way, and on the demo pair SD and PCG both accept ~0.25 and differ by less than that)."""
     target, draft = pair
-    _, sd = run(target, draft, prompt, "sd", SamplingConfig(), tokens=150, seed=3)
-    _, pcg = run(target, draft, prompt, "pcg", SamplingConfig(), tokens=150, seed=3, groups=lattice_groups)
-    assert pcg.acceptance_rate > sd.acceptance_rate
+    rates = {}
+    for policy, groups in (("sd", None), ("pcg", lattice_groups)):
+        runs = [run(target, draft, prompt, policy, SamplingConfig(), tokens=150, seed=s, groups=groups)[1]
+                for s in range(3, 8)]
+        rates[policy] = sum(r.accepted for r in runs) / sum(r.drafted for r in runs)
+    assert rates["pcg"] > rates["sd"], rates
 
 
 def test_stop_token_ends_generation(pair, prompt):

@@ -45,7 +45,7 @@ from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
-from pcgtts.runtime.decode.speculative import _room, _start, emitted
+from pcgtts.runtime.decode.speculative import _plain_step, _room, _start, emitted, sampled_digits
 from pcgtts.runtime.lm.digit_head import sample_digit_codes
 
 EXACT_STATE_POLICIES = ("mtp-sd", "mtp-pcg", "eagle-sd", "eagle-pcg")
@@ -230,6 +230,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         counter = AcceptanceCounter(max_length, prior_rate=prior) if prior is not None else None
         length_policy = DraftLengthPolicy(costs, max_length, counter=counter, learn=learn)
         stats.costs = costs.as_dict()
+    digits = sampled_digits(target, sampling)
     _start(target, prompt_ids)
     proposer.start(target.length)
     last = prompt_ids[-1:].to(target.device)
@@ -244,15 +245,17 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
             return
         start = target.length
 
-        # 1. Verify the proposals (none on the first step) in one target pass.
-        t0 = time.perf_counter()
-        ids = last if l == 0 else torch.cat([last, vocab.restricted_to_token_ids(proposals)])
-        target_logits, hidden = target.forward_hidden(ids)  # [l + 1, V], [l + 1, D]
-        t0 = timer("time_target", t0)
-        target_probs = logits_to_probs(target_logits, sampling)
+        # 1. Verify the proposals in one target pass (none: a plain step).
         if l == 0:
-            n, tokens = 0, [int(sample(target_probs[0], generator))]
+            token, hidden, t0 = _plain_step(target, last, sampling, digits, generator, timer, "time_target",
+                                            with_hidden=True)
+            n, tokens = 0, [int(token)]
         else:
+            t0 = time.perf_counter()
+            ids = torch.cat([last, vocab.restricted_to_token_ids(proposals)])
+            target_logits, hidden = target.forward_hidden(ids)  # [l + 1, V], [l + 1, D]
+            t0 = timer("time_target", t0)
+            target_probs = logits_to_probs(target_logits, sampling)
             verdict = _verify(policy, proposals, proposal_probs, target_logits, target_probs, config, generator, groups)
             n, *row = torch.cat([verdict.num_accepted, verdict.tokens[0]]).tolist()  # the step's one host sync
             tokens = row[: n + 1]

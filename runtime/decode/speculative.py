@@ -142,9 +142,7 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
     _start(lm, prompt_ids)
     last = prompt_ids[-1:].to(lm.device)
     field_name = "time_target" if who == "target" else "time_draft"
-    sampling = config.sampling
-    plain = not sampling.greedy and sampling.top_p == 1.0
-    digits = getattr(lm, "sample_digits", 0) if plain else 0
+    digits = sampled_digits(lm, config.sampling)
     while True:
         if stats.emitted >= config.max_new_tokens:
             stats.finish = "max_tokens"
@@ -152,16 +150,7 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
         if not _room(lm, 1):
             stats.finish = "cache_full"
             return
-        t0 = time.perf_counter()
-        if digits:  # plain temperature on a digit head: no 65,537-wide row at all
-            scores = lm.forward_scores(last)[-1]
-            t0 = timer(field_name, t0)
-            uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
-            token = sample_digit_codes(scores, digits, sampling.temperature, uniforms)
-        else:
-            logits = lm.forward(last)[-1]
-            t0 = timer(field_name, t0)
-            token = sample(logits_to_probs(logits, sampling), generator)
+        token, _, t0 = _plain_step(lm, last, config.sampling, digits, generator, timer, field_name)
         index = int(token)  # the step's one host sync
         stats.trace.append((timer("time_verify", t0), 1))
         stats.steps += 1
@@ -177,6 +166,28 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
         last = vocab.restricted_to_token_ids(token.view(1))
 
 
+def sampled_digits(lm: LM, sampling) -> int:
+    """n > 0 when `lm`'s plain steps draw their token digit by digit (a digit head at plain
+    temperature: `digit_head.sample_digit_codes`), else 0."""
+    plain = not sampling.greedy and sampling.top_p == 1.0
+    return getattr(lm, "sample_digits", 0) if plain else 0
+
+
+def _plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: torch.Generator, timer: _Timer,
+                field: str, with_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    """Forward `ids` and draw the next token -> (token [], the final-normed states [T, D] when
+    `with_hidden` or drawing by digit (else None), the time after the forward was timed)."""
+    t0 = time.perf_counter()
+    if digits:  # no 65,537-wide row at all
+        scores, hidden = lm.forward_scores(ids)
+        t0 = timer(field, t0)
+        uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
+        return sample_digit_codes(scores[-1], digits, sampling.temperature, uniforms), hidden, t0
+    logits, hidden = lm.forward_hidden(ids) if with_hidden else (lm.forward(ids), None)
+    t0 = timer(field, t0)
+    return sample(logits_to_probs(logits[-1], sampling), generator), hidden, t0
+
+
 _CATCH_UP_CHUNK = 64  # tokens per draft forward while it catches up (bounds the [T, V] logits it returns)
 
 
@@ -185,6 +196,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     timer = _Timer(stats, sync)
     vocab, max_length, sampling = target.vocab, config.draft_length, config.sampling
     rule = "greedy" if sampling.greedy else config.policy
+    digits = sampled_digits(target, sampling)
     stats.per_position_accepted = [0] * max_length
     stats.length_counts = [0] * (max_length + 1)
     device = target.device
@@ -217,10 +229,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
         start = target.length
 
         if L == 0:  # speculation off: one plain target step; the draft falls behind by one token
-            t0 = time.perf_counter()
-            logits = target.forward(last)[-1]
-            t0 = timer("time_target", t0)
-            token = sample(logits_to_probs(logits, sampling), generator)
+            token, _, t0 = _plain_step(target, last, sampling, digits, generator, timer, "time_target")
             tokens = token.view(1).tolist()  # the step's one host sync
             stats.trace.append((timer("time_verify", t0), 1))
             n, new = 0, token.view(1)

@@ -92,9 +92,11 @@ class TorchLM(SequenceMixin):
         return self.model.digits if self.model.samples_digits and not self._graphs else 0
 
     @torch.inference_mode()
-    def forward_scores(self, ids: torch.Tensor) -> torch.Tensor:
-        """Like `forward`, but the head's raw scores [T, 1 + 4 * digits + 1] (eager)."""
-        return self.model.head_scores(self._hidden(ids))
+    def forward_scores(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like `forward_hidden`, but with the head's raw scores [T, 1 + 4 * digits + 1] in place
+        of the logits (eager): what a digit-by-digit draw needs."""
+        hidden = self._hidden(ids)
+        return self.model.head_scores(hidden), hidden
 
     @property
     def fingerprint(self) -> str:
