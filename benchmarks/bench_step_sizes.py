@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,8 +54,8 @@ def main() -> int:
     ap.add_argument("--cached", type=int, default=200, help="tokens already in the cache")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--cache", default=str(Path.home() / ".cache" / "pcgtts" / "bench_lm"),
-                    help="where the --model shapes are written once")
+    ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pcgtts-bench-models"),
+                    help="where the --model shapes are written once (shared with bench_lm.py)")
     args = ap.parse_args()
     counts = sorted({int(k) for k in args.tokens.split(",")} | {1})
     targets = [(t, Path(t)) for t in args.target]
