@@ -53,6 +53,11 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def plain(self) -> bool:
+        """Sampling at a temperature with no truncation (what a digit-by-digit draw reproduces exactly)."""
+        return not self.greedy and self.top_p == 1.0
+
 
 @dataclass(frozen=True)
 class DecodeConfig:

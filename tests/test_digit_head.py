@@ -147,7 +147,7 @@ def test_plain_decoding_samples_a_digit_head_digit_by_digit_and_exactly(factoris
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     target = TorchLM.load(factorised_target, max_length=64)
-    assert target.sample_digits == 5
+    assert target.drawable_digits == 5
     prompt = torch.tensor(target.tokenizer("<|begin_of_text|>hello there")["input_ids"])
     logits = target.prefill(prompt)
     config = DecodeConfig(policy="ar", sampling=SamplingConfig(temperature=0.6), max_new_tokens=1)

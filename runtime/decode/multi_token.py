@@ -44,9 +44,8 @@ from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
-from pcgtts.runtime.decode.sampling import logits_to_probs, sample
-from pcgtts.runtime.decode.speculative import _plain_step, _room, _start, emitted, sampled_digits
-from pcgtts.runtime.lm.digit_head import sample_digit_codes
+from pcgtts.runtime.decode.sampling import logits_to_probs, sample, sample_by_digits
+from pcgtts.runtime.decode.speculative import _plain_step, _room, _start, digits_to_draw, emitted
 
 EXACT_STATE_POLICIES = ("mtp-sd", "mtp-pcg", "eagle-sd", "eagle-pcg")
 
@@ -163,15 +162,14 @@ class EagleProposer:
         sampling, model = config.sampling, self.model
         # A digit head at plain temperature is sampled digit by digit; the rules' rows are then
         # expanded once for all proposals, after the loop.
-        by_digits = model.samples_digits and not sampling.greedy and sampling.top_p == 1.0
+        by_digits = model.samples_digits and sampling.plain
         proposals = torch.empty(count, dtype=torch.long, device=states.device)
         rows = []  # head scores (by_digits) or distributions, one per proposal
         for i in range(count):
             scores = model.head_scores(f.to(model.head.weight.dtype))
             if by_digits:
                 rows.append(scores)
-                uniforms = torch.rand(model.digits + 1, generator=generator, device=scores.device)
-                proposals[i] = sample_digit_codes(scores, model.digits, sampling.temperature, uniforms)
+                proposals[i] = sample_by_digits(scores, model.digits, sampling.temperature, generator)
             elif sampling.greedy:
                 proposals[i] = model.scores_to_logits(scores).argmax(-1)
             else:
@@ -230,7 +228,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         counter = AcceptanceCounter(max_length, prior_rate=prior) if prior is not None else None
         length_policy = DraftLengthPolicy(costs, max_length, counter=counter, learn=learn)
         stats.costs = costs.as_dict()
-    digits = sampled_digits(target, sampling)
+    digits = digits_to_draw(target, sampling)
     _start(target, prompt_ids)
     proposer.start(target.length)
     last = prompt_ids[-1:].to(target.device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from pcgtts.runtime.config import SamplingConfig
+from pcgtts.runtime.lm.digit_head import sample_digit_codes
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -57,3 +58,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One index per row of probs [..., V] -> int64 [...]."""
     uniforms = torch.rand(probs.shape[:-1], generator=generator, device=probs.device)
     return sample_from_weights(probs, uniforms)
+
+
+def sample_by_digits(scores: torch.Tensor, digits: int, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    """One token from a digit table's scores [1 + 4 * digits + 1] at plain `temperature`, digit by
+    digit (`digit_head.sample_digit_codes`) -> int64 []."""
+    uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
+    return sample_digit_codes(scores, digits, temperature, uniforms)

@@ -32,8 +32,7 @@ from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
 from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
 from pcgtts.runtime.lm.protocol import LM
-from pcgtts.runtime.decode.sampling import logits_to_probs, sample
-from pcgtts.runtime.lm.digit_head import sample_digit_codes
+from pcgtts.runtime.decode.sampling import logits_to_probs, sample, sample_by_digits
 
 
 @dataclass
@@ -142,7 +141,7 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
     _start(lm, prompt_ids)
     last = prompt_ids[-1:].to(lm.device)
     field_name = "time_target" if who == "target" else "time_draft"
-    digits = sampled_digits(lm, config.sampling)
+    digits = digits_to_draw(lm, config.sampling)
     while True:
         if stats.emitted >= config.max_new_tokens:
             stats.finish = "max_tokens"
@@ -166,11 +165,10 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
         last = vocab.restricted_to_token_ids(token.view(1))
 
 
-def sampled_digits(lm: LM, sampling) -> int:
+def digits_to_draw(lm: LM, sampling) -> int:
     """n > 0 when `lm`'s plain steps draw their token digit by digit (a digit head at plain
     temperature: `digit_head.sample_digit_codes`), else 0."""
-    plain = not sampling.greedy and sampling.top_p == 1.0
-    return getattr(lm, "sample_digits", 0) if plain else 0
+    return getattr(lm, "drawable_digits", 0) if sampling.plain else 0
 
 
 def _plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: torch.Generator, timer: _Timer,
@@ -181,8 +179,7 @@ def _plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: tor
     if digits:  # no 65,537-wide row at all
         scores, hidden = lm.forward_scores(ids)
         t0 = timer(field, t0)
-        uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
-        return sample_digit_codes(scores[-1], digits, sampling.temperature, uniforms), hidden, t0
+        return sample_by_digits(scores[-1], digits, sampling.temperature, generator), hidden, t0
     logits, hidden = lm.forward_hidden(ids) if with_hidden else (lm.forward(ids), None)
     t0 = timer(field, t0)
     return sample(logits_to_probs(logits[-1], sampling), generator), hidden, t0
@@ -196,7 +193,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     timer = _Timer(stats, sync)
     vocab, max_length, sampling = target.vocab, config.draft_length, config.sampling
     rule = "greedy" if sampling.greedy else config.policy
-    digits = sampled_digits(target, sampling)
+    digits = digits_to_draw(target, sampling)
     stats.per_position_accepted = [0] * max_length
     stats.length_counts = [0] * (max_length + 1)
     device = target.device

@@ -11,7 +11,7 @@ belong to the caller: a backend never returns a buffer its next step overwrites.
 `SequenceMixin` implements prefill / forward / rollback once over a backend's `_run`.
 
 Optional, torch backend only: `forward_hidden(ids)` (logits and final-normed hidden states, for
-multi-token heads and EAGLE drafts) and, when `sample_digits` > 0, `forward_scores(ids)` (a
+multi-token heads and EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a
 digit-factorised head's raw scores, which plain-temperature decoding samples digit by digit).
 """
 

@@ -86,7 +86,7 @@ class TorchLM(SequenceMixin):
         return self.model.logits(hidden), hidden
 
     @property
-    def sample_digits(self) -> int:
+    def drawable_digits(self) -> int:
         """n > 0 when a step's token can be drawn digit by digit from `forward_scores`
         (`digit_head.sample_digit_codes`): a digit head without a used-codes mask, stepped eagerly."""
         return self.model.digits if self.model.samples_digits and not self._graphs else 0
