@@ -57,16 +57,18 @@ def make_models(name: str, root: Path) -> tuple[Path, Path]:
     return target, root / name / "draft"
 
 
-def load_onnx_pair(target_dir: Path, draft_dir: Path, device: str):
-    """The pair on onnxruntime, exported (and numerically checked) once beside the checkpoints."""
+def load_onnx_pair(target_dir: Path, draft_dir: Path, device: str, eagle: str | None = None):
+    """The pair on onnxruntime, exported (and numerically checked) once beside the checkpoints;
+    `eagle`: the target's EAGLE draft, exported with it."""
     from pcgtts.export.onnx_lm import export_lm
     from pcgtts.runtime.lm.onnxruntime import OrtLM
 
     lms = []
-    for model_dir in (target_dir, draft_dir):
+    for model_dir, draft_file in ((target_dir, eagle), (draft_dir, None)):
         onnx_dir = model_dir.with_name(model_dir.name + "-onnx")
-        if not (onnx_dir / "pcgtts-lm.json").exists():
-            export_lm(model_dir, onnx_dir, max_length=1024)
+        meta = onnx_dir / "pcgtts-lm.json"
+        if not meta.exists() or (draft_file and '"eagle"' not in meta.read_text()):
+            export_lm(model_dir, onnx_dir, max_length=1024, eagle=draft_file)
         lms.append(OrtLM.load(onnx_dir, device=device, max_length=1024, tokenizer=lms[0].tokenizer if lms else None))
     return lms
 
@@ -166,14 +168,14 @@ def main() -> int:
             target = TorchLM.load(target_dir, tokenizer=tok, **common)
             draft = TorchLM.load(draft_dir, tokenizer=target.tokenizer, **common)
         else:
-            target, draft = load_onnx_pair(target_dir, draft_dir, args.device)
+            target, draft = load_onnx_pair(target_dir, draft_dir, args.device, args.eagle)
         prompt = build_prompt(target.tokenizer, target.vocab, TEXT)
         proposer = None
-        if args.eagle and backend.startswith("torch"):
+        if args.eagle:
             from pcgtts.runtime.decode.multi_token import EagleProposer
-            from pcgtts.runtime.lm.eagle import EagleDraft
 
-            proposer = EagleProposer(EagleDraft.load(args.eagle, target.model, fingerprint=target.fingerprint), target)
+            # onnxruntime: the draft was exported with the target (load_onnx_pair passes it on)
+            proposer = EagleProposer.for_target(target, None if backend == "onnxruntime" else args.eagle)
         for policy in args.policies.split(","):
             if policy.startswith("eagle") and proposer is None:
                 continue  # the EAGLE draft reads the torch target's hidden states

@@ -105,11 +105,11 @@ def check_state_policies(policies, args) -> None:
     if not mtp:
         return
     from pcgtts.runtime.config import ModelPaths
-    from pcgtts.runtime.synthesizer import check_policy, proposer_files
+    from pcgtts.runtime.synthesizer import check_policy, check_proposers
 
-    heads, transitions, eagle = proposer_files(ModelPaths(target=args.target, heads=args.heads,
-                                                       transitions=args.transitions, eagle=args.eagle))
+    models = ModelPaths(target=args.target, heads=args.heads, transitions=args.transitions, eagle=args.eagle)
     for policy in mtp:
+        heads, transitions, eagle = check_proposers(models, policy, args.backend)
         check_policy(policy, draft=True, groups=True, heads=heads is not None, transitions=transitions is not None,
                      eagle=eagle is not None)
 

@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     onnx.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     onnx.add_argument("--max-length", type=int, default=4096, help="default KV cache capacity for the runtime")
     onnx.add_argument("--no-check", action="store_true", help="skip the numeric comparison with PyTorch")
+    onnx.add_argument("--eagle", help="the target's EAGLE draft, exported with it for the eagle-* policies "
+                                      "(default: eagle_draft.safetensors beside the model, if there)")
+    onnx.add_argument("--no-eagle", action="store_true", help="do not export the EAGLE draft found beside the model")
     onnx.set_defaults(func=_onnx)
 
     codec = export.add_parser("codec", help="X-codec2 decoder (codes -> waveform) -> ONNX")
@@ -58,13 +61,29 @@ def _report(record: dict, line: str) -> None:
 
 
 def _onnx(args) -> int:
+    from pathlib import Path
+
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE
+
+    if args.eagle and args.no_eagle:
+        raise ValueError("give --eagle or --no-eagle, not both")
     _check_paths(args.model, args.out)
+    eagle = args.eagle
+    if eagle is None and not args.no_eagle and (Path(args.model) / EAGLE_FILE).is_file():
+        eagle = Path(args.model) / EAGLE_FILE
     from pcgtts.export.onnx_lm import export_lm
 
-    meta, check = export_lm(args.model, args.out, dtype=args.dtype, max_length=args.max_length, check=not args.no_check)
+    meta, check = export_lm(args.model, args.out, dtype=args.dtype, max_length=args.max_length,
+                            check=not args.no_check, eagle=eagle)
     diff = "not checked" if check is None else f"max |logit diff| vs PyTorch {check.max_abs_diff:.2e} " \
                                                f"(tolerance {check.tolerance:.0e})"
-    _report({"out": args.out, "layers": meta.num_layers, "check": meta.extra.get("check")},
+    record = meta.extra.get("eagle")
+    if record is not None:
+        eagle_check = record.get("check")
+        diff += f"; EAGLE draft {record['source']}: " + (
+            "not checked" if eagle_check is None else f"max |diff| {eagle_check['max_abs_diff']:.2e}")
+    _report({"out": args.out, "layers": meta.num_layers, "check": meta.extra.get("check"),
+             "eagle": None if record is None else record.get("check")},
             f"exported {args.model} -> {args.out}: {meta.num_layers} layers, {diff}")
     return 0
 

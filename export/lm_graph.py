@@ -8,6 +8,8 @@ Inputs and outputs follow optimum's names, with one deliberate change to what `p
     past_key_values.{i}.key      [1, kv, S, D]             the whole preallocated cache buffer
     past_key_values.{i}.value    [1, kv, S, D]             (S = its capacity, dynamic)
  -> logits                       [1, K, V_r]       float32 restricted vocabulary (speech + stop)
+    last_hidden_state            [1, K, D]         float32 the final-normed states the head read (the
+                                                           EAGLE draft's input, `runtime/lm/eagle.py`)
     present.{i}.key / .value     [1, kv, T, D]             keys/values of the T new tokens only
 
 Why not optimum's `present = concat(past, new)`: that copies the whole cache on every step
@@ -54,6 +56,15 @@ def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: t
     return out.reshape(b, heads, t, d).transpose(1, 2).reshape(b, t, heads * d)
 
 
+def block_step(layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past_k: torch.Tensor,
+               past_v: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One `llama.Block` over x [1, T, D] against its cache buffer -> (x, new keys, new values)."""
+    attn = layer.self_attn
+    q, k, v = attn.project(layer.input_layernorm(x), cos, sin)
+    x = x + attn.o_proj(cache_attention(q, k, v, past_k, past_v, start))
+    return x + layer.mlp(layer.post_attention_layernorm(x)), k, v
+
+
 class StepGraph(nn.Module):
     """Wraps a loaded `Llama` (same weights, no cache of its own) in the I/O contract above."""
 
@@ -69,20 +80,15 @@ class StepGraph(nn.Module):
         x = m.embed_tokens(input_ids)
         present = []
         for i, layer in enumerate(m.layers):
-            attn = layer.self_attn
-            q, k, v = attn.project(layer.input_layernorm(x), cos, sin)
-            out = cache_attention(q, k, v, past[2 * i], past[2 * i + 1], start)
-            x = x + attn.o_proj(out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x, k, v = block_step(layer, x, cos, sin, past[2 * i], past[2 * i + 1], start)
             present += [k, v]
-        x = x.index_select(1, logits_index[0])
-        logits = m.logits(m.norm(x))
-        return (logits, *present)
+        hidden = m.norm(x.index_select(1, logits_index[0]))
+        return (m.logits(hidden), hidden.float(), *present)
 
 
 def io_names(num_layers: int) -> tuple[list[str], list[str]]:
     inputs = ["input_ids", "position_ids", "logits_index"]
-    outputs = ["logits"]
+    outputs = ["logits", "last_hidden_state"]
     for i in range(num_layers):
         inputs += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
         outputs += [f"present.{i}.key", f"present.{i}.value"]

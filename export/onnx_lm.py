@@ -7,6 +7,10 @@
 torch.onnx.export(dynamo=True) traces `export/lm_graph.py` with the token count and the cache
 capacity dynamic, so one graph serves prefill, the 1-token draft step and the (L+1)-token
 verify step, for any cache size the runtime allocates.
+
+With `eagle=FILE` (the CLI finds `eagle_draft.safetensors` beside the model by default) the
+target's EAGLE draft is exported too, as `eagle.onnx` (`export/eagle_graph.py`), checked the same
+way against the torch draft, and listed under "eagle" in pcgtts-lm.json.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pcgtts.runtime.text.vocab import SpeechVocab
 log = logging.getLogger(__name__)
 
 GRAPH_FILE = "model.onnx"
+EAGLE_GRAPH_FILE = "eagle.onnx"
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,12 @@ class CheckResult:
 
 
 def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float32", max_length: int = 4096,
-              check: bool = True, tolerance: float | None = None) -> tuple[GraphMeta, CheckResult | None]:
+              check: bool = True, tolerance: float | None = None, eagle: str | Path | None = None
+              ) -> tuple[GraphMeta, CheckResult | None]:
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     read_config(model_dir)  # a clear error for a folder that is not a LLaMA checkpoint
+    if eagle is not None and not Path(eagle).is_file():
+        raise ValueError(f"EAGLE draft file not found: {eagle}")
     tokenizer = load_tokenizer(model_dir)
     vocab = SpeechVocab.from_tokenizer(tokenizer)
     torch_dtype = resolve_dtype(dtype)
@@ -50,6 +58,8 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
         raise ValueError("export in float32 or float16 (bfloat16 engines are built from a float32 graph)")
     with staged_output(out_dir) as stage:
         meta, result = _export_into(stage, model_dir, tokenizer, vocab, torch_dtype, max_length, check, tolerance)
+        if eagle is not None:
+            meta = _export_eagle(stage, meta, model_dir, Path(eagle), torch_dtype, check, tolerance)
     if result is not None:
         log.info("exported %s: max |logit diff| vs PyTorch %.2g (tolerance %.2g)", out_dir, result.max_abs_diff,
                  result.tolerance)
@@ -92,6 +102,66 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
             raise RuntimeError(f"exported graph differs from PyTorch by {result.max_abs_diff:.3g} "
                                f"(tolerance {result.tolerance:.3g}); nothing was written")
     return meta, result
+
+
+def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, torch_dtype: torch.dtype,
+                  check: bool, tolerance: float | None) -> GraphMeta:
+    """Export the target's EAGLE draft beside its step graph and record it in the metadata."""
+    from pcgtts.export.eagle_graph import INPUTS, OUTPUTS, EagleGraph
+    from pcgtts.runtime.lm.eagle import EagleDraft
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16)
+    model, vocab = lm.model, lm.vocab
+    draft = EagleDraft.load(eagle, model, fingerprint=lm.fingerprint)
+    graph = EagleGraph(draft, model, vocab.restricted_to_token_ids(torch.arange(vocab.restricted_size))).eval()
+    args, t, slots = draft.args, 3, 8
+    past = [torch.zeros(1, args.num_kv_heads, slots, args.head_dim, dtype=torch_dtype) for _ in range(2)]
+    example = (torch.zeros(1, t, args.hidden_size), torch.zeros(1, t, dtype=torch.long),
+               torch.arange(t).view(1, -1), *past)
+    tokens, cache = torch.export.Dim("tokens", min=1), torch.export.Dim("cache", min=2)
+    dynamic = ({1: tokens}, {1: tokens}, {1: tokens}, {2: cache}, {2: cache})
+    export_graph(graph, example, stage / EAGLE_GRAPH_FILE, INPUTS, OUTPUTS, dynamic)
+    record = {"graph": EAGLE_GRAPH_FILE, "source": str(eagle), "dtype": str(torch_dtype).removeprefix("torch."),
+              "hidden_size": args.hidden_size, "num_kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
+              "intermediate_size": args.intermediate_size, "head_width": model.head.out_features,
+              "digits": model.digits if model.samples_digits else 0, "acceptance": draft.acceptance}
+    meta = GraphMeta(**{**meta.__dict__, "extra": {**meta.extra, "eagle": record}})
+    meta.save(stage)
+    if check:
+        result = check_eagle(model_dir, eagle, stage, tolerance=tolerance)
+        record["check"] = result.__dict__ | {"ok": result.ok}
+        meta.save(stage)
+        if not result.ok:
+            raise RuntimeError(f"exported EAGLE graph differs from PyTorch by {result.max_abs_diff:.3g} "
+                               f"(tolerance {result.tolerance:.3g}); nothing was written")
+        log.info("exported EAGLE draft: max |diff| vs PyTorch %.2g", result.max_abs_diff)
+    return meta
+
+
+def check_eagle(model_dir: str | Path, eagle: str | Path, onnx_dir: str | Path, *, tolerance: float | None = None,
+                seed: int = 0) -> CheckResult:
+    """The torch draft step and the exported one side by side: rows fed in chunks, a slot
+    overwritten (the loop's rollback), states and head scores compared."""
+    from pcgtts.runtime.decode.multi_token import EagleProposer
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    reference = EagleProposer.for_target(TorchLM.load(model_dir, dtype=torch.float32, max_length=64), eagle).step
+    target = OrtLM.load(onnx_dir, max_length=64, force=True)
+    candidate = target.eagle_step()
+    gen = torch.Generator().manual_seed(seed)
+    worst, start = 0.0, 0
+    for rows, back in ((5, 0), (1, 0), (3, 2), (1, 0)):
+        start -= back
+        states = torch.randn(rows, reference.hidden_size, generator=gen)
+        tokens = torch.randint(0, target.vocab.restricted_size, (rows,), generator=gen)
+        for a, b in zip(reference.run(states, tokens, start), candidate.run(states, tokens, start)):
+            worst = max(worst, (a.float() - b.float()).abs().max().item())
+        start += rows
+    if tolerance is None:
+        tolerance = 2e-3 if target.cache_dtype == torch.float32 else 1e-1
+    return CheckResult(max_abs_diff=worst, tolerance=tolerance, steps=("5 rows", "1", "back 2, 3", "1"))
 
 
 def compare_backends(reference, candidate, prompt: torch.Tensor, steps: list[torch.Tensor], rollback: int) -> float:

@@ -14,6 +14,7 @@ stream at a time per Synthesizer: a second concurrent stream is refused with a c
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import secrets
@@ -431,12 +432,29 @@ def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
         path = getattr(models, name)
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{name} file not found: {path}")
-    heads, transitions, eagle = proposer_files(models)
+    heads, transitions, eagle = check_proposers(models, policy, device.backend)
     check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
                  heads=heads is not None, transitions=transitions is not None, eagle=eagle is not None)
-    if policy in STATE_POLICIES and device.backend != "torch":
-        raise ValueError(f"policy {policy!r} runs on the torch backend only (it reads the target's hidden states)")
     check_compute_device(device.compute_device)
+
+
+def check_proposers(models: ModelPaths, policy: str, backend: str) -> tuple:
+    """The heads, transitions and EAGLE draft (files or exported graph) `policy` would use on
+    `backend`, or a clear error; before any model loads. onnxruntime runs the eagle-* policies
+    with the draft exported beside the target (`pcgtts export onnx --eagle`); the heads are torch only."""
+    heads, transitions, eagle = proposer_files(models)
+    if backend == "onnxruntime" and models.target is not None:
+        if models.eagle is not None:
+            raise ValueError("the onnxruntime backend runs the EAGLE draft exported with the target; "
+                             "export it with `pcgtts export onnx --model CHECKPOINT --eagle FILE` instead of --eagle")
+        eagle = exported_eagle(models.target)
+        if eagle is None and policy in EAGLE_POLICIES:
+            raise ValueError(f"policy {policy!r} on onnxruntime needs the EAGLE draft exported with the target: "
+                             f"`pcgtts export onnx --model CHECKPOINT --eagle FILE --out {models.target}`")
+    if policy in STATE_POLICIES and not (backend == "torch" or (backend == "onnxruntime" and policy in EAGLE_POLICIES)):
+        raise ValueError(f"policy {policy!r} runs on the torch backend only (it reads the target's hidden states; "
+                         f"the eagle-* policies also run on onnxruntime)")
+    return heads, transitions, eagle
 
 
 def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
@@ -456,6 +474,19 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
         raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
     if policy in PCG_POLICIES and not groups and not greedy:
         raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
+
+
+def exported_eagle(target_dir: str | Path) -> str | None:
+    """The EAGLE graph exported with an onnxruntime target (pcgtts-lm.json's "eagle"), or None;
+    read before any model loads."""
+    from pcgtts.runtime.lm.graph_meta import META_FILE
+
+    path = Path(target_dir) / META_FILE
+    try:
+        record = json.loads(path.read_text()).get("extra", {}).get("eagle") if path.is_file() else None
+    except json.JSONDecodeError:
+        return None  # the loader reports the corrupt file
+    return None if record is None else record.get("graph")
 
 
 def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path | None]:
@@ -487,9 +518,10 @@ def _load_heads(heads_file: Path | None, transitions_file: Path | None, target_l
 
 def _load_eagle(eagle_file: Path | None, target_lm):
     """The target's EAGLE draft bound to it, or None."""
+    from pcgtts.runtime.decode.multi_token import EagleProposer
+
+    if hasattr(target_lm, "eagle_step"):  # onnxruntime: the draft's graph was exported with the target
+        return EagleProposer.for_target(target_lm) if target_lm.has_eagle else None
     if eagle_file is None or not hasattr(target_lm, "forward_hidden"):
         return None
-    from pcgtts.runtime.decode.multi_token import EagleProposer
-    from pcgtts.runtime.lm.eagle import EagleDraft
-
-    return EagleProposer(EagleDraft.load(eagle_file, target_lm.model, fingerprint=target_lm.fingerprint), target_lm)
+    return EagleProposer.for_target(target_lm, eagle_file)

@@ -44,7 +44,7 @@ def random_draft(target, seed=0, scale=1.0) -> EagleDraft:
 
 @pytest.fixture(scope="module")
 def proposer(target):
-    return EagleProposer(random_draft(target), target)
+    return EagleProposer.from_draft(random_draft(target), target)
 
 
 def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
@@ -72,7 +72,7 @@ def test_proposer_cache_matches_a_whole_sequence_pass(target, prompt):
     overwritten, give the same draft distribution as one cache-free pass over the true rows:
     the slot bookkeeping of the decode loop is what makes the draft see the right history."""
     draft = random_draft(target, seed=3)
-    proposer = EagleProposer(draft, target)
+    proposer = EagleProposer.from_draft(draft, target)
     codes = torch.tensor([5, 17, 300, 2, 999, 64, 8, 8, 120, 33, 7, 500])
     target.rollback(0)
     target.prefill(prompt[:-1])
@@ -143,7 +143,7 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, prompt, facto
     if head == "digits":
         target = TorchLM.load(factorised_target, max_length=256)
         assert target.model.samples_digits
-        proposer = EagleProposer(random_draft(target), target)
+        proposer = EagleProposer.from_draft(random_draft(target), target)
         prompt = build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
     short = prompt[-6:]
 
@@ -251,3 +251,49 @@ def test_calibration_times_the_eagle_proposer(target, proposer):
     assert all(c > 0 for c in costs.target_forward) and all(c > 0 for c in costs.draft_forward)
     assert costs.sample > 0 and costs.rule > 0
     assert proposer.length == 0  # the probes leave the draft's cache empty
+
+
+@pytest.mark.slow  # one ONNX export of the tiny target with its draft (~1 min)
+def test_eagle_on_onnxruntime_equals_torch(tiny_lms, target, prompt, tiny_groups, tmp_path):
+    """The draft exported with the target (`pcgtts export onnx --eagle`) checks itself, catches a
+    draft other than its own, and on onnxruntime gives the torch backend's tokens: greedy eagle-pcg
+    equals greedy AR, and seeded eagle-sd / eagle-pcg give the same tokens and statistics (the
+    logits agree to ~1e-5, far below any uniform draw's chance of landing between them)."""
+    from pcgtts.export.onnx_lm import check_eagle, export_lm
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+
+    draft = random_draft(target, seed=4)
+    path = draft.save(tmp_path / "e.safetensors", dtype=torch.float32)
+    meta, _ = export_lm(tiny_lms["target"], tmp_path / "onnx", max_length=256, eagle=path)
+    record = meta.extra["eagle"]
+    assert record["check"]["ok"] and record["check"]["max_abs_diff"] < 2e-3
+    other = random_draft(target, seed=5).save(tmp_path / "other.safetensors", dtype=torch.float32)
+    assert not check_eagle(tiny_lms["target"], other, tmp_path / "onnx").ok
+
+    ort = OrtLM.load(tmp_path / "onnx", max_length=256, tokenizer=target.tokenizer)
+    assert ort.exposes_hidden and ort.has_eagle
+    on_ort, on_torch = EagleProposer.for_target(ort), EagleProposer.from_draft(draft, target)
+    reference, _ = run(target, None, prompt, "ar", GREEDY)
+    assert run(ort, on_ort, prompt, "eagle-pcg", GREEDY, groups=tiny_groups)[0] == reference
+    for policy in ("eagle-sd", "eagle-pcg"):
+        a, sa = run(target, on_torch, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
+        b, sb = run(ort, on_ort, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
+        assert a == b and (sa.drafted, sa.accepted, sa.steps) == (sb.drafted, sb.accepted, sb.steps), policy
+        assert sa.accepted > 0, policy  # the comparison covered accepted proposals
+
+
+def test_eagle_on_onnxruntime_is_refused_cleanly(tiny_models, tmp_path):
+    """Before any model loads: the onnxruntime backend reads the draft from its export, not --eagle;
+    an export without one says how to make it; the heads stay torch-only."""
+    from pcgtts.runtime.synthesizer import Synthesizer
+
+    (tmp_path / "e.safetensors").write_bytes(b"x")
+    common = dict(draft=tiny_models["draft"], codec=tiny_models["codec"], backend="onnxruntime")
+    with pytest.raises(ValueError, match="exported with the target"):
+        Synthesizer.from_pretrained(tiny_models["target"], policy="eagle-sd", eagle=str(tmp_path / "e.safetensors"),
+                                    **common)
+    with pytest.raises(ValueError, match="EAGLE draft"):
+        Synthesizer.from_pretrained(tiny_models["target"], policy="eagle-sd", **common)
+    with pytest.raises(ValueError, match="torch backend only"):
+        Synthesizer.from_pretrained(tiny_models["target"], policy="mtp-sd", heads=str(tmp_path / "e.safetensors"),
+                                    **common)

@@ -101,7 +101,7 @@ class HeadProposer:
 
 
 class EagleProposer:
-    """An EAGLE draft (runtime/lm/eagle.py) on the target, with its own one-block static KV cache.
+    """An EAGLE draft step (`runtime/lm/eagle.py`: torch, or the onnxruntime graph) in the hidden-state loop.
 
     Its slot s holds the target's row at target slot `first_slot + s` (the prompt's last token is
     slot 0). Rows whose proposals were not asked for (speculation off) wait in `pending` and are
@@ -109,48 +109,64 @@ class EagleProposer:
 
     max_proposals = 1 << 30  # any number: the draft length alone bounds it
 
-    def __init__(self, draft, target):
-        self.model = _state_model(target, "an EAGLE draft")
-        self.draft, self.vocab, self.max_length = draft, target.vocab, target.max_length
-        self.acceptance = draft.acceptance  # the adaptive draft length's starting estimate (None: its default)
-        attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, target.max_length, draft.args.head_dim)
-        weight = draft.fc.weight
-        attn.k_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
-        attn.v_cache = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+    def __init__(self, step):
+        self.step, self.max_length = step, step.max_length
+        self.acceptance = step.acceptance  # the adaptive draft length's starting estimate (None: its default)
         self.first_slot, self.length = 0, 0
         self.pending_states, self.pending_tokens = [], []
+
+    @classmethod
+    def for_target(cls, target, eagle_file=None) -> "EagleProposer":
+        """The target's EAGLE draft: `eagle_file` on a torch target, the graph exported with an
+        onnxruntime target (`pcgtts export onnx`, which finds the draft next to the checkpoint)."""
+        if hasattr(target, "eagle_step"):
+            if eagle_file is not None:
+                raise ValueError("the onnxruntime backend runs the EAGLE draft exported with the target "
+                                 "(`pcgtts export onnx --eagle FILE`), not a safetensors file")
+            return cls(target.eagle_step())
+        from pcgtts.runtime.lm.eagle import EagleDraft
+
+        if eagle_file is None:
+            raise ValueError("an EAGLE draft file is needed (`pcgtts heads eagle`)")
+        model = _state_model(target, "an EAGLE draft")
+        return cls.from_draft(EagleDraft.load(eagle_file, model, fingerprint=target.fingerprint), target)
+
+    @classmethod
+    def from_draft(cls, draft, target) -> "EagleProposer":
+        """A loaded `EagleDraft` on its torch target."""
+        from pcgtts.runtime.lm.eagle import TorchEagleStep
+
+        return cls(TorchEagleStep(draft, _state_model(target, "an EAGLE draft"), target.vocab, target.max_length))
 
     def start(self, first_slot: int) -> None:
         self.first_slot, self.length = first_slot, 0
         self.pending_states, self.pending_tokens = [], []
 
-    def _features(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed rows states [k, D] with the tokens chosen after them [k] at the next free slots -> f of the last row [D]."""
+    def _run(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed rows states [k, D] with the tokens chosen after them [k] at the next free slots ->
+        (f of the last row [D], its head scores)."""
         k = len(tokens)
         if self.length + k > self.max_length:
             raise ValueError("the EAGLE draft's cache is full")
-        positions = torch.arange(self.length, self.length + k, device=states.device)
-        embeds = self.model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
-        end = self.length + k
-        # the target's causal mask (the draft's slots never exceed the target's)
-        f = self.draft.features(states[None], embeds[None], positions, self.model.causal[positions, :end], end)
-        self.length = end
-        return f[0, -1]
+        out = self.step.run(states, tokens, self.length)
+        self.length += k
+        return out
 
     @torch.inference_mode()
     def probe(self, rows: int) -> None:
         """The work of one proposal after `rows` rows are fed (the cost model's draft forward of `rows` tokens)."""
-        weight = self.draft.fc.weight
         self.start(0)
-        self.model.logits(self._features(torch.zeros(rows, weight.shape[0], dtype=weight.dtype, device=weight.device),
-                                         torch.zeros(rows, dtype=torch.long, device=weight.device)))
+        step = self.step
+        states = torch.zeros(rows, step.hidden_size, dtype=step.dtype, device=step.device)
+        step.scores_to_logits(self._run(states, torch.zeros(rows, dtype=torch.long, device=step.device))[1])
         self.start(0)
 
     @torch.inference_mode()
     def propose(self, policy: str, hidden: torch.Tensor, tokens: list[int], slot: int, count: int, config,
                 generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """As `HeadProposer.propose`; `slot` is the target slot of hidden's row 0."""
-        self.pending_states.append(hidden.to(self.draft.fc.weight.dtype))
+        step = self.step
+        self.pending_states.append(hidden.to(step.dtype))
         self.pending_tokens.extend(tokens)
         if not count:
             return None, None
@@ -158,29 +174,28 @@ class EagleProposer:
         self.length = slot - self.first_slot - (len(states) - len(hidden))  # the pending rows' first slot
         chosen = torch.tensor(self.pending_tokens, device=states.device)
         self.pending_states, self.pending_tokens = [], []
-        f = self._features(states, chosen)
-        sampling, model = config.sampling, self.model
+        f, scores = self._run(states, chosen)
+        sampling = config.sampling
         # A digit head at plain temperature is sampled digit by digit; the rules' rows are then
         # expanded once for all proposals, after the loop.
-        by_digits = model.samples_digits and sampling.plain
+        by_digits = bool(step.digits) and sampling.plain
         proposals = torch.empty(count, dtype=torch.long, device=states.device)
         rows = []  # head scores (by_digits) or distributions, one per proposal
         for i in range(count):
-            scores = model.head_scores(f.to(model.head.weight.dtype))
+            if i:
+                f, scores = self._run(f[None], proposals[i - 1:i])
             if by_digits:
                 rows.append(scores)
-                proposals[i] = sample_by_digits(scores, model.digits, sampling.temperature, generator)
+                proposals[i] = sample_by_digits(scores, step.digits, sampling.temperature, generator)
             elif sampling.greedy:
-                proposals[i] = model.scores_to_logits(scores).argmax(-1)
+                proposals[i] = step.scores_to_logits(scores).argmax(-1)
             else:
-                rows.append(logits_to_probs(model.scores_to_logits(scores), sampling))
+                rows.append(logits_to_probs(step.scores_to_logits(scores), sampling))
                 proposals[i] = sample(rows[-1], generator)
-            if i < count - 1:
-                f = self._features(f[None], proposals[i:i + 1])
         if not rows:
             return proposals, None
         rows = torch.stack(rows)
-        return proposals, (logits_to_probs(model.scores_to_logits(rows), sampling) if by_digits else rows)
+        return proposals, (logits_to_probs(step.scores_to_logits(rows), sampling) if by_digits else rows)
 
 
 def _state_model(target, what: str):

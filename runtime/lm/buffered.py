@@ -5,6 +5,8 @@ buffer goes in, the T new keys/values come out. This base class owns the buffers
 tensors on the backend's device, so their memory can be bound zero-copy by pointer), writes
 each step's new entries at their slots and implements prefill / forward / rollback; a backend
 only implements `_execute`; prefill / forward / rollback come from `SequenceMixin`.
+Graphs exported since the EAGLE draft ran on onnxruntime also return the final-normed hidden
+states (`last_hidden_state`): `forward_hidden` reads them (`exposes_hidden`; older exports do not).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class BufferedLM(SequenceMixin):
         self.max_length = max_length
         self.cache_dtype = resolve_dtype(meta.dtype)
         self.length = 0
+        self.exposes_hidden = False  # set by a backend whose graph returns last_hidden_state
+        self._hidden: torch.Tensor | None = None  # [T, D] of the last _run, when exposed
         self.cache: list[torch.Tensor] = []  # [2 * layers] of [1, kv, max_length, D]: k0, v0, k1, ...
         self.ensure_cache()
 
@@ -47,10 +51,19 @@ class BufferedLM(SequenceMixin):
         self.length = 0
 
     def _execute(self, ids: torch.Tensor, positions: torch.Tensor, logits_index: torch.Tensor
-                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
         """ids, positions: [1, T]; logits_index: [1, K] (int64, on `device`). Returns logits
-        [1, K, V_r] float32 and the new entries [2 * layers] of [1, kv, T, D]."""
+        [1, K, V_r] float32, the hidden states [1, K, D] (None when the graph has none) and the
+        new entries [2 * layers] of [1, kv, T, D]."""
         raise NotImplementedError
+
+    def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `TorchLM.forward_hidden`: ids [T] -> (logits [T, V_r], hidden [T, D])."""
+        if not self.exposes_hidden:
+            raise ValueError(f"{self.model_dir}: this export has no hidden-state output; export the "
+                             f"target again with `pcgtts export onnx` for the eagle-* policies")
+        logits = self.forward(ids)
+        return logits, self._hidden
 
     @torch.inference_mode()
     def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
@@ -60,7 +73,8 @@ class BufferedLM(SequenceMixin):
         self.ensure_cache()
         positions = torch.arange(self.length, self.length + n, device=self.device).view(1, -1)
         index = torch.arange(n - 1 if last_only else 0, n, device=self.device).view(1, -1)
-        logits, present = self._execute(ids, positions, index)
+        logits, hidden, present = self._execute(ids, positions, index)
+        self._hidden = None if hidden is None else hidden[0]
         for buf, new in zip(self.cache, present):
             buf[:, :, self.length:self.length + n] = new
         self.length += n

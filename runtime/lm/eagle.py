@@ -21,6 +21,10 @@ optionally "acceptance": <held-out SD acceptance measured by the trainer, the ad
 length's starting estimate>};
 the block's other dimensions (heads, head size, RoPE) are the target's, and a draft trained for
 one target is refused for another. A narrower MLP than the target's makes each proposal cheaper.
+
+At run time a draft step is `run(states, tokens, start) -> (f, head scores)` over its own static
+cache: `TorchEagleStep` here, `onnxruntime.OrtEagleStep` over the graph `pcgtts export onnx` writes
+beside the target's (`export/eagle_graph.py`); `multi_token.EagleProposer` drives either.
 """
 
 from __future__ import annotations
@@ -106,4 +110,33 @@ class EagleDraft(nn.Module):
         return draft.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
 
 
-__all__ = ["EagleDraft", "EAGLE_FILE"]
+class TorchEagleStep:
+    """An `EagleDraft` on the torch target it was trained for, with its own one-block static cache.
+
+    run(states [k, D], tokens [k], start) feeds k rows (target or fed-back states, and the
+    restricted-vocabulary token chosen after each) at slots start .. start + k - 1 and returns
+    (f of the last row [D], the target head's float32 scores of it [W])."""
+
+    def __init__(self, draft: EagleDraft, target: Llama, vocab, max_length: int):
+        self.draft, self.model, self.vocab, self.max_length = draft, target, vocab, max_length
+        self.acceptance = draft.acceptance
+        self.dtype, self.device = draft.fc.weight.dtype, draft.fc.weight.device
+        self.hidden_size = draft.fc.weight.shape[0]
+        self.digits = target.digits if target.samples_digits else 0  # > 0: scores can be drawn digit by digit
+        attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, max_length, draft.args.head_dim)
+        attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
+        attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
+
+    def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        model, end = self.model, start + len(tokens)
+        positions = torch.arange(start, end, device=states.device)
+        embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
+        # the target's causal mask (the draft's slots never exceed the target's)
+        f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end)[0, -1]
+        return f, model.head_scores(f.to(model.head.weight.dtype))
+
+    def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
+        return self.model.scores_to_logits(scores)
+
+
+__all__ = ["EagleDraft", "EAGLE_FILE", "TorchEagleStep"]

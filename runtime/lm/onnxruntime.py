@@ -4,6 +4,9 @@ CPU execution provider by default; with onnxruntime-gpu installed and `device="c
 CUDA (or TensorRT) execution provider runs the graph and the buffers live on the GPU. Inputs,
 the cache and every output are torch tensors bound by pointer, so nothing is copied between
 ONNX Runtime and the decode loop except the T new cache entries written back per step.
+
+`OrtEagleStep` runs an EAGLE draft's graph exported with the target (`export/eagle_graph.py`,
+listed under "eagle" in pcgtts-lm.json) for the eagle-* policies, on the same contract.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.lm.buffered import BufferedLM
+from pcgtts.runtime.lm.digit_head import expand_digit_scores
 from pcgtts.runtime.lm.graph_meta import GraphMeta
 
 log = logging.getLogger(__name__)
@@ -43,58 +47,131 @@ def providers_for(device: torch.device, available: list[str]) -> list[str]:
     raise ValueError(f"the onnxruntime backend runs on cpu or cuda, not {device.type!r}")
 
 
-class OrtLM(BufferedLM):
-    def __init__(self, session, meta: GraphMeta, folder: Path, device: torch.device, max_length: int,
-                 tokenizer=None):
-        self.session = session
-        super().__init__(meta, folder, device, max_length, tokenizer)
+def open_session(path: Path, device: torch.device, threads: int | None = None):
+    """An InferenceSession for one of our graphs on `device`, or a clear error."""
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    # ORT's pool spins after each run by default, stealing the cores the decode loop's own
+    # torch work (sampling, the acceptance rule) needs between graph runs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = providers_for(device, ort.get_available_providers())
+    try:
+        session = ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as err:  # onnxruntime raises its own exception types for bad graphs
+        raise ValueError(f"{path}: onnxruntime cannot load this graph: {err}") from None
+    log.info("onnxruntime %s on %s: %s", ort.__version__, session.get_providers()[0], path.name)
+    return session
+
+
+class _Bound:
+    """Runs a session with torch tensors bound by pointer (inputs and preallocated outputs)."""
+
+    def __init__(self, session, device: torch.device):
+        self.session, self.device = session, device
         self._where = ("cuda" if device.type == "cuda" else "cpu", device.index or 0)
 
-    @classmethod
-    def load(cls, folder: str | Path, *, device: str = "cpu", max_length: int | None = None, tokenizer=None,
-             threads: int | None = None, force: bool = False) -> "OrtLM":
-        ort = import_onnxruntime()
-        folder = Path(folder)
-        meta = GraphMeta.load(folder, kind="onnx", force=force)
-        dev = torch.device(device)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        # ORT's pool spins after each run by default, stealing the cores the decode loop's own
-        # torch work (sampling, the acceptance rule) needs between graph runs.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        providers = providers_for(dev, ort.get_available_providers())
-        try:
-            session = ort.InferenceSession(str(folder / meta.graph), options, providers=providers)
-        except Exception as err:  # onnxruntime raises its own exception types for bad graphs
-            raise ValueError(f"{folder / meta.graph}: onnxruntime cannot load this graph: {err}") from None
-        log.info("onnxruntime %s on %s", ort.__version__, session.get_providers()[0])
-        return cls(session, meta, folder, dev, max_length or meta.max_length, tokenizer)
-
-    def _bind(self, binding, name: str, tensor: torch.Tensor, output: bool) -> None:
-        args = (name, self._where[0], self._where[1], _NP_DTYPES[tensor.dtype], tuple(tensor.shape),
-                tensor.data_ptr())
-        (binding.bind_output if output else binding.bind_input)(*args)
-
-    def _execute(self, ids, positions, logits_index):
-        meta = self.meta
-        n, k = ids.shape[1], logits_index.shape[1]
+    def run(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
         binding = self.session.io_binding()
-        for name, tensor in (("input_ids", ids), ("position_ids", positions), ("logits_index", logits_index)):
-            self._bind(binding, name, tensor, output=False)
-        logits = torch.empty(1, k, meta.vocab.restricted_size, dtype=torch.float32, device=self.device)
-        self._bind(binding, "logits", logits, output=True)
-        present = []
-        for i in range(meta.num_layers):
-            for j, part in enumerate(("key", "value")):
-                self._bind(binding, f"past_key_values.{i}.{part}", self.cache[2 * i + j], output=False)
-                new = torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
-                self._bind(binding, f"present.{i}.{part}", new, output=True)
-                present.append(new)
+        for output, tensors in ((False, inputs), (True, outputs)):
+            for name, tensor in tensors.items():
+                args = (name, self._where[0], self._where[1], _NP_DTYPES[tensor.dtype], tuple(tensor.shape),
+                        tensor.data_ptr())
+                (binding.bind_output if output else binding.bind_input)(*args)
         if self.device.type == "cuda":
             binding.synchronize_inputs()
         self.session.run_with_iobinding(binding)
         if self.device.type == "cuda":
             binding.synchronize_outputs()
-        return logits, present
+
+
+class OrtLM(BufferedLM):
+    def __init__(self, session, meta: GraphMeta, folder: Path, device: torch.device, max_length: int,
+                 tokenizer=None, threads: int | None = None):
+        self.session = session
+        super().__init__(meta, folder, device, max_length, tokenizer)
+        self._bound = _Bound(session, device)
+        self.exposes_hidden = "last_hidden_state" in {o.name for o in session.get_outputs()}
+        self.threads = threads
+
+    @classmethod
+    def load(cls, folder: str | Path, *, device: str = "cpu", max_length: int | None = None, tokenizer=None,
+             threads: int | None = None, force: bool = False) -> "OrtLM":
+        folder = Path(folder)
+        meta = GraphMeta.load(folder, kind="onnx", force=force)
+        dev = torch.device(device)
+        session = open_session(folder / meta.graph, dev, threads)
+        return cls(session, meta, folder, dev, max_length or meta.max_length, tokenizer, threads)
+
+    @property
+    def has_eagle(self) -> bool:
+        """Whether an EAGLE draft was exported with this target (`pcgtts export onnx --eagle`)."""
+        return "eagle" in self.meta.extra
+
+    def eagle_step(self) -> "OrtEagleStep":
+        """The EAGLE draft exported with this target, on the same device, with its own cache."""
+        record = self.meta.extra.get("eagle")
+        if record is None:
+            raise ValueError(f"{self.model_dir}: no EAGLE draft was exported with this target "
+                             f"(`pcgtts export onnx --model T --eagle FILE`)")
+        if not self.exposes_hidden:
+            raise ValueError(f"{self.model_dir}: this export has no hidden-state output; export it again")
+        path = self.model_dir / record["graph"]
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.model_dir}: {record['graph']} listed in pcgtts-lm.json is missing")
+        return OrtEagleStep(open_session(path, self.device, self.threads), record, self.device, self.max_length)
+
+    def _execute(self, ids, positions, logits_index):
+        meta = self.meta
+        n, k = ids.shape[1], logits_index.shape[1]
+        logits = torch.empty(1, k, meta.vocab.restricted_size, dtype=torch.float32, device=self.device)
+        inputs = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index}
+        outputs = {"logits": logits}
+        hidden = None
+        if self.exposes_hidden:
+            hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)
+            outputs["last_hidden_state"] = hidden
+        present = []
+        for i in range(meta.num_layers):
+            for j, part in enumerate(("key", "value")):
+                inputs[f"past_key_values.{i}.{part}"] = self.cache[2 * i + j]
+                new = torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
+                outputs[f"present.{i}.{part}"] = new
+                present.append(new)
+        self._bound.run(inputs, outputs)
+        return logits, hidden, present
+
+
+class OrtEagleStep:
+    """`eagle.TorchEagleStep`'s contract over the exported EAGLE graph: run(states [k, D], tokens [k],
+    start) -> (f [D], head scores [W]), float32, with the one block's cache owned here."""
+
+    def __init__(self, session, record: dict, device: torch.device, max_length: int):
+        self._bound, self.device, self.max_length = _Bound(session, device), device, max_length
+        self.acceptance = record.get("acceptance")
+        self.hidden_size, self.head_width = record["hidden_size"], record["head_width"]
+        self.digits = record["digits"]  # > 0: the scores are a digit table's, drawn digit by digit
+        self.dtype = torch.float32  # the graph's state inputs and outputs
+        cache_dtype = {"float32": torch.float32, "float16": torch.float16}[record["dtype"]]
+        shape = (1, record["num_kv_heads"], max_length, record["head_dim"])
+        self.cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(2)]
+
+    def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k = len(tokens)
+        f = torch.empty(1, 1, self.hidden_size, dtype=torch.float32, device=self.device)
+        scores = torch.empty(1, 1, self.head_width, dtype=torch.float32, device=self.device)
+        new = [torch.empty(1, *c.shape[1:2], k, c.shape[3], dtype=c.dtype, device=self.device) for c in self.cache]
+        inputs = {"hidden_states": states.to(self.device, torch.float32).contiguous().view(1, k, -1),
+                  "restricted_ids": tokens.to(self.device, torch.long).contiguous().view(1, k),
+                  "position_ids": torch.arange(start, start + k, device=self.device).view(1, k),
+                  "past_key_values.0.key": self.cache[0], "past_key_values.0.value": self.cache[1]}
+        self._bound.run(inputs, {"last_hidden_state": f, "head_scores": scores, "present.0.key": new[0],
+                                 "present.0.value": new[1]})
+        for buf, entries in zip(self.cache, new):
+            buf[:, :, start:start + k] = entries
+        return f[0, 0], scores[0, 0]
+
+    def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
+        return expand_digit_scores(scores, self.digits) if self.digits else scores

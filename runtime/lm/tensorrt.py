@@ -79,6 +79,8 @@ class TrtLM(BufferedLM):
         self.step_max = int(meta.extra["profiles"]["step"][1])
         # The cache capacity is fixed by the profiles the engine was built with.
         super().__init__(meta, folder, device, meta.max_length, tokenizer)
+        names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
+        self.exposes_hidden = "last_hidden_state" in names
 
     @classmethod
     def load(cls, folder: str | Path, *, device: str = "cuda", max_length: int | None = None,
@@ -107,14 +109,18 @@ class TrtLM(BufferedLM):
         present = [torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
                    for _ in self.cache]
         tensors = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index, "logits": logits}
+        hidden = None
+        if self.exposes_hidden:  # every output of the engine must have an address
+            hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)
+            tensors["last_hidden_state"] = hidden
         for i in range(meta.num_layers):
             for j, part in enumerate(("key", "value")):
                 tensors[f"past_key_values.{i}.{part}"] = self.cache[2 * i + j]
                 tensors[f"present.{i}.{part}"] = present[2 * i + j]
         for name, tensor in tensors.items():
-            if not (name == "logits" or name.startswith("present.")):
+            if not (name in ("logits", "last_hidden_state") or name.startswith("present.")):
                 context.set_input_shape(name, tuple(tensor.shape))
             context.set_tensor_address(name, tensor.data_ptr())
         if not context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
             raise RuntimeError("TensorRT execution failed")
-        return logits, present
+        return logits, hidden, present

@@ -1,0 +1,50 @@
+"""The EAGLE draft's step as an ONNX-exportable module, beside the target's step graph.
+
+One graph per draft (`eagle.onnx`, in the target's export folder) does everything a proposal
+needs, so the onnxruntime backend runs eagle-sd / eagle-pcg without the torch model:
+
+    hidden_states                [1, T, D]  float32 target states h_j (or the draft's own f, fed back)
+    restricted_ids               [1, T]     int64   the token chosen after each row, as a
+                                                    restricted-vocabulary index (speech code or stop)
+    position_ids                 [1, T]     int64   the draft's cache slots start..start+T-1
+    past_key_values.0.key/value  [1, kv, S, D_h]    its one block's whole cache buffer
+ -> last_hidden_state            [1, 1, D]  float32 f of the last row (stands in for the next h)
+    head_scores                  [1, 1, W]  float32 the target head's scores of f: its logits
+                                                    (W = V_r), or a digit head's 34 scores
+    present.0.key / .value       [1, kv, T, D_h]    keys/values of the T new rows only
+
+Same cache contract as `lm_graph.py` (the runtime owns the buffer, rollback is O(1)). The graph
+carries its own copy of the target's speech-token embedding rows and head (a digit head: 34
+rows; a full head: V_r rows, which doubles those two matrices' memory beside the target graph).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pcgtts.export.lm_graph import block_step
+from pcgtts.runtime.lm.eagle import EagleDraft
+from pcgtts.runtime.lm.llama import Llama, rope_cos_sin
+
+
+class EagleGraph(nn.Module):
+    def __init__(self, draft: EagleDraft, target: Llama, restricted_token_ids: torch.Tensor):
+        super().__init__()
+        self.draft = draft
+        self.embed = nn.Embedding.from_pretrained(target.embed_tokens.weight[restricted_token_ids].clone())
+        self.head = target.head
+
+    def forward(self, hidden_states: torch.Tensor, restricted_ids: torch.Tensor, position_ids: torch.Tensor,
+                past_k: torch.Tensor, past_v: torch.Tensor):
+        d = self.draft
+        dtype = d.fc.weight.dtype
+        x = d.fc(torch.cat([hidden_states.to(dtype), self.embed(restricted_ids).to(dtype)], dim=-1))
+        cos, sin = rope_cos_sin(d.inv_freq, position_ids[0], dtype)
+        x, k, v = block_step(d.block, x, cos, sin, past_k, past_v, position_ids[:, :1])
+        f = d.norm(x[:, -1:])
+        return f.float(), self.head(f).float(), k, v
+
+
+INPUTS = ["hidden_states", "restricted_ids", "position_ids", "past_key_values.0.key", "past_key_values.0.value"]
+OUTPUTS = ["last_hidden_state", "head_scores", "present.0.key", "present.0.value"]
