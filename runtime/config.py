@@ -105,6 +105,7 @@ class StreamConfig:
     left_context_tokens: int = 50  # 1 s of already-emitted tokens decoded again as context
     codec_lookahead: int = 8  # tokens past the chunk that must exist before it is decoded
     crossfade_samples: int = 640  # 40 ms raised-cosine blend with the previous window
+    codec_thread: bool = True  # decode codec windows on a thread of their own, beside the LM's
 
     def __post_init__(self) -> None:
         for name in ("first_chunk_tokens", "chunk_tokens"):

@@ -35,7 +35,7 @@ from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES,
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.speculative import DecodeStats, decode
 from pcgtts.runtime.lm.protocol import LM
-from pcgtts.runtime.audio.streaming import WindowDecoder
+from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.split import split_sentences
 from pcgtts.runtime.audio.voice import Voice
 
@@ -117,6 +117,22 @@ class SynthesisStream:
         self.close()
 
 
+class _SameThread:
+    """`CodecThread`'s contract on the LM's own thread (`StreamConfig.codec_thread` off)."""
+
+    def __init__(self, window: WindowDecoder, emit):
+        self.window, self.emit = window, emit
+
+    def push(self, tokens) -> bool:
+        return all(self.emit(audio, False) for audio in self.window.push(tokens))
+
+    def finish(self) -> bool:
+        return self.emit(self.window.flush(), True)
+
+    def close(self) -> None:
+        pass
+
+
 class _Job:
     """One stream's state, apart from the models: its queue, worker thread, lock ownership."""
 
@@ -173,7 +189,7 @@ class _Job:
     def put(self, item) -> bool:
         """Worker side: hand `item` to the consumer; False once the stream is closed or abandoned."""
         waiting_since = time.monotonic()
-        while not self.stop.is_set():
+        while not (self.stop.is_set() or self.abandoned):
             try:
                 self.queue.put(item, timeout=0.05)
                 return True
@@ -181,11 +197,16 @@ class _Job:
                 if time.monotonic() - waiting_since > self.config.abandon_after_s:
                     log.warning("a stream was not read for %g s: abandoning it (worker and lock freed)",
                                 self.config.abandon_after_s)
-                    self.abandoned = self.stats.cancelled = True
-                    self.synth.release()
-                    self._release_lock()
+                    self.abandoned = self.stats.cancelled = True  # the worker frees both as it exits
                     return False
         return False
+
+    def worker_exits(self) -> None:
+        """Worker side, last: an abandoned stream's caches and lock are freed here, on the thread
+        that used them (a chunk may be refused on the codec thread while the LM still runs)."""
+        if self.abandoned:
+            self.synth.release()
+            self._release_lock()
 
     def _release_lock(self) -> None:
         with self._guard:
@@ -396,26 +417,27 @@ class Synthesizer:
                                       start // SAMPLES_PER_TOKEN, done // SAMPLES_PER_TOKEN,
                                       time.perf_counter(), last, stats.truncated))
 
-            for prompt, budget in zip(prompts, budgets):
-                sentence = DecodeStats()
-                stats.sentences.append(sentence)
-                decode_config = replace(config.decode, max_new_tokens=budget)
-                for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
-                                    sentence, proposer=self.proposer(decode_config.policy)):
-                    for audio in window.push(burst):
-                        if not emit(audio, False):
+            codec = CodecThread(window, emit) if config.stream.codec_thread else _SameThread(window, emit)
+            try:
+                for prompt, budget in zip(prompts, budgets):
+                    sentence = DecodeStats()
+                    stats.sentences.append(sentence)
+                    decode_config = replace(config.decode, max_new_tokens=budget)
+                    for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
+                                        sentence, proposer=self.proposer(decode_config.policy)):
+                        if not codec.push(burst) or stop.is_set():
                             return
-                    if stop.is_set():
-                        return
-                if sentence.finish in ("max_tokens", "cache_full"):
-                    stats.truncated += 1
-                    why = (f"its budget of {budget} tokens" if sentence.finish == "max_tokens"
-                           else "the end of the KV cache")
-                    log.warning("sentence %d reached %s without the stop token; cut there",
-                                len(stats.sentences), why)
-            tail = window.flush()
-            if emit(tail, True):
-                put(_END)
+                    if sentence.finish in ("max_tokens", "cache_full"):
+                        stats.truncated += 1
+                        why = (f"its budget of {budget} tokens" if sentence.finish == "max_tokens"
+                               else "the end of the KV cache")
+                        log.warning("sentence %d reached %s without the stop token; cut there",
+                                    len(stats.sentences), why)
+                if codec.finish():
+                    put(_END)
+            finally:
+                codec.close()
+                job.worker_exits()
         except BaseException as err:  # surfaced to the consumer's thread
             put(err)
 

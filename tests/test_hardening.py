@@ -25,7 +25,7 @@ def tiny_synth(tiny_lm_factory, demo_codec_dir):
 
 
 def workers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "pcgtts-synthesis"]
+    return [t for t in threading.enumerate() if t.name in ("pcgtts-synthesis", "pcgtts-codec")]
 
 
 def wait_until(condition, seconds: float = 5.0) -> bool:
@@ -91,6 +91,58 @@ def test_a_prompt_that_cannot_fit_is_refused_before_work(tiny_synth):
     with pytest.raises(ValueError, match="leaves no room in the KV cache"):
         tiny_synth.stream("Hello.", voice=voice)
     assert not tiny_synth._lock.locked()
+
+
+def test_the_codec_thread_gives_the_same_chunks_as_decoding_in_line(tiny_synth):
+    """Codec windows decoded on their own thread (the default) are the chunks the worker's own
+    thread makes: same samples, same boundaries, same order."""
+    text = "The codec decodes beside the language model, chunk by chunk."
+    threaded = list(tiny_synth.stream(text))
+    in_line = list(tiny_synth.stream(text, config=replace(tiny_synth.config,
+                                                          stream=replace(tiny_synth.config.stream, codec_thread=False))))
+    assert len(threaded) == len(in_line) > 3
+    for a, b in zip(threaded, in_line):
+        assert (a.token_start, a.token_end, a.is_last) == (b.token_start, b.token_end, b.is_last)
+        assert np.array_equal(a.samples, b.samples)
+
+
+def test_a_codec_error_reaches_the_reader_and_frees_everything(tiny_synth, monkeypatch):
+    """An exception on the codec thread is raised to the reader; both threads end and the lock is freed."""
+    calls = []
+    original = tiny_synth.codec.decode
+
+    def failing(codes):
+        calls.append(len(codes))
+        if len(calls) == 3:
+            raise RuntimeError("codec broke on its third window")
+        return original(codes)
+
+    monkeypatch.setattr(tiny_synth.codec, "decode", failing)
+    with pytest.raises(RuntimeError, match="third window"):
+        for _ in tiny_synth.stream("A long enough sentence to need several codec windows, and then some more."):
+            pass
+    assert wait_until(lambda: not workers()) and wait_until(lambda: not tiny_synth._lock.locked())
+    monkeypatch.undo()
+    assert len(tiny_synth.synthesize("Usable again.")) > 0
+
+
+def test_codec_thread_stops_when_a_chunk_is_refused():
+    from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
+    from pcgtts.runtime.config import StreamConfig
+
+    taken = []
+    window = WindowDecoder(lambda codes: np.zeros(320 * len(codes), np.float32), StreamConfig(codec_lookahead=0,
+                                                                                               crossfade_samples=0))
+    codec = CodecThread(window, lambda samples, last: taken.append(len(samples)) or len(taken) < 2)
+    for _ in range(20):
+        if not codec.push([1] * 10):
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("push kept accepting tokens after the consumer refused a chunk")
+    codec.close()
+    codec.close()  # idempotent
+    assert len(taken) == 2 and not codec._thread.is_alive()
 
 
 # -- the CLI: one-line errors, before any model is loaded or made -------------------------------

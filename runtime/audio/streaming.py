@@ -11,10 +11,15 @@ once: the stream holds 320 samples per token, no gaps, no duplicates.
 The first chunk is small (low time to first audio); each later chunk doubles the previous one up
 to `chunk_tokens` (fewer decodes), so the next chunk is ready before the audio already out runs dry.
 Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
+
+`CodecThread` runs a `WindowDecoder` on a thread of its own, so the codec decodes a window on one
+core while the LM decodes the next tokens on another (the same chunks, in the same order).
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Callable
 
 import numpy as np
@@ -74,3 +79,65 @@ class WindowDecoder:
         self.tail = audio[lead + (end - start) * hop:lead + (end - start) * hop + cfg.crossfade_samples]
         self.done = end
         return chunk
+
+
+_FLUSH, _CLOSE = object(), object()
+
+
+class CodecThread:
+    """A `WindowDecoder` on its own thread, fed by the LM's thread.
+
+    push(tokens) queues tokens and returns at once (False once `emit` has refused a chunk: the
+    consumer is gone, stop producing); finish() flushes, waits and returns whether the last chunk
+    was taken; close() stops the thread (idempotent; after finish it only joins). `emit(samples,
+    last) -> bool` runs on the codec thread. An error there is raised again on the LM's thread by
+    its next push / finish."""
+
+    def __init__(self, window: WindowDecoder, emit: Callable[[np.ndarray, bool], bool]):
+        self.window, self.emit = window, emit
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._refused = threading.Event()
+        self._error: BaseException | None = None
+        self._last_taken = False
+        self._thread = threading.Thread(target=self._run, name="pcgtts-codec", daemon=True)
+        self._thread.start()
+
+    def push(self, tokens) -> bool:
+        self._raise()
+        if self._refused.is_set():
+            return False
+        self._queue.put(list(tokens))
+        return True
+
+    def finish(self) -> bool:
+        self._queue.put(_FLUSH)
+        self._thread.join()
+        self._raise()
+        return self._last_taken
+
+    def close(self) -> None:
+        self._refused.set()
+        self._queue.put(_CLOSE)
+        self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _CLOSE or self._refused.is_set():
+                    return
+                if item is _FLUSH:
+                    self._last_taken = self.emit(self.window.flush(), True)
+                    return
+                for audio in self.window.push(item):
+                    if not self.emit(audio, False):
+                        self._refused.set()
+                        return
+        except BaseException as err:  # handed to the LM's thread
+            self._error = err
+            self._refused.set()
