@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     onnx.add_argument("--eagle", help="the target's EAGLE draft, exported with it for the eagle-* policies "
                                       "(default: eagle_draft.safetensors beside the model, if there)")
     onnx.add_argument("--no-eagle", action="store_true", help="do not export the EAGLE draft found beside the model")
+    onnx.add_argument("--heads", help="the target's multi-token heads, exported with it for the mtp-* policies "
+                                      "(default: mtp_heads.safetensors beside the model, if there)")
+    onnx.add_argument("--no-heads", action="store_true", help="do not export the heads found beside the model")
     onnx.set_defaults(func=_onnx)
 
     codec = export.add_parser("codec", help="X-codec2 decoder (codes -> waveform) -> ONNX")
@@ -64,26 +67,31 @@ def _onnx(args) -> int:
     from pathlib import Path
 
     from pcgtts.runtime.lm.eagle import EAGLE_FILE
+    from pcgtts.runtime.lm.heads import HEADS_FILE
 
-    if args.eagle and args.no_eagle:
-        raise ValueError("give --eagle or --no-eagle, not both")
+    found = {}
+    for name, default in (("eagle", EAGLE_FILE), ("heads", HEADS_FILE)):
+        given, skip = getattr(args, name), getattr(args, f"no_{name}")
+        if given and skip:
+            raise ValueError(f"give --{name} or --no-{name}, not both")
+        found[name] = given
+        if given is None and not skip and (Path(args.model) / default).is_file():
+            found[name] = Path(args.model) / default
     _check_paths(args.model, args.out)
-    eagle = args.eagle
-    if eagle is None and not args.no_eagle and (Path(args.model) / EAGLE_FILE).is_file():
-        eagle = Path(args.model) / EAGLE_FILE
     from pcgtts.export.onnx_lm import export_lm
 
     meta, check = export_lm(args.model, args.out, dtype=args.dtype, max_length=args.max_length,
-                            check=not args.no_check, eagle=eagle)
+                            check=not args.no_check, **found)
     diff = "not checked" if check is None else f"max |logit diff| vs PyTorch {check.max_abs_diff:.2e} " \
                                                f"(tolerance {check.tolerance:.0e})"
-    record = meta.extra.get("eagle")
-    if record is not None:
-        eagle_check = record.get("check")
-        diff += f"; EAGLE draft {record['source']}: " + (
-            "not checked" if eagle_check is None else f"max |diff| {eagle_check['max_abs_diff']:.2e}")
-    _report({"out": args.out, "layers": meta.num_layers, "check": meta.extra.get("check"),
-             "eagle": None if record is None else record.get("check")},
+    checks = {}
+    for name, what in (("eagle", "EAGLE draft"), ("heads", "multi-token heads")):
+        record = meta.extra.get(name)
+        if record is not None:
+            checks[name] = record.get("check")
+            diff += f"; {what} {record['source']}: " + (
+                "not checked" if checks[name] is None else f"max |diff| {checks[name]['max_abs_diff']:.2e}")
+    _report({"out": args.out, "layers": meta.num_layers, "check": meta.extra.get("check"), **checks},
             f"exported {args.model} -> {args.out}: {meta.num_layers} layers, {diff}")
     return 0
 

@@ -9,13 +9,14 @@ capacity dynamic, so one graph serves prefill, the 1-token draft step and the (L
 verify step, for any cache size the runtime allocates.
 
 With `eagle=FILE` (the CLI finds `eagle_draft.safetensors` beside the model by default) the
-target's EAGLE draft is exported too, as `eagle.onnx` (`export/eagle_graph.py`), checked the same
+target's EAGLE draft is exported too, as `eagle.onnx` (`export/proposer_graphs.py`), checked the same
 way against the torch draft, and listed under "eagle" in pcgtts-lm.json.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 GRAPH_FILE = "model.onnx"
 EAGLE_GRAPH_FILE = "eagle.onnx"
+HEADS_GRAPH_FILE = "mtp_heads.onnx"
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,13 @@ class CheckResult:
 
 
 def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float32", max_length: int = 4096,
-              check: bool = True, tolerance: float | None = None, eagle: str | Path | None = None
-              ) -> tuple[GraphMeta, CheckResult | None]:
+              check: bool = True, tolerance: float | None = None, eagle: str | Path | None = None,
+              heads: str | Path | None = None) -> tuple[GraphMeta, CheckResult | None]:
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     read_config(model_dir)  # a clear error for a folder that is not a LLaMA checkpoint
-    if eagle is not None and not Path(eagle).is_file():
-        raise ValueError(f"EAGLE draft file not found: {eagle}")
+    for what, path in (("EAGLE draft", eagle), ("multi-token heads", heads)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{what} file not found: {path}")
     tokenizer = load_tokenizer(model_dir)
     vocab = SpeechVocab.from_tokenizer(tokenizer)
     torch_dtype = resolve_dtype(dtype)
@@ -60,6 +63,8 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
         meta, result = _export_into(stage, model_dir, tokenizer, vocab, torch_dtype, max_length, check, tolerance)
         if eagle is not None:
             meta = _export_eagle(stage, meta, model_dir, Path(eagle), torch_dtype, check, tolerance)
+        if heads is not None:
+            meta = _export_heads(stage, meta, model_dir, Path(heads), torch_dtype, check, tolerance)
     if result is not None:
         log.info("exported %s: max |logit diff| vs PyTorch %.2g (tolerance %.2g)", out_dir, result.max_abs_diff,
                  result.tolerance)
@@ -107,7 +112,7 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
 def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, torch_dtype: torch.dtype,
                   check: bool, tolerance: float | None) -> GraphMeta:
     """Export the target's EAGLE draft beside its step graph and record it in the metadata."""
-    from pcgtts.export.eagle_graph import INPUTS, OUTPUTS, EagleGraph
+    from pcgtts.export.proposer_graphs import INPUTS, OUTPUTS, EagleGraph
     from pcgtts.runtime.lm.eagle import EagleDraft
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
@@ -126,16 +131,44 @@ def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, to
               "hidden_size": args.hidden_size, "num_kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
               "intermediate_size": args.intermediate_size, "head_width": model.head.out_features,
               "digits": model.digits if model.samples_digits else 0, "acceptance": draft.acceptance}
-    meta = GraphMeta(**{**meta.__dict__, "extra": {**meta.extra, "eagle": record}})
+    checker = (lambda: check_eagle(model_dir, eagle, stage, tolerance=tolerance)) if check else None
+    return _record_proposer(stage, meta, "eagle", record, checker)
+
+
+def _export_heads(stage: Path, meta: GraphMeta, model_dir: Path, heads_file: Path, torch_dtype: torch.dtype,
+                  check: bool, tolerance: float | None) -> GraphMeta:
+    """Export the target's multi-token heads beside its step graph (and its transition table, if any)."""
+    from pcgtts.export.proposer_graphs import HEADS_INPUTS, HEADS_OUTPUTS, HeadsGraph
+    from pcgtts.runtime.lm.heads import TRANSITIONS_FILE, MTPHeads
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16)
+    model = lm.model
+    heads = MTPHeads.load(heads_file, fingerprint=lm.fingerprint, hidden_size=model.head.in_features,
+                          dtype=torch_dtype)
+    example = (torch.zeros(1, model.head.in_features),)
+    export_graph(HeadsGraph(heads, model).eval(), example, stage / HEADS_GRAPH_FILE, HEADS_INPUTS, HEADS_OUTPUTS, None)
+    if (heads_file.parent / TRANSITIONS_FILE).is_file():
+        shutil.copy2(heads_file.parent / TRANSITIONS_FILE, stage / TRANSITIONS_FILE)
+    record = {"graph": HEADS_GRAPH_FILE, "source": str(heads_file), "num_heads": heads.num_heads,
+              "hidden_size": heads.hidden_size}
+    checker = (lambda: check_heads(model_dir, heads_file, stage, tolerance=tolerance)) if check else None
+    return _record_proposer(stage, meta, "heads", record, checker)
+
+
+def _record_proposer(stage: Path, meta: GraphMeta, kind: str, record: dict, checker) -> GraphMeta:
+    """List a proposer graph in the metadata; with `checker`, run and record its check (a failure
+    raises, so the staged export is dropped)."""
+    meta = GraphMeta(**{**meta.__dict__, "extra": {**meta.extra, kind: record}})
     meta.save(stage)
-    if check:
-        result = check_eagle(model_dir, eagle, stage, tolerance=tolerance)
+    if checker is not None:
+        result = checker()
         record["check"] = result.__dict__ | {"ok": result.ok}
         meta.save(stage)
         if not result.ok:
-            raise RuntimeError(f"exported EAGLE graph differs from PyTorch by {result.max_abs_diff:.3g} "
+            raise RuntimeError(f"exported {kind} graph differs from PyTorch by {result.max_abs_diff:.3g} "
                                f"(tolerance {result.tolerance:.3g}); nothing was written")
-        log.info("exported EAGLE draft: max |diff| vs PyTorch %.2g", result.max_abs_diff)
+        log.info("exported %s graph: max |diff| vs PyTorch %.2g", kind, result.max_abs_diff)
     return meta
 
 
@@ -162,6 +195,30 @@ def check_eagle(model_dir: str | Path, eagle: str | Path, onnx_dir: str | Path, 
     if tolerance is None:
         tolerance = 2e-3 if target.cache_dtype == torch.float32 else 1e-1
     return CheckResult(max_abs_diff=worst, tolerance=tolerance, steps=("5 rows", "1", "back 2, 3", "1"))
+
+
+def check_heads(model_dir: str | Path, heads_file: str | Path, onnx_dir: str | Path, *,
+                tolerance: float | None = None, seed: int = 0) -> CheckResult:
+    """The torch heads and the exported ones on the same random target states."""
+    from pcgtts.runtime.decode.multi_token import HeadProposer
+    from pcgtts.runtime.lm.heads import MTPHeads
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    target = TorchLM.load(model_dir, dtype=torch.float32, max_length=16)
+    heads = MTPHeads.load(heads_file, fingerprint=target.fingerprint, hidden_size=target.model.head.in_features)
+    reference = HeadProposer.from_heads(heads, target).step
+    exported = OrtLM.load(onnx_dir, max_length=16, force=True)
+    candidate = exported.heads_step()
+    gen = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for _ in range(3):
+        hidden = torch.randn(reference.hidden_size, generator=gen)
+        a, b = reference.logits(hidden, heads.num_heads), candidate.logits(hidden, heads.num_heads)
+        worst = max(worst, (a.float() - b.float()).abs().max().item())
+    if tolerance is None:
+        tolerance = 2e-3 if exported.cache_dtype == torch.float32 else 1e-1
+    return CheckResult(max_abs_diff=worst, tolerance=tolerance, steps=("3 states",))
 
 
 def compare_backends(reference, candidate, prompt: torch.Tensor, steps: list[torch.Tensor], rollback: int) -> float:

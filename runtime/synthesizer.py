@@ -461,21 +461,25 @@ def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
 
 
 def check_proposers(models: ModelPaths, policy: str, backend: str) -> tuple:
-    """The heads, transitions and EAGLE draft (files or exported graph) `policy` would use on
-    `backend`, or a clear error; before any model loads. onnxruntime runs the eagle-* policies
-    with the draft exported beside the target (`pcgtts export onnx --eagle`); the heads are torch only."""
+    """The heads, transitions and EAGLE draft (files, or graphs exported with the target) `policy`
+    would use on `backend`, or a clear error; before any model loads. onnxruntime runs the mtp-* and
+    eagle-* policies with the proposers exported beside the target (`pcgtts export onnx`)."""
     heads, transitions, eagle = proposer_files(models)
     if backend == "onnxruntime" and models.target is not None:
-        if models.eagle is not None:
-            raise ValueError("the onnxruntime backend runs the EAGLE draft exported with the target; "
-                             "export it with `pcgtts export onnx --model CHECKPOINT --eagle FILE` instead of --eagle")
-        eagle = exported_eagle(models.target)
-        if eagle is None and policy in EAGLE_POLICIES:
-            raise ValueError(f"policy {policy!r} on onnxruntime needs the EAGLE draft exported with the target: "
-                             f"`pcgtts export onnx --model CHECKPOINT --eagle FILE --out {models.target}`")
-    if policy in STATE_POLICIES and not (backend == "torch" or (backend == "onnxruntime" and policy in EAGLE_POLICIES)):
-        raise ValueError(f"policy {policy!r} runs on the torch backend only (it reads the target's hidden states; "
-                         f"the eagle-* policies also run on onnxruntime)")
+        for given, flag in ((models.eagle, "--eagle"), (models.heads, "--heads")):
+            if given is not None:
+                raise ValueError(f"the onnxruntime backend runs the proposers exported with the target; export "
+                                 f"them with `pcgtts export onnx --model CHECKPOINT {flag} FILE` instead of {flag}")
+        exported = exported_proposers(models.target)
+        heads, eagle = exported.get("heads"), exported.get("eagle")
+        needed = "eagle" if policy in EAGLE_POLICIES else "heads" if policy in STATE_POLICIES else None
+        if needed is not None and needed not in exported:
+            what = {"eagle": "EAGLE draft", "heads": "multi-token heads"}[needed]
+            raise ValueError(f"policy {policy!r} on onnxruntime needs the {what} exported with the target: "
+                             f"`pcgtts export onnx --model CHECKPOINT --{needed} FILE --out {models.target}`")
+    elif policy in STATE_POLICIES and backend != "torch":
+        raise ValueError(f"policy {policy!r} runs on the torch and onnxruntime backends only "
+                         f"(it reads the target's hidden states)")
     return heads, transitions, eagle
 
 
@@ -498,17 +502,17 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
         raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
 
 
-def exported_eagle(target_dir: str | Path) -> str | None:
-    """The EAGLE graph exported with an onnxruntime target (pcgtts-lm.json's "eagle"), or None;
-    read before any model loads."""
+def exported_proposers(target_dir: str | Path) -> dict[str, str]:
+    """The proposer graphs ("eagle", "heads") exported with an onnxruntime target, from its
+    pcgtts-lm.json, read before any model loads."""
     from pcgtts.runtime.lm.graph_meta import META_FILE
 
     path = Path(target_dir) / META_FILE
     try:
-        record = json.loads(path.read_text()).get("extra", {}).get("eagle") if path.is_file() else None
+        extra = json.loads(path.read_text()).get("extra", {}) if path.is_file() else {}
     except json.JSONDecodeError:
-        return None  # the loader reports the corrupt file
-    return None if record is None else record.get("graph")
+        return {}  # the loader reports the corrupt file
+    return {kind: extra[kind]["graph"] for kind in ("eagle", "heads") if kind in extra}
 
 
 def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path | None]:
@@ -525,17 +529,20 @@ def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path |
 
 def _load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm):
     """The target's multi-token heads (with the transition table when there is one), or None."""
-    if heads_file is None or not hasattr(target_lm, "forward_hidden"):
-        return None
     from pcgtts.groups.transitions import TransitionTable
     from pcgtts.runtime.decode.multi_token import HeadProposer
+
+    transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None
+    if hasattr(target_lm, "heads_step"):  # onnxruntime: the heads' graph was exported with the target
+        return HeadProposer(target_lm.heads_step(), transitions) if target_lm.has_heads else None
+    if heads_file is None or not hasattr(target_lm, "forward_hidden"):
+        return None
     from pcgtts.runtime.lm.heads import MTPHeads
 
     model = target_lm.model
     heads = MTPHeads.load(heads_file, fingerprint=target_lm.fingerprint, hidden_size=model.head.in_features,
                           device=target_lm.device, dtype=model.head.weight.dtype)
-    transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None
-    return HeadProposer(heads, target_lm, transitions)
+    return HeadProposer.from_heads(heads, target_lm, transitions)
 
 
 def _load_eagle(eagle_file: Path | None, target_lm):

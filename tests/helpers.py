@@ -16,3 +16,15 @@ def decode_codes(target, proposer, prompt, policy, sampling, tokens=40, seed=0, 
     out = [t for burst in decode(target, None, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
                                  proposer=proposer, costs=costs) for t in burst]
     return out, stats
+
+
+def random_heads(target, k=3, seed=0, scale=0.5):
+    """Heads with random (not identity) maps, so proposals differ from a repeat of the last row."""
+    from pcgtts.runtime.lm.heads import MTPHeads
+
+    heads = MTPHeads(k, target.model.head.in_features, target.fingerprint)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[1] ** 0.5)
+    return heads.eval()

@@ -17,7 +17,7 @@ from pcgtts.runtime.decode.speculative import decode
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import decode_codes as run
+from helpers import decode_codes as run, random_heads
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -253,38 +253,44 @@ def test_calibration_times_the_eagle_proposer(target, proposer):
     assert proposer.length == 0  # the probes leave the draft's cache empty
 
 
-@pytest.mark.slow  # one ONNX export of the tiny target with its draft (~1 min)
-def test_eagle_on_onnxruntime_equals_torch(tiny_lms, target, prompt, tiny_groups, tmp_path):
-    """The draft exported with the target (`pcgtts export onnx --eagle`) checks itself, catches a
-    draft other than its own, and on onnxruntime gives the torch backend's tokens: greedy eagle-pcg
-    equals greedy AR, and seeded eagle-sd / eagle-pcg give the same tokens and statistics (the
-    logits agree to ~1e-5, far below any uniform draw's chance of landing between them)."""
+@pytest.mark.slow  # one ONNX export of the tiny target with its EAGLE draft and heads (~1 min)
+def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_groups, tmp_path):
+    """The EAGLE draft and the multi-token heads exported with the target (`pcgtts export onnx
+    --eagle --heads`) check themselves, the check catches a draft other than the exported one, and
+    on onnxruntime they give the torch backend's tokens: greedy eagle-pcg / mtp-pcg equal greedy
+    AR, and seeded runs give the same tokens and statistics (the logits agree to ~1e-5, far below
+    any uniform draw's chance of landing between them)."""
     from pcgtts.export.onnx_lm import check_eagle, export_lm
+    from pcgtts.runtime.decode.multi_token import HeadProposer
     from pcgtts.runtime.lm.onnxruntime import OrtLM
 
-    draft = random_draft(target, seed=4)
+    draft, heads = random_draft(target, seed=4), random_heads(target, seed=2)
     path = draft.save(tmp_path / "e.safetensors", dtype=torch.float32)
-    meta, _ = export_lm(tiny_lms["target"], tmp_path / "onnx", max_length=256, eagle=path)
-    record = meta.extra["eagle"]
-    assert record["check"]["ok"] and record["check"]["max_abs_diff"] < 2e-3
+    meta, _ = export_lm(tiny_lms["target"], tmp_path / "onnx", max_length=256, eagle=path,
+                        heads=heads.save(tmp_path / "h.safetensors", dtype=torch.float32))
+    for kind in ("eagle", "heads"):
+        check = meta.extra[kind]["check"]
+        assert check["ok"] and check["max_abs_diff"] < 2e-3, kind
     other = random_draft(target, seed=5).save(tmp_path / "other.safetensors", dtype=torch.float32)
     assert not check_eagle(tiny_lms["target"], other, tmp_path / "onnx").ok
 
     ort = OrtLM.load(tmp_path / "onnx", max_length=256, tokenizer=target.tokenizer)
-    assert ort.exposes_hidden and ort.has_eagle
-    on_ort, on_torch = EagleProposer.for_target(ort), EagleProposer.from_draft(draft, target)
+    assert ort.exposes_hidden and ort.has_eagle and ort.has_heads
+    cases = [("eagle", EagleProposer.for_target(ort), EagleProposer.from_draft(draft, target)),
+             ("mtp", HeadProposer(ort.heads_step()), HeadProposer.from_heads(heads, target))]
     reference, _ = run(target, None, prompt, "ar", GREEDY)
-    assert run(ort, on_ort, prompt, "eagle-pcg", GREEDY, groups=tiny_groups)[0] == reference
-    for policy in ("eagle-sd", "eagle-pcg"):
-        a, sa = run(target, on_torch, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
-        b, sb = run(ort, on_ort, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
-        assert a == b and (sa.drafted, sa.accepted, sa.steps) == (sb.drafted, sb.accepted, sb.steps), policy
-        assert sa.accepted > 0, policy  # the comparison covered accepted proposals
+    for kind, on_ort, on_torch in cases:
+        assert run(ort, on_ort, prompt, f"{kind}-pcg", GREEDY, groups=tiny_groups)[0] == reference, kind
+        for policy in (f"{kind}-sd", f"{kind}-pcg"):
+            a, sa = run(target, on_torch, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
+            b, sb = run(ort, on_ort, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
+            assert a == b and (sa.drafted, sa.accepted, sa.steps) == (sb.drafted, sb.accepted, sb.steps), policy
+            assert sa.accepted > 0, policy  # the comparison covered accepted proposals
 
 
 def test_eagle_on_onnxruntime_is_refused_cleanly(tiny_models, tmp_path):
-    """Before any model loads: the onnxruntime backend reads the draft from its export, not --eagle;
-    an export without one says how to make it; the heads stay torch-only."""
+    """Before any model loads: the onnxruntime backend reads the proposers from its export, not
+    --eagle / --heads; an export without them says how to make them; tensorrt runs neither."""
     from pcgtts.runtime.synthesizer import Synthesizer
 
     (tmp_path / "e.safetensors").write_bytes(b"x")
@@ -294,6 +300,11 @@ def test_eagle_on_onnxruntime_is_refused_cleanly(tiny_models, tmp_path):
                                     **common)
     with pytest.raises(ValueError, match="EAGLE draft"):
         Synthesizer.from_pretrained(tiny_models["target"], policy="eagle-sd", **common)
-    with pytest.raises(ValueError, match="torch backend only"):
+    with pytest.raises(ValueError, match="instead of --heads"):
         Synthesizer.from_pretrained(tiny_models["target"], policy="mtp-sd", heads=str(tmp_path / "e.safetensors"),
                                     **common)
+    with pytest.raises(ValueError, match="multi-token heads exported with the target"):
+        Synthesizer.from_pretrained(tiny_models["target"], policy="mtp-viterbi", **common)
+    with pytest.raises(ValueError, match="torch and onnxruntime backends only"):
+        Synthesizer.from_pretrained(tiny_models["target"], policy="eagle-pcg",
+                                    **{**common, "backend": "tensorrt", "compute_device": "cuda"})

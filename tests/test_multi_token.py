@@ -14,7 +14,7 @@ from pcgtts.runtime.decode.speculative import decode
 from pcgtts.runtime.lm.heads import MTPHeads
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import decode_codes as run
+from helpers import random_heads, decode_codes as run
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -29,19 +29,9 @@ def prompt(target):
     return build_prompt(target.tokenizer, target.vocab, "Multi token heads test sentence.")
 
 
-def random_heads(target, k=3, seed=0, scale=0.5):
-    """Heads with random (not identity) maps, so proposals differ from a repeat of the last row."""
-    heads = MTPHeads(k, target.model.head.in_features, target.fingerprint)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[1] ** 0.5)
-    return heads.eval()
-
-
 @pytest.fixture(scope="module")
 def proposer(target):
-    return HeadProposer(random_heads(target), target)
+    return HeadProposer.from_heads(random_heads(target), target)
 
 
 # --- the heads file ---------------------------------------------------------------------------
@@ -221,7 +211,7 @@ def viterbi_proposer(target, proposer, prompt, tmp_path_factory):
     sequences = [np.array(run(target, proposer, prompt, "ar", SamplingConfig(), tokens=60, seed=s)[0]) for s in range(6)]
     table = TransitionTable.build(sequences, vocab_size=target.vocab.restricted_size, top_k=16)
     path = table.save(tmp_path_factory.mktemp("viterbi") / "t.pct")
-    return HeadProposer(proposer.heads, target, TransitionTable.load(path))
+    return HeadProposer(proposer.step, TransitionTable.load(path))
 
 
 def test_viterbi_heads_verified_strictly_equal_greedy(target, viterbi_proposer, prompt):

@@ -51,20 +51,24 @@ EXACT_STATE_POLICIES = ("mtp-sd", "mtp-pcg", "eagle-sd", "eagle-pcg")
 
 
 class HeadProposer:
-    """The target's multi-token heads bound to its shared speech head (torch backend)."""
+    """The target's multi-token heads on its shared speech head: `heads.TorchHeads`, or the graph
+    exported with an onnxruntime target (`onnxruntime.OrtHeads`)."""
 
     acceptance = None  # no measured acceptance recorded with the heads: the adaptive length's default prior
 
-    def __init__(self, heads, target, transitions=None):
-        model = _state_model(target, "multi-token heads")
-        if heads.hidden_size != model.head.in_features:
-            raise ValueError(f"heads of hidden size {heads.hidden_size} do not fit this target "
-                             f"(hidden size {model.head.in_features})")
-        self.heads, self.model, self.transitions = heads, model, transitions
+    def __init__(self, step, transitions=None):
+        self.step, self.transitions = step, transitions
+
+    @classmethod
+    def from_heads(cls, heads, target, transitions=None) -> "HeadProposer":
+        """Loaded `MTPHeads` on their torch target."""
+        from pcgtts.runtime.lm.heads import TorchHeads
+
+        return cls(TorchHeads(heads, _state_model(target, "multi-token heads")), transitions)
 
     @property
     def max_proposals(self) -> int:
-        return self.heads.num_heads
+        return self.step.num_heads
 
     def start(self, first_slot: int) -> None:
         """A new utterance (the heads keep no state)."""
@@ -72,13 +76,13 @@ class HeadProposer:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, count: int) -> torch.Tensor:
         """hidden [D] -> [count, V_r] logits of the tokens 2 .. count + 1 positions ahead."""
-        return self.heads.logits(hidden, self.model.logits, count)
+        return self.step.logits(hidden, count)
 
     @torch.inference_mode()
     def probe(self, rows: int) -> None:
         """The work of one proposal (the cost model's draft step); the heads read one row whatever `rows` is."""
-        weight = self.model.head.weight
-        self.logits(torch.zeros(weight.shape[1], dtype=weight.dtype, device=weight.device), 1)
+        step = self.step
+        self.logits(torch.zeros(step.hidden_size, dtype=step.dtype, device=step.device), 1)
 
     def propose(self, policy: str, hidden: torch.Tensor, tokens: list[int], slot: int, count: int, config,
                 generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -14,6 +14,8 @@ File format: `mtp_heads.safetensors` next to the target checkpoint (or any path)
 safetensors metadata {"format": "pcgtts-mtp-heads", "version": "1", "num_heads": k,
 "hidden_size": D, "target_fingerprint": <fingerprint of the target's speech embedding rows>}.
 Loading checks the fingerprint, so heads trained for one target are refused for another.
+At run time `TorchHeads` binds them to the torch target's head; `pcgtts export onnx` exports them
+with the target (`export/proposer_graphs.py`) for the onnxruntime backend (`onnxruntime.OrtHeads`).
 """
 
 from __future__ import annotations
@@ -103,3 +105,19 @@ class _Head(nn.Module):
 
 
 __all__ = ["MTPHeads", "HEADS_FILE", "TRANSITIONS_FILE"]
+
+
+class TorchHeads:
+    """`MTPHeads` on the torch target's own head: logits(hidden [D], count) -> [count, V_r] float32."""
+
+    def __init__(self, heads: MTPHeads, target):
+        if heads.hidden_size != target.head.in_features:
+            raise ValueError(f"heads of hidden size {heads.hidden_size} do not fit this target "
+                             f"(hidden size {target.head.in_features})")
+        self.heads, self.model = heads, target
+        self.num_heads, self.hidden_size = heads.num_heads, heads.hidden_size
+        self.dtype, self.device = target.head.weight.dtype, target.head.weight.device
+
+    def logits(self, hidden: torch.Tensor, count: int) -> torch.Tensor:
+        return self.heads.logits(hidden.to(self.dtype), self.model.logits, count)
+

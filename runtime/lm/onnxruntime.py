@@ -5,8 +5,8 @@ CUDA (or TensorRT) execution provider runs the graph and the buffers live on the
 the cache and every output are torch tensors bound by pointer, so nothing is copied between
 ONNX Runtime and the decode loop except the T new cache entries written back per step.
 
-`OrtEagleStep` runs an EAGLE draft's graph exported with the target (`export/eagle_graph.py`,
-listed under "eagle" in pcgtts-lm.json) for the eagle-* policies, on the same contract.
+`OrtEagleStep` and `OrtHeads` run the proposers exported with the target (`export/proposer_graphs.py`,
+listed under "eagle" / "heads" in pcgtts-lm.json) for the eagle-* and mtp-* policies.
 """
 
 from __future__ import annotations
@@ -110,18 +110,32 @@ class OrtLM(BufferedLM):
         """Whether an EAGLE draft was exported with this target (`pcgtts export onnx --eagle`)."""
         return "eagle" in self.meta.extra
 
-    def eagle_step(self) -> "OrtEagleStep":
-        """The EAGLE draft exported with this target, on the same device, with its own cache."""
-        record = self.meta.extra.get("eagle")
+    @property
+    def has_heads(self) -> bool:
+        """Whether multi-token heads were exported with this target (`pcgtts export onnx --heads`)."""
+        return "heads" in self.meta.extra
+
+    def _proposer_session(self, kind: str, flag: str):
+        record = self.meta.extra.get(kind)
         if record is None:
-            raise ValueError(f"{self.model_dir}: no EAGLE draft was exported with this target "
-                             f"(`pcgtts export onnx --model T --eagle FILE`)")
+            raise ValueError(f"{self.model_dir}: no {kind} graph was exported with this target "
+                             f"(`pcgtts export onnx --model CHECKPOINT {flag} FILE`)")
         if not self.exposes_hidden:
             raise ValueError(f"{self.model_dir}: this export has no hidden-state output; export it again")
         path = self.model_dir / record["graph"]
         if not path.is_file():
             raise FileNotFoundError(f"{self.model_dir}: {record['graph']} listed in pcgtts-lm.json is missing")
-        return OrtEagleStep(open_session(path, self.device, self.threads), record, self.device, self.max_length)
+        return open_session(path, self.device, self.threads), record
+
+    def eagle_step(self) -> "OrtEagleStep":
+        """The EAGLE draft exported with this target, on the same device, with its own cache."""
+        session, record = self._proposer_session("eagle", "--eagle")
+        return OrtEagleStep(session, record, self.device, self.max_length)
+
+    def heads_step(self) -> "OrtHeads":
+        """The multi-token heads exported with this target."""
+        session, record = self._proposer_session("heads", "--heads")
+        return OrtHeads(session, record, self.device, self.meta.vocab.restricted_size)
 
     def _execute(self, ids, positions, logits_index):
         meta = self.meta
@@ -142,6 +156,22 @@ class OrtLM(BufferedLM):
                 present.append(new)
         self._bound.run(inputs, outputs)
         return logits, hidden, present
+
+
+class OrtHeads:
+    """`heads.TorchHeads`' contract over the exported heads graph: logits(hidden [D], count) -> [count, V_r]
+    (the graph computes all k heads; the first `count` are returned)."""
+
+    def __init__(self, session, record: dict, device: torch.device, restricted_size: int):
+        self._bound, self.device = _Bound(session, device), device
+        self.num_heads, self.hidden_size, self.restricted_size = record["num_heads"], record["hidden_size"], restricted_size
+        self.dtype = torch.float32
+
+    def logits(self, hidden: torch.Tensor, count: int) -> torch.Tensor:
+        out = torch.empty(1, self.num_heads, self.restricted_size, dtype=torch.float32, device=self.device)
+        state = hidden.to(self.device, torch.float32).contiguous().view(1, -1)
+        self._bound.run({"last_hidden_state": state}, {"logits": out})
+        return out[0, :count]
 
 
 class OrtEagleStep:

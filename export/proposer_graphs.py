@@ -1,7 +1,8 @@
-"""The EAGLE draft's step as an ONNX-exportable module, beside the target's step graph.
+"""The target's own proposers as ONNX-exportable modules, beside its step graph: the EAGLE
+draft's step (`eagle.onnx`) and the multi-token heads (`mtp_heads.onnx`), so the onnxruntime
+backend runs the eagle-* and mtp-* policies without the torch model.
 
-One graph per draft (`eagle.onnx`, in the target's export folder) does everything a proposal
-needs, so the onnxruntime backend runs eagle-sd / eagle-pcg without the torch model:
+EagleGraph does everything a proposal needs:
 
     hidden_states                [1, T, D]  float32 target states h_j (or the draft's own f, fed back)
     restricted_ids               [1, T]     int64   the token chosen after each row, as a
@@ -16,6 +17,11 @@ needs, so the onnxruntime backend runs eagle-sd / eagle-pcg without the torch mo
 Same cache contract as `lm_graph.py` (the runtime owns the buffer, rollback is O(1)). The graph
 carries its own copy of the target's speech-token embedding rows and head (a digit head: 34
 rows; a full head: V_r rows, which doubles those two matrices' memory beside the target graph).
+
+HeadsGraph: the k heads on one target state, through the target's head (expanded as there):
+
+    last_hidden_state            [1, D]     float32 the target's state that predicted the next token
+ -> logits                       [1, k, V_r] float32 tokens 2 .. k + 1 positions ahead
 """
 
 from __future__ import annotations
@@ -46,5 +52,16 @@ class EagleGraph(nn.Module):
         return f.float(), self.head(f).float(), k, v
 
 
+class HeadsGraph(nn.Module):
+    def __init__(self, heads, target: Llama):
+        super().__init__()
+        self.heads, self.target = heads, target
+
+    def forward(self, last_hidden_state: torch.Tensor) -> torch.Tensor:
+        hidden = last_hidden_state.to(self.target.head.weight.dtype)
+        return self.heads.logits(hidden, self.target.logits)
+
+
+HEADS_INPUTS, HEADS_OUTPUTS = ["last_hidden_state"], ["logits"]
 INPUTS = ["hidden_states", "restricted_ids", "position_ids", "past_key_values.0.key", "past_key_values.0.value"]
 OUTPUTS = ["last_hidden_state", "head_scores", "present.0.key", "present.0.value"]
