@@ -62,6 +62,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="refuse a swept table whose estimated build memory exceeds this")
     bench.add_argument("--draft-length", type=_ints, default=[3], help="comma list of draft lengths L")
     deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=_ints)
+    bench.add_argument("--codec-thread", choices=("on", "off", "both"),
+                       help="decode codec windows on their own thread (on, the default), in line with the LM "
+                            "(off), or run every case both ways, side by side")
     bench.add_argument("--adaptive", action="store_true",
                        help="also run each speculative rule with the adaptive draft length (L <= the longest --draft-length)")
     bench.add_argument("--beta", type=_floats, help="comma list of SSD betas")
@@ -96,7 +99,8 @@ def cases(args) -> list:
     if getattr(args, "adaptive", False):
         longest = max(args.draft_length)
         out += [BenchCase(policy, longest, adaptive=True) for policy in args.policy if policy not in ("ar", "draft")]
-    return out
+    threading = {None: [None], "on": [True], "off": [False], "both": [True, False]}[getattr(args, "codec_thread", None)]
+    return [dataclasses.replace(case, codec_thread=t) for t in threading for case in out]
 
 
 def check_state_policies(policies, args) -> None:

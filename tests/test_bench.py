@@ -67,3 +67,19 @@ def test_plot_is_a_png(bench_report):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = plt.imread(png)
     assert image.shape[0] > 400 and image.shape[1] > 400
+
+
+def test_codec_thread_both_runs_every_case_both_ways_against_its_own_ar():
+    import argparse
+
+    from pcgtts.cli.bench import cases
+    from pcgtts.tools.bench import add_speedups
+
+    args = argparse.Namespace(policy=["ar", "pcg"], draft_length=[3], theta=None, beta=None, adaptive=False,
+                              codec_thread="both")
+    todo = cases(args)
+    assert [c.label for c in todo] == ["ar", "pcg L=3", "ar in-line codec", "pcg L=3 in-line codec"]
+    summaries = [{"policy": c.policy, "codec_thread": c.codec_thread, "tokens_per_second": tps, "t_target_step": None}
+                 for c, tps in zip(todo, (100.0, 120.0, 80.0, 100.0))]
+    add_speedups(summaries)
+    assert [s["speedup_vs_ar"] for s in summaries] == [1.0, 1.2, 1.0, 1.25]

@@ -51,6 +51,7 @@ class BenchCase:
     theta: float | None = None  # group granularity (pcg only); None = the table given
     ssd_beta: float | None = None  # ssd only
     adaptive: bool = False  # DecodeConfig.adaptive_draft: L chosen per step by the cost model
+    codec_thread: bool | None = None  # StreamConfig.codec_thread; None = as configured
 
     @property
     def label(self) -> str:
@@ -61,6 +62,8 @@ class BenchCase:
             parts.append(f"θ={self.theta:g}")
         if self.ssd_beta is not None:
             parts.append(f"β={self.ssd_beta:g}")
+        if self.codec_thread is False:
+            parts.append("in-line codec")
         return " ".join(parts)
 
 
@@ -168,7 +171,8 @@ def case_config(base: SynthesisConfig, case: BenchCase, seed: int, max_tokens: i
         decode = replace(decode, ssd_beta=case.ssd_beta)
     if max_tokens:
         decode = replace(decode, max_new_tokens=max_tokens)
-    return replace(base, decode=decode, seed=seed)
+    stream = base.stream if case.codec_thread is None else replace(base.stream, codec_thread=case.codec_thread)
+    return replace(base, decode=decode, stream=stream, seed=seed)
 
 
 def _percentiles(values) -> dict:
@@ -213,6 +217,7 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         "draft_length": case.draft_length,
         "theta": case.theta,
         "ssd_beta": case.ssd_beta,
+        "codec_thread": case.codec_thread,
         "utterances": len(records),
         "tokens": tokens,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
@@ -266,9 +271,10 @@ def predicted_speedup(summary: dict, ar: dict) -> float | None:
 
 
 def add_speedups(summaries: list[dict]) -> None:
-    """Speed-up over the `ar` case of this run, the cost model's prediction, and achieved / predicted."""
-    base = next((s for s in summaries if s["policy"] == "ar"), None)
+    """Speed-up over the `ar` case of this run (with the same codec threading), the cost model's
+    prediction, and achieved / predicted."""
     for s in summaries:
+        base = next((b for b in summaries if b["policy"] == "ar" and b.get("codec_thread") == s.get("codec_thread")), None)
         s["speedup_vs_ar"] = s["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else None
         s["predicted_speedup"] = s["efficiency"] = None
         if base is None or s["policy"] in ("ar", "draft") or not s["t_target_step"]:
