@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pcgtts.cli.flags import deprecated_alias, positive
-from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES, check_compute_device
+from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES, QUANTIZE, check_compute_device
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -98,6 +98,8 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
     parser.add_argument("--backend", choices=BACKENDS, help="torch (default), onnxruntime or tensorrt")
     parser.add_argument("--compute-device", help="cpu (default), cuda or cuda:N")
     parser.add_argument("--dtype", choices=DTYPES, help="float32 (default), bfloat16 or float16")
+    parser.add_argument("--quantize", choices=QUANTIZE,
+                        help="int8: int8 linear layers for the LM (torch backend, CPU); default none")
 
 
 def resolve_cli_settings(args: argparse.Namespace, **overrides):
@@ -109,7 +111,7 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
-    names = ("target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype",
+    names = ("target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype", "quantize",
              "temperature", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)

@@ -36,6 +36,7 @@ POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
 PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE = ("none", "int8")  # int8: the torch backend's int8 linear layers on a CPU (runtime/lm/int8.py)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ class DeviceConfig:
     dtype: str = "float32"
     backend: str = "torch"
     max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
+    quantize: str = "none"  # "int8": int8 linear layers (torch backend, CPU, float32)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -178,6 +180,12 @@ class DeviceConfig:
             raise ValueError(f"compute_device must be cpu, cuda or cuda:N, got {self.compute_device!r}")
         if self.max_length < 64:
             raise ValueError(f"max_length must be >= 64, got {self.max_length}")
+        if self.quantize not in QUANTIZE:
+            raise ValueError(f"quantize must be one of {QUANTIZE}, got {self.quantize!r}")
+        if self.quantize == "int8" and (self.backend != "torch" or self.compute_device != "cpu"
+                                        or self.dtype != "float32"):
+            raise ValueError("quantize='int8' runs on the torch backend on a CPU in float32 "
+                             "(onnxruntime and GPUs have their own int8 tools)")
 
 
 @dataclass(frozen=True)

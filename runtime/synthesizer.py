@@ -282,7 +282,7 @@ class Synthesizer:
         check_models(models, config.decode.policy, device)
         common = dict(backend=device.backend, device=device.compute_device, dtype=device.dtype,
                       max_length=device.max_length, draft_length=config.decode.draft_length,
-                      force_export=force_export)
+                      force_export=force_export, quantize=device.quantize)
         target_lm = load_lm(models.target, **common)
         draft_lm = None
         if models.draft is not None:
@@ -541,7 +541,7 @@ def _load_heads(heads_file: Path | None, transitions_file: Path | None, target_l
 
     model = target_lm.model
     heads = MTPHeads.load(heads_file, fingerprint=target_lm.fingerprint, hidden_size=model.head.in_features,
-                          device=target_lm.device, dtype=model.head.weight.dtype)
+                          device=target_lm.device, dtype=model.dtype)
     return HeadProposer.from_heads(heads, target_lm, transitions)
 
 

@@ -133,7 +133,7 @@ class TorchEagleStep:
         embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
         # the target's causal mask (the draft's slots never exceed the target's)
         f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end)[0, -1]
-        return f, model.head_scores(f.to(model.head.weight.dtype))
+        return f, model.head_scores(f.to(model.dtype))
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
         return self.model.scores_to_logits(scores)

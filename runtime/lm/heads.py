@@ -116,7 +116,7 @@ class TorchHeads:
                              f"(hidden size {target.head.in_features})")
         self.heads, self.model = heads, target
         self.num_heads, self.hidden_size = heads.num_heads, heads.hidden_size
-        self.dtype, self.device = target.head.weight.dtype, target.head.weight.device
+        self.dtype, self.device = target.dtype, target.embed_tokens.weight.device
 
     def logits(self, hidden: torch.Tensor, count: int) -> torch.Tensor:
         return self.heads.logits(hidden.to(self.dtype), self.model.logits, count)

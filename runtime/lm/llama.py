@@ -248,6 +248,11 @@ class Llama(nn.Module):
         self.causal = torch.zeros(0, dtype=torch.bool, device=self.causal.device)
         self.max_length = 0
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The float dtype of the model's states (its weights may be int8: `runtime/lm/int8.py`)."""
+        return self.embed_tokens.weight.dtype
+
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(self.inv_freq, positions, self.embed_tokens.weight.dtype)
 
@@ -269,7 +274,7 @@ class Llama(nn.Module):
 
     def use_head_subset(self, index: torch.Tensor, restricted_size: int) -> None:
         """Keep head rows for restricted indices `index` only (the rest: probability 0)."""
-        self.head_index, self.restricted_size = index.to(self.head.weight.device), restricted_size
+        self.head_index, self.restricted_size = index.to(self.embed_tokens.weight.device), restricted_size
         keep = torch.zeros(restricted_size, dtype=torch.bool, device=self.head_index.device)
         self.head_excluded = (~keep.index_fill_(0, self.head_index, True)).nonzero().view(-1)
 

@@ -12,14 +12,16 @@ from pcgtts.runtime.config import BACKENDS
 
 
 def load_lm(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
-            max_length: int = 4096, draft_length: int = 3, tokenizer=None, force_export: bool = False):
+            max_length: int = 4096, draft_length: int = 3, tokenizer=None, force_export: bool = False,
+            quantize: str = "none"):
     """draft_length sizes the CUDA graphs of the torch backend (1-token steps, L+1-token verifies);
-    force_export loads an export whose recorded numeric check failed."""
+    force_export loads an export whose recorded numeric check failed; quantize="int8": the torch
+    backend's int8 linear layers on a CPU (`runtime/lm/int8.py`)."""
     if backend == "torch":
         from pcgtts.runtime.lm.torch_lm import TorchLM
 
         return TorchLM.load(model_dir, device=device, dtype=dtype, max_length=max_length,
-                            graph_token_counts=(1, draft_length + 1), tokenizer=tokenizer)
+                            graph_token_counts=(1, draft_length + 1), tokenizer=tokenizer, quantize=quantize)
     if backend == "onnxruntime":
         from pcgtts.runtime.lm.onnxruntime import OrtLM
 

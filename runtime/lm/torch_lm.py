@@ -42,13 +42,20 @@ class TorchLM(SequenceMixin):
     @classmethod
     def load(cls, model_dir: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "float32",
              max_length: int = 4096, cuda_graphs: bool | None = None, graph_token_counts: tuple[int, ...] = (1, 4),
-             tokenizer=None, digit_head: bool = True) -> "TorchLM":
+             tokenizer=None, digit_head: bool = True, quantize: str = "none") -> "TorchLM":
         """graph_token_counts: the step sizes captured as CUDA graphs (a draft step is 1 token, a
         verify pass draft_length + 1); ignored unless `cuda_graphs` (default: on for CUDA).
-        digit_head=False computes a digit-factorised head row by row (benchmarks compare the two)."""
+        digit_head=False computes a digit-factorised head row by row (benchmarks compare the two).
+        quantize="int8": int8 linear layers on a CPU (`runtime/lm/int8.py`)."""
         tokenizer = tokenizer or load_tokenizer(model_dir)
         vocab = SpeechVocab.from_tokenizer(tokenizer)
         model = load_llama(model_dir, vocab, resolve_dtype(dtype), device, digit_head=digit_head)
+        if quantize == "int8":
+            from pcgtts.runtime.lm.int8 import quantize_int8
+
+            quantize_int8(model)
+        elif quantize != "none":
+            raise ValueError(f"quantize must be 'none' or 'int8', got {quantize!r}")
         if cuda_graphs is None:
             cuda_graphs = torch.device(device).type == "cuda"
         sizes = tuple(sorted(set(graph_token_counts))) if cuda_graphs else ()
