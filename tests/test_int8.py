@@ -39,7 +39,7 @@ def test_int8_linear_is_close_to_float_and_each_row_is_computed_alone(rows):
 def test_quantized_model_keeps_greedy_speculation_equal_to_greedy(tiny_lms, tiny_groups):
     target = TorchLM.load(tiny_lms["target"], max_length=256, quantize="int8")
     draft = TorchLM.load(tiny_lms["draft"], max_length=256, quantize="int8", tokenizer=target.tokenizer)
-    assert isinstance(target.model.layers[0].self_attn.q_proj, Int8Linear)
+    assert isinstance(target.model.layers[0].self_attn.o_proj, Int8Linear)
     assert isinstance(target.model.head, Int8Linear)  # a full head is quantized; a digit head is 34 rows
     float_target = TorchLM.load(tiny_lms["target"], max_length=256)
     prompt = build_prompt(target.tokenizer, target.vocab, "Quantized greedy speculation.")
