@@ -123,12 +123,12 @@ def main() -> int:
     ap.add_argument("--draft-length", type=int, default=3)
     ap.add_argument("--theta", type=float, default=0.25, help="0.25 ~ radius-sqrt(2) lattice balls on these embeddings")
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
-    ap.add_argument("--eagle", help="an EAGLE draft for the target (eagle-* policies; torch backend)")
+    ap.add_argument("--eagle", help="an EAGLE draft for the target (eagle-* policies; exported with it for onnxruntime)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
     ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")
     ap.add_argument("--backends", default="torch",
                     help="comma list: torch, torch-full-head (a digit-factorised head computed row by row), "
-                         "onnxruntime (exported once, cached)")
+                         "torch-int8 (int8 linear layers, CPU), onnxruntime (exported once, cached)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pcgtts-bench-models"))
     args = ap.parse_args()
 
@@ -158,13 +158,16 @@ def main() -> int:
     variants = [("torch", g) for g in graph_modes] if "torch" in args.backends.split(",") else []
     if "torch-full-head" in args.backends.split(","):
         variants.append(("torch-full-head", False))
+    if "torch-int8" in args.backends.split(","):
+        variants.append(("torch-int8", False))
     if "onnxruntime" in args.backends.split(","):
         variants.append(("onnxruntime", False))
     rows = []
     for backend, graphs in variants:
         if backend.startswith("torch"):
             common = dict(device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
-                          graph_token_counts=(1, args.draft_length + 1), digit_head=backend == "torch")
+                          graph_token_counts=(1, args.draft_length + 1), digit_head=backend != "torch-full-head",
+                          quantize="int8" if backend == "torch-int8" else "none")
             target = TorchLM.load(target_dir, tokenizer=tok, **common)
             draft = TorchLM.load(draft_dir, tokenizer=target.tokenizer, **common)
         else:
@@ -189,7 +192,7 @@ def main() -> int:
             steps = sum(s.steps for s in st)
             fwd_time = sum(s.time_draft + s.time_target for s in st)
             rows.append({
-                "impl": "ours" + ("+graphs" if graphs else "") + {"onnxruntime": "-ort", "torch-full-head": "-fullhead"}.get(backend, ""),
+                "impl": "ours" + ("+graphs" if graphs else "") + {"onnxruntime": "-ort", "torch-full-head": "-fullhead", "torch-int8": "-int8"}.get(backend, ""),
                 "policy": policy,
                 "tokens_per_s": n / secs,
                 "target_forwards_per_token": sum(s.target_forwards for s in st) / n,
