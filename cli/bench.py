@@ -109,11 +109,13 @@ def check_state_policies(policies, args) -> None:
     if not mtp:
         return
     from pcgtts.runtime.config import ModelPaths
+    from pcgtts.cli.commands import resolve_settings_from_flags
     from pcgtts.runtime.synthesizer import check_policy, check_proposers
 
+    backend = resolve_settings_from_flags(args, policy="ar").device.backend  # the flag, --config or the default
     models = ModelPaths(target=args.target, heads=args.heads, transitions=args.transitions, eagle=args.eagle)
     for policy in mtp:
-        heads, transitions, eagle = check_proposers(models, policy, args.backend)
+        heads, transitions, eagle = check_proposers(models, policy, backend)
         check_policy(policy, draft=True, groups=True, heads=heads is not None, transitions=transitions is not None,
                      eagle=eagle is not None)
 

@@ -308,3 +308,18 @@ def test_eagle_on_onnxruntime_is_refused_cleanly(tiny_models, tmp_path):
     with pytest.raises(ValueError, match="torch and onnxruntime backends only"):
         Synthesizer.from_pretrained(tiny_models["target"], policy="eagle-pcg",
                                     **{**common, "backend": "tensorrt", "compute_device": "cuda"})
+
+
+def test_bench_checks_state_policies_on_the_backend_in_force(tiny_lms, target, tmp_path):
+    """`pcgtts bench` checks the eagle-* / mtp-* policies before loading models, on the backend the
+    flags or defaults give (no --backend: torch), not only when --backend is spelled out."""
+    from pcgtts.cli import _build_parser
+    from pcgtts.cli.bench import check_state_policies
+
+    eagle = random_draft(target).save(tmp_path / "e.safetensors")
+    parse = lambda *extra: _build_parser().parse_args(["bench", "--target", str(tiny_lms["target"]), *extra])  # noqa: E731
+    check_state_policies(["eagle-pcg"], parse("--eagle", str(eagle)))  # torch by default: accepted
+    with pytest.raises(ValueError, match="needs the target's EAGLE draft"):
+        check_state_policies(["eagle-pcg"], parse())
+    with pytest.raises(ValueError, match="exported with the target"):
+        check_state_policies(["eagle-pcg"], parse("--backend", "onnxruntime"))
