@@ -30,7 +30,7 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device,
+from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.speculative import DecodeStats, decode
@@ -280,9 +280,13 @@ class Synthesizer:
         from pcgtts.runtime.lm.loader import load_lm
 
         check_models(models, config.decode.policy, device)
+        threads = cpu_threads(device, config.stream.codec_thread)
+        if threads is not None and torch.get_num_threads() != threads:
+            log.info("torch on %d CPU thread(s) per stage (DeviceConfig.threads, or OMP_NUM_THREADS)", threads)
+            torch.set_num_threads(threads)
         common = dict(backend=device.backend, device=device.compute_device, dtype=device.dtype,
                       max_length=device.max_length, draft_length=config.decode.draft_length,
-                      force_export=force_export, quantize=device.quantize)
+                      force_export=force_export, quantize=device.quantize, threads=threads)
         target_lm = load_lm(models.target, **common)
         draft_lm = None
         if models.draft is not None:

@@ -77,3 +77,17 @@ def test_synthesizer_speaks_with_int8(tiny_models):
                                         quantize="int8", max_length=256, seed=0, max_new_tokens=30)
     assert isinstance(synth.target.model.head, Int8Linear)
     assert synth.synthesize("Eight bit weights.").size > 0
+
+
+def test_cpu_threads_one_stage_per_core_unless_the_user_chose():
+    from pcgtts.runtime.config import cpu_threads
+
+    cpu = DeviceConfig()
+    assert cpu_threads(cpu, codec_thread=True, environ={}, cores=2) == 1  # LM and codec: a core each
+    assert cpu_threads(cpu, codec_thread=False, environ={}, cores=2) == 2
+    assert cpu_threads(cpu, codec_thread=True, environ={}, cores=16) == 8
+    assert cpu_threads(cpu, codec_thread=True, environ={"OMP_NUM_THREADS": "3"}, cores=16) is None  # theirs stands
+    assert cpu_threads(DeviceConfig(threads=3), codec_thread=True, environ={"OMP_NUM_THREADS": "1"}) == 3
+    assert cpu_threads(DeviceConfig(compute_device="cuda"), codec_thread=True, environ={}) is None
+    with pytest.raises(ValueError, match="threads must be >= 0"):
+        DeviceConfig(threads=-1)

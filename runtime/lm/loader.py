@@ -13,10 +13,11 @@ from pcgtts.runtime.config import BACKENDS
 
 def load_lm(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
             max_length: int = 4096, draft_length: int = 3, tokenizer=None, force_export: bool = False,
-            quantize: str = "none"):
+            quantize: str = "none", threads: int | None = None):
     """draft_length sizes the CUDA graphs of the torch backend (1-token steps, L+1-token verifies);
     force_export loads an export whose recorded numeric check failed; quantize="int8": the torch
-    backend's int8 linear layers on a CPU (`runtime/lm/int8.py`)."""
+    backend's int8 linear layers on a CPU (`runtime/lm/int8.py`); threads: onnxruntime's intra-op
+    threads (None: its default; torch's are process-wide, set by the caller)."""
     if backend == "torch":
         from pcgtts.runtime.lm.torch_lm import TorchLM
 
@@ -25,7 +26,8 @@ def load_lm(model_dir: str | Path, backend: str = "torch", device: str = "cpu", 
     if backend == "onnxruntime":
         from pcgtts.runtime.lm.onnxruntime import OrtLM
 
-        return OrtLM.load(model_dir, device=device, max_length=max_length, tokenizer=tokenizer, force=force_export)
+        return OrtLM.load(model_dir, device=device, max_length=max_length, tokenizer=tokenizer, force=force_export,
+                          threads=threads)
     if backend == "tensorrt":
         from pcgtts.runtime.lm.tensorrt import TrtLM
 
