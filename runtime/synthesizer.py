@@ -282,7 +282,8 @@ class Synthesizer:
         check_models(models, config.decode.policy, device)
         threads = cpu_threads(device, config.stream.codec_thread)
         if threads is not None and torch.get_num_threads() != threads:
-            log.info("torch on %d CPU thread(s) per stage (DeviceConfig.threads, or OMP_NUM_THREADS)", threads)
+            log.info("torch set to %d CPU thread(s) per stage (threads=0: half the cores beside the codec "
+                     "thread; OMP_NUM_THREADS or threads=N choose)", threads)
             torch.set_num_threads(threads)
         common = dict(backend=device.backend, device=device.compute_device, dtype=device.dtype,
                       max_length=device.max_length, draft_length=config.decode.draft_length,
