@@ -32,6 +32,26 @@ def test_plan_is_deterministic_and_splits(tmp_path):
     assert all(4 <= len(s.split()) <= 25 for s in pool)
 
 
+def test_markov_sentences_extend_the_pool_deterministically_and_leave_random_alone(tmp_path):
+    import random
+
+    from pcgtts.train.corpus import MIN_WORDS, MAX_WORDS, PLAIN, fortune_sentences, markov_sentences
+
+    random.seed(123)
+    before = random.random()
+    random.seed(123)
+    a = markov_sentences(7, 50)
+    assert random.random() == before  # the generator's use of the global `random` is undone
+    markov_sentences.cache_clear()
+    assert markov_sentences(7, 50) == a and len(set(a)) == 50
+    assert markov_sentences(8, 50) != a
+    assert all(PLAIN.match(s) and MIN_WORDS <= len(s.split()) <= MAX_WORDS for s in a)
+    base = sentence_pool(CorpusConfig(out_dir=tmp_path, heldout_sentences=1))
+    more = sentence_pool(CorpusConfig(out_dir=tmp_path, heldout_sentences=1, markov_sentences=50))
+    assert set(more) == set(base) | set(markov_sentences(0, 50)) and len(more) > len(base)
+    assert len(base) >= len(fortune_sentences())
+
+
 def test_bad_config_is_refused(tmp_path):
     with pytest.raises(ValueError, match="held-out speakers"):
         CorpusConfig(out_dir=tmp_path, speakers=(SLT,), heldout_speakers=("nobody",))

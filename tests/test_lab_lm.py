@@ -81,3 +81,52 @@ def test_train_export_resume_and_runtime_load(tiny_corpus, tmp_path):
     d = LlamaForCausalLM.from_pretrained(str(tmp_path / "draft" / "export"))
     assert d.config.num_hidden_layers == 3
     TorchLM.load(tmp_path / "draft" / "export", tokenizer=lab_tokenizer())
+
+
+def test_split_checkpoint_round_trips_and_a_model_only_checkpoint_resumes(tiny_corpus, tmp_path):
+    """Weights brought back from a GPU machine in size-capped parts: joined, they equal the original and
+    a run goes on from them (fresh optimizer moments) at the saved step."""
+    from pcgtts.train.progress import join_checkpoint, load_checkpoint, split_checkpoint
+
+    corpus, codes = tiny_corpus
+    out = tmp_path / "lm"
+    train_lm(_cfg(corpus, out, 6), codes=codes, stop_after=3)
+    parts = split_checkpoint(out / "checkpoint.pt", tmp_path / "parts", max_bytes=200_000)
+    assert len(parts) > 1 and all(p.stat().st_size < 300_000 for p in parts)  # capped (plus pickle overhead)
+    with pytest.raises(ValueError, match="over the"):
+        split_checkpoint(out / "checkpoint.pt", tmp_path / "too-small", max_bytes=1000)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    join_checkpoint(tmp_path / "parts", moved / "checkpoint.pt")
+    a, b = load_checkpoint(out / "checkpoint.pt"), load_checkpoint(moved / "checkpoint.pt")
+    assert set(a["model"]) == set(b["model"]) and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert "optimizer" not in b and b["step"] == 3 and b["model_config"] == a["model_config"]
+    split_checkpoint(out / "checkpoint.pt", tmp_path / "half", dtype=torch.float16)  # carried in half the size
+    half = load_checkpoint(join_checkpoint(tmp_path / "half", tmp_path / "half.pt"))["model"]
+    assert all(half[k].dtype == torch.float32 and torch.allclose(half[k], a["model"][k], rtol=1e-3, atol=1e-4)
+               for k in a["model"])
+    (moved / "codes.npz").write_bytes((out / "codes.npz").read_bytes())
+    resumed = train_lm(_cfg(corpus, moved, 6), codes=codes)
+    assert resumed["step"] == 6
+
+
+def test_prefetched_batches_equal_batches_built_in_line(tiny_corpus):
+    import random
+
+    from pcgtts.train.corpus import read_manifest
+    from pcgtts.train.lm import ExampleBuilder, _prefetched
+
+    corpus, codes = tiny_corpus
+    builder = ExampleBuilder(lab_tokenizer(), read_manifest(corpus), codes, _cfg(corpus, corpus, 1))
+    inline_rng, thread_rng = random.Random(5), random.Random(5)
+    inline = [builder.batch(3, inline_rng) for _ in range(4)]
+    threaded = list(_prefetched(builder, 3, thread_rng, 4))
+    assert len(threaded) == 4
+    for x, y in zip(inline, threaded):
+        assert all(torch.equal(a, b) for a, b in zip(x, y))
+
+
+def test_device_is_validated(tiny_corpus, tmp_path):
+    corpus, _ = tiny_corpus
+    with pytest.raises(ValueError, match="device"):
+        LMTrainConfig(corpus=corpus, codec=corpus, out_dir=tmp_path, device="tpu")

@@ -39,6 +39,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--per-speaker", type=_positive_int, default=260)
     p.add_argument("--heldout-sentences", type=int, default=24)
     p.add_argument("--max-sentences", type=_positive_int, default=None)
+    p.add_argument("--markov-sentences", type=int, default=0,
+                   help="add this many sentences from essential-generators' Markov model to the pool (lab-v2)")
     p.add_argument("--speakers", default=None, help="comma-separated subset of speaker names (default: all 24)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(lab_func=_cmd_corpus)
@@ -69,6 +71,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--size", choices=("base", "small"), default="base",
                    help="base: h384/6 layers (the probe's recommendation); small: h256/6 layers, 2.2x faster per step")
     p.add_argument("--init-from", type=Path, help="start a fresh run from a committed voice's target (e.g. pcgtts/voice)")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (bf16 autocast)")
+    p.add_argument("--lr", type=_positive_float, default=1e-3)
+    p.add_argument("--max-minutes", type=_positive_float, default=None,
+                   help="stop after this many minutes, checkpointed (run again to go on): a GPU lease's limit")
     p.add_argument("--voice-prompt-prob", type=float, default=0.5,
                    help="share of examples prompted with a same-speaker reference (voice cloning)")
     p.set_defaults(lab_func=_cmd_lm)
@@ -143,7 +149,7 @@ def _cmd_corpus(args) -> dict:
         speakers = tuple(known[n] for n in names)
     heldout = tuple(n for n in DEFAULT_HELDOUT_SPEAKERS if n in {s.name for s in speakers})
     cfg = CorpusConfig(out_dir=args.out, per_speaker=args.per_speaker, heldout_sentences=args.heldout_sentences,
-                       max_sentences=args.max_sentences, seed=args.seed, speakers=speakers,
+                       max_sentences=args.max_sentences, markov_sentences=args.markov_sentences, seed=args.seed, speakers=speakers,
                        heldout_speakers=heldout)
     summary = build_corpus(cfg, progress=_Bar("corpus", "utt"))
     summary["out"] = str(args.out)
@@ -176,7 +182,8 @@ def _cmd_lm(args) -> dict:
     cfg = LMTrainConfig(corpus=args.corpus, codec=args.codec, out_dir=args.out, model=model, steps=args.steps,
                         batch_size=args.batch_size, threads=args.threads,
                         checkpoint_minutes=args.checkpoint_minutes, voice_prompt_prob=args.voice_prompt_prob,
-                        init_from=args.init_from)
+                        init_from=args.init_from, device=args.device, lr=args.lr,
+                        max_minutes=args.max_minutes)
     return train_lm(cfg, progress=_Bar("lm", "step"))
 
 

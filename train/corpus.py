@@ -2,7 +2,9 @@
 
 First step of the lab's data flow (sentences -> source TTS -> corpus -> codec -> codes -> LM).
 Text comes from files that Debian packages ship (`fortunes-min`, `fortunes`: plain sentences of
-4-25 words) plus a small template grammar for numbers, times and punctuation. Speakers are
+4-25 words), a small template grammar for numbers, times and punctuation, and optionally sentences
+drawn from the trigram Markov model that the `essential-generators` wheel ships (built from
+encyclopedia text: many more distinct sentences, locally fluent, not always meaningful). Speakers are
 `hibari-tts` (default voice at speeds 0.9/1.0/1.1), `flite` voices, festival voices, and sox
 pitch/tempo variants of those, labelled as derived speakers. Everything is deterministic
 (seeded sentence choice, seeded hibari noise), cached (an utterance whose FLAC exists is not
@@ -110,6 +112,7 @@ class CorpusConfig:
     out_dir: Path
     per_speaker: int = 260  # train/held-out-speaker sentences rendered by each speaker
     heldout_sentences: int = 24  # sentences kept out of training, rendered by every speaker
+    markov_sentences: int = 0  # extra sentences from essential-generators' Markov model (0: lab-v1's pool)
     max_sentences: int | None = None  # cap on the sentence pool (tests)
     seed: int = 0
     speakers: tuple[Speaker, ...] = DEFAULT_SPEAKERS
@@ -188,9 +191,36 @@ def template_sentences(seed: int, count: int = 160) -> list[str]:
     return sorted(out)
 
 
+@functools.lru_cache(maxsize=2)
+def markov_sentences(seed: int, count: int) -> tuple[str, ...]:
+    """`count` distinct plain sentences of 4-25 words from essential-generators' trigram model (seeded).
+
+    The generator draws from the process-wide `random` module; its state is saved and restored.
+    """
+    from essential_generators import MarkovTextGenerator
+
+    gen = MarkovTextGenerator()
+    out: dict[str, None] = {}
+    saved = random.getstate()
+    random.seed(seed)
+    try:
+        for _ in range(count * 10):
+            for sent in re.split(r"(?<=[.!?])\s+", " ".join(gen.gen_text(max_len=300).split())):
+                if MIN_WORDS <= len(sent.split()) <= MAX_WORDS and PLAIN.match(sent):
+                    out[sent] = None
+            if len(out) >= count:
+                break
+    finally:
+        random.setstate(saved)
+    return tuple(list(out)[:count])
+
+
 def sentence_pool(config: CorpusConfig) -> list[str]:
-    """Deterministic, shuffled sentence pool: fortunes + templates (first `heldout_sentences` held out)."""
+    """Deterministic, shuffled sentence pool: fortunes + templates (+ Markov sentences); the first
+    `heldout_sentences` are held out."""
     pool = fortune_sentences() + template_sentences(config.seed)
+    if config.markov_sentences:
+        pool += list(markov_sentences(config.seed, config.markov_sentences))
     pool = sorted(set(pool))
     random.Random(config.seed).shuffle(pool)
     if config.max_sentences is not None:
@@ -330,7 +360,7 @@ def _record(u: Utterance, rel: str, seconds: float) -> dict:
 
 def write_manifest(out_dir: Path, records: list[dict]) -> Path:
     path = out_dir / "manifest.jsonl"
-    tmp = path.with_suffix(".jsonl.tmp")
+    tmp = path.with_suffix(f".jsonl.{os.getpid()}.tmp")  # two builders (speaker subsets) may share a folder
     with open(tmp, "w") as f:
         for r in records:
             f.write(json.dumps(r, sort_keys=True) + "\n")
@@ -362,7 +392,7 @@ def build_corpus(config: CorpusConfig, progress=None, manifest_every: int = 50) 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({
         "per_speaker": config.per_speaker, "heldout_sentences": config.heldout_sentences,
-        "max_sentences": config.max_sentences, "seed": config.seed,
+        "max_sentences": config.max_sentences, "markov_sentences": config.markov_sentences, "seed": config.seed,
         "speakers": [s.__dict__ for s in config.speakers], "heldout_speakers": list(config.heldout_speakers),
     }, indent=2))
     renderer = Renderer()

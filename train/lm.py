@@ -123,11 +123,17 @@ class FactorisedLM(torch.nn.Module):
         self.digits = torch.nn.Parameter(torch.randn(NUM_DIGITS, LEVELS, h) * std / math.sqrt(NUM_DIGITS))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        # Gradients of indexed rows are scatter-adds: tens of thousands of positions onto 32 digit rows
+        # (or one clamped text row) serialise on a GPU. F.embedding's backward sorts instead, and the
+        # digit sum is a multi-hot [.., 32] @ [32, h] product (float32: rows are not rounded to bf16).
         is_speech = ids >= self.speech_offset
-        text = self.text[ids.clamp(max=self.speech_offset - 1)]
+        text = torch.nn.functional.embedding(ids.clamp(max=self.speech_offset - 1), self.text)
         digits = code_digits((ids - self.speech_offset).clamp(min=0), NUM_DIGITS)  # [B, T, 8]
-        speech = self.digits[torch.arange(NUM_DIGITS, device=ids.device), digits].sum(-2)
-        return torch.where(is_speech.unsqueeze(-1), speech, text)
+        slots = digits + LEVELS * torch.arange(NUM_DIGITS, device=ids.device)  # column of digit d: 4d + level
+        multi_hot = torch.zeros(*ids.shape, NUM_DIGITS * LEVELS, device=ids.device).scatter_(-1, slots, 1.0)
+        with torch.autocast(ids.device.type, enabled=False):
+            speech = multi_hot @ self.digits.reshape(NUM_DIGITS * LEVELS, -1)
+        return torch.where(is_speech.unsqueeze(-1), speech, text.to(speech.dtype))
 
     def hidden(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.body(inputs_embeds=self.embed(ids), attention_mask=attention_mask).last_hidden_state
@@ -158,7 +164,7 @@ class FactorisedLM(torch.nn.Module):
 
     def speech_rows(self) -> torch.Tensor:
         d = code_digits(torch.arange(self.num_speech, device=self.digits.device), NUM_DIGITS)
-        return self.digits[torch.arange(NUM_DIGITS), d].sum(1)
+        return self.digits[torch.arange(NUM_DIGITS, device=self.digits.device), d].sum(1)
 
     @torch.no_grad()
     def materialise(self):
@@ -247,6 +253,8 @@ class LMTrainConfig:
     seed: int = 0
     threads: int = 1
     init_from: Path | None = None  # a committed voice folder (pcgtts/voice) whose target a fresh run starts from
+    device: str = "cpu"  # "cuda": bf16 autocast on a GPU machine (weights and optimizer stay float32)
+    max_minutes: float | None = None  # stop (checkpointed, resumable) after this long: a GPU lease's limit
 
     def __post_init__(self) -> None:
         for name in ("corpus", "codec", "out_dir"):
@@ -257,6 +265,10 @@ class LMTrainConfig:
             raise ValueError("voice_prompt_prob must lie in [0, 1] and lr be > 0")
         if self.checkpoint_minutes <= 0 or self.threads < 1:
             raise ValueError("checkpoint_minutes must be > 0 and threads >= 1")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError("max_minutes must be > 0")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
 
 
 class ExampleBuilder:
@@ -328,6 +340,16 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
     """Shared by lm.py and draft.py: AdamW + cosine, checkpoint/resume, loss log + PNG, export."""
     torch.set_num_threads(cfg.threads)
     out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(getattr(cfg, "device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda asked for, but torch sees no CUDA device")
+    model.to(device)
+
+    def on_device(batch):
+        return tuple(t.to(device, non_blocking=True) for t in batch)
+
+    def autocast():  # bf16 matmuls on a GPU; float32 on a CPU (bf16 is no faster there)
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=(0.9, 0.95),
                             weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
@@ -335,7 +357,7 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
     ckpt = out / "checkpoint.pt"
     losses = LossLog(out / "loss.jsonl")
     step = resume(ckpt, model, opt, rng, losses, extra_state.get("model_config"))
-    held_batch = heldout.batch(min(8, len(heldout.records)), random.Random(1)) if heldout else None
+    held_batch = on_device(heldout.batch(min(8, len(heldout.records)), random.Random(1))) if heldout else None
 
     def checkpoint() -> None:
         save_checkpoint(ckpt, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
@@ -346,10 +368,14 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
 
     model.train()
     first, window, t_ckpt = step, [], time.monotonic()
+    t_start = t_ckpt
+    batches = _prefetched(builder, cfg.batch_size, rng, cfg.steps - step) if device.type == "cuda" else None
     while step < cfg.steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        loss = lm_loss(model, *builder.batch(cfg.batch_size, rng))
+        batch = next(batches) if batches is not None else builder.batch(cfg.batch_size, rng)
+        with autocast():
+            loss = lm_loss(model, *on_device(batch))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -360,7 +386,7 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
             rec = {"step": step, "loss": sum(window) / len(window), "lr": opt.param_groups[0]["lr"]}
             if held_batch is not None and step % (cfg.log_every * 5) == 0:
                 model.eval()
-                with torch.no_grad():
+                with torch.no_grad(), autocast():
                     rec["heldout"] = float(lm_loss(model, *held_batch))
                 model.train()
             losses.append(rec)
@@ -374,9 +400,30 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
             t_ckpt = time.monotonic()
         if stop_after is not None and step - first >= stop_after:
             break
+        if getattr(cfg, "max_minutes", None) and time.monotonic() - t_start > cfg.max_minutes * 60:
+            log.info("stopping at step %d after %.1f min (max_minutes); run again to go on", step, cfg.max_minutes)
+            break
     checkpoint()
     return {"step": step, "steps": cfg.steps, "checkpoint": str(ckpt), "export": str(out / "export"),
             "loss_png": str(out / "loss.png"), "last_loss": losses.last("loss")}
+
+
+def _prefetched(builder: ExampleBuilder, size: int, rng: random.Random, count: int, depth: int = 8):
+    """`count` batches built on a background thread (a GPU step is shorter than building its batch on
+    the host). The thread alone draws from `rng`, so the batch sequence is the same as in line; a run
+    resumed from a checkpoint skips the batches that were queued when it was written."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+
+    def work() -> None:
+        for _ in range(count):
+            q.put(tuple(t.pin_memory() for t in builder.batch(size, rng)))
+
+    threading.Thread(target=work, daemon=True, name="lm-batches").start()
+    for _ in range(count):
+        yield q.get()
 
 
 def build_model(model_cfg: LMModelConfig, tokenizer, seed: int) -> FactorisedLM:

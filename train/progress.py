@@ -112,8 +112,53 @@ def resume(ckpt_path: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
     if state.get("model_config") != model_config:
         raise ValueError(f"{ckpt_path} was trained with another model config; use a new --out")
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    set_rng_state(state["rng"], rng)
+    if "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"], rng)
+    else:  # a model-only checkpoint (`join_checkpoint`: weights brought back from another machine)
+        log.warning("%s holds no optimizer state: going on from step %d with fresh AdamW moments",
+                    ckpt_path, state["step"])
     losses.truncate(state["step"])
     log.info("resumed %s at step %d", ckpt_path, state["step"])
     return state["step"]
+
+
+def split_checkpoint(ckpt: Path, out_dir: Path, max_bytes: int = 15 << 20,
+                     dtype: torch.dtype | None = None) -> list[Path]:
+    """The model-only part of a checkpoint (weights, model config, step; no optimizer) as files of at
+    most `max_bytes` each: how a run on a GPU machine brings its weights back (its file size limit).
+    `dtype`: cast floating-point weights (e.g. float16 to carry them to the next machine in half the size)."""
+    state = load_checkpoint(ckpt)
+    if dtype is not None:
+        state["model"] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state["model"].items()}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "rng")}
+    parts: list[dict] = [{}]
+    size = 0
+    for name, tensor in state["model"].items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes > max_bytes:
+            raise ValueError(f"{name} alone is {nbytes} bytes, over the {max_bytes}-byte limit")
+        if size + nbytes > max_bytes and parts[-1]:
+            parts.append({})
+            size = 0
+        parts[-1][name] = tensor
+        size += nbytes
+    paths = []
+    for i, part in enumerate(parts):
+        paths.append(save_checkpoint(out_dir / f"model-part{i}.pt", {"model": part, **(meta if i == 0 else {})}))
+    return paths
+
+
+def join_checkpoint(parts_dir: Path, ckpt: Path) -> Path:
+    """Reassemble `split_checkpoint`'s files into a model-only checkpoint (what `load_factorised` and
+    `pack_voice` read; a run resumed from it starts a fresh optimizer)."""
+    paths = sorted(Path(parts_dir).glob("model-part*.pt"), key=lambda p: int(p.stem.removeprefix("model-part")))
+    if not paths:
+        raise FileNotFoundError(f"no model-part*.pt in {parts_dir}")
+    state = load_checkpoint(paths[0])
+    for path in paths[1:]:
+        state["model"].update(load_checkpoint(path)["model"])
+    state["model"] = {k: v.float() if v.is_floating_point() else v for k, v in state["model"].items()}
+    return save_checkpoint(Path(ckpt), state)
