@@ -56,11 +56,14 @@ def test_export_checks_itself_and_writes_metadata(exported_pair, lms, model_size
 
 
 @DEMO_ONLY
-def test_onnx_logits_match_torch_after_rollback(exported_pair, lms):
-    """Prefill, 1-token and 4-token steps, a rollback, then a 4-token step over the stale slots."""
+def test_onnx_logits_match_torch_after_rollback(exported_pair, lms, monkeypatch):
+    """Prefill, 1-token and 4-token steps, a rollback, then a 4-token step over the stale slots; the
+    onnxruntime cache starts at 4 slots here, so it grows (copying what it holds) along the way."""
+    import pcgtts.runtime.lm.buffered as buffered
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
+    monkeypatch.setattr(buffered, "INITIAL_CAPACITY", 4)
     out, _ = exported_pair
     ref = TorchLM.load(lms["target"], max_length=128)
     ort = OrtLM.load(out / "target", max_length=128, tokenizer=ref.tokenizer)
@@ -76,6 +79,18 @@ def test_onnx_logits_match_torch_after_rollback(exported_pair, lms):
     ids = speech(4)
     torch.testing.assert_close(ort.forward(ids), ref.forward(ids), atol=2e-3, rtol=1e-4)
     assert ort.length == ref.length == 26
+    assert ort.cache[0].shape[2] == 32  # 4 -> 32 at the 20-token prefill, not the 128 of max_length
+
+
+def test_grow_cache_doubles_up_to_max_length_and_keeps_the_prefix():
+    from pcgtts.runtime.lm.buffered import grow_cache
+
+    cache = [torch.arange(2 * 4 * 3, dtype=torch.float32).view(1, 2, 4, 3) for _ in range(2)]
+    assert grow_cache(cache, 4, 4, 100) is cache  # fits: untouched
+    grown = grow_cache(cache, 3, 9, 100)
+    assert [g.shape[2] for g in grown] == [16, 16]
+    assert torch.equal(grown[0][:, :, :3], cache[0][:, :, :3]) and not grown[0][:, :, 3:].any()
+    assert grow_cache(cache, 4, 70, 100)[0].shape[2] == 100  # capped at max_length
 
 
 def _run(target, draft, groups, policy, temperature, seed):

@@ -7,6 +7,12 @@ each step's new entries at their slots and implements prefill / forward / rollba
 only implements `_execute`; prefill / forward / rollback come from `SequenceMixin`.
 Graphs exported since the EAGLE draft ran on onnxruntime also return the final-normed hidden
 states (`last_hidden_state`): `forward_hidden` reads them (`exposes_hidden`; older exports do not).
+
+The step graph attends over the whole buffer it is given, so a buffer sized for `max_length`
+(4,096 in the synthesizer) makes every early step pay for thousands of empty slots. Where the
+graph takes any buffer size (onnxruntime) the buffer starts at `INITIAL_CAPACITY` slots and
+doubles, copying what it holds, up to `max_length` (`grow_cache`); a TensorRT engine's profiles
+fix its size.
 """
 
 from __future__ import annotations
@@ -21,7 +27,29 @@ from pcgtts.runtime.lm.protocol import SequenceMixin, check_fits
 from pcgtts.runtime.text.vocab import SpeechVocab
 
 
+INITIAL_CAPACITY = 256  # cache slots a growable buffer starts with
+
+
+def grow_cache(cache: list[torch.Tensor], length: int, needed: int, max_length: int) -> list[torch.Tensor]:
+    """`cache` ([1, kv, S, D] each) with room for `needed` slots: S doubled until it fits (at most
+    `max_length`), the first `length` slots copied; the same list when it already fits."""
+    slots = cache[0].shape[2]
+    if needed <= slots:
+        return cache
+    while slots < needed:
+        slots *= 2
+    slots = min(slots, max_length)
+    grown = []
+    for buf in cache:
+        new = buf.new_zeros(*buf.shape[:2], slots, buf.shape[3])
+        new[:, :, :length] = buf[:, :, :length]
+        grown.append(new)
+    return grown
+
+
 class BufferedLM(SequenceMixin):
+    growable = False  # a backend whose graph takes any buffer size sets this (onnxruntime)
+
     def __init__(self, meta: GraphMeta, folder: Path, device: torch.device, max_length: int, tokenizer=None):
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
@@ -42,7 +70,8 @@ class BufferedLM(SequenceMixin):
 
     def ensure_cache(self) -> None:
         if not self.cache:
-            shape = (1, self.meta.num_kv_heads, self.max_length, self.meta.head_dim)
+            slots = min(INITIAL_CAPACITY, self.max_length) if self.growable else self.max_length
+            shape = (1, self.meta.num_kv_heads, slots, self.meta.head_dim)
             self.cache = [torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
                           for _ in range(2 * self.meta.num_layers)]
 
@@ -71,6 +100,7 @@ class BufferedLM(SequenceMixin):
         n = ids.shape[1]
         check_fits(self.length, n, self.max_length)
         self.ensure_cache()
+        self.cache = grow_cache(self.cache, self.length, self.length + n, self.max_length)
         positions = torch.arange(self.length, self.length + n, device=self.device).view(1, -1)
         index = torch.arange(n - 1 if last_only else 0, n, device=self.device).view(1, -1)
         logits, hidden, present = self._execute(ids, positions, index)

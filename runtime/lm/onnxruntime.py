@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pcgtts.runtime.lm.buffered import BufferedLM
+from pcgtts.runtime.lm.buffered import INITIAL_CAPACITY, BufferedLM, grow_cache
 from pcgtts.runtime.lm.digit_head import expand_digit_scores
 from pcgtts.runtime.lm.graph_meta import GraphMeta
 
@@ -88,6 +88,8 @@ class _Bound:
 
 
 class OrtLM(BufferedLM):
+    growable = True  # the step graph takes any cache size: the buffer grows with the sequence
+
     def __init__(self, session, meta: GraphMeta, folder: Path, device: torch.device, max_length: int,
                  tokenizer=None, threads: int | None = None):
         self.session = session
@@ -185,11 +187,12 @@ class OrtEagleStep:
         self.digits = record["digits"]  # > 0: the scores are a digit table's, drawn digit by digit
         self.dtype = torch.float32  # the graph's state inputs and outputs
         cache_dtype = {"float32": torch.float32, "float16": torch.float16}[record["dtype"]]
-        shape = (1, record["num_kv_heads"], max_length, record["head_dim"])
-        self.cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(2)]
+        shape = (1, record["num_kv_heads"], min(INITIAL_CAPACITY, max_length), record["head_dim"])
+        self.cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(2)]  # grows as used
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = len(tokens)
+        self.cache = grow_cache(self.cache, start, start + k, self.max_length)
         f = torch.empty(1, 1, self.hidden_size, dtype=torch.float32, device=self.device)
         scores = torch.empty(1, 1, self.head_width, dtype=torch.float32, device=self.device)
         new = [torch.empty(1, *c.shape[1:2], k, c.shape[3], dtype=c.dtype, device=self.device) for c in self.cache]
