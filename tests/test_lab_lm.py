@@ -130,3 +130,41 @@ def test_device_is_validated(tiny_corpus, tmp_path):
     corpus, _ = tiny_corpus
     with pytest.raises(ValueError, match="device"):
         LMTrainConfig(corpus=corpus, codec=corpus, out_dir=tmp_path, device="tpu")
+
+
+def test_text_conditioning_compares_own_and_other_transcripts(tiny_corpus):
+    """Same transcript everywhere: the two NLLs are the same computation (gain exactly 0); distinct
+    transcripts change an untrained model's NLL (the text is read); fewer than 2 utterances: refused."""
+    from pcgtts.train.corpus import read_manifest
+    from pcgtts.train.lm import ExampleBuilder, text_conditioning
+
+    corpus, codes = tiny_corpus
+    records = read_manifest(corpus)
+    tok = lab_tokenizer()
+    model = build_model(LMModelConfig.tiny(), tok, 0)
+    cfg = _cfg(corpus, corpus, 1)
+    same = ExampleBuilder(tok, [dict(r, text=TEXTS[0]) for r in records], codes, cfg)
+    flat = text_conditioning(model, same, count=6)
+    assert flat["utterances"] == 6 and flat["gain"] == 0.0 and flat["nll_own_text"] > 0
+    varied = text_conditioning(model, ExampleBuilder(tok, records, codes, cfg), count=6)
+    assert varied["gain"] != 0.0
+    with pytest.raises(ValueError, match="at least 2"):
+        text_conditioning(model, ExampleBuilder(tok, records[:1], codes, cfg))
+
+
+def test_prefetched_batches_raise_the_threads_error_instead_of_hanging(tiny_corpus):
+    import random
+
+    from pcgtts.train.corpus import read_manifest
+    from pcgtts.train.lm import ExampleBuilder, _prefetched
+
+    corpus, codes = tiny_corpus
+    builder = ExampleBuilder(lab_tokenizer(), read_manifest(corpus), codes, _cfg(corpus, corpus, 1))
+
+    def broken(size, rng):
+        raise OSError("disk gone")
+
+    builder.batch = broken
+    with pytest.raises(RuntimeError, match="training batch") as info:
+        next(_prefetched(builder, 3, random.Random(0), 2))
+    assert isinstance(info.value.__cause__, OSError)
