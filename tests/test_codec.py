@@ -52,7 +52,8 @@ def test_not_a_codec_directory(tmp_path, tiny_lm_factory):
 
 @pytest.mark.parametrize("config", [
     StreamConfig(),
-    StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, codec_lookahead=0, crossfade_samples=0),
+    StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, codec_lookahead=0,
+                 first_chunk_lookahead=0, crossfade_samples=0),
     StreamConfig(first_chunk_tokens=5, chunk_tokens=40, left_context_tokens=10, codec_lookahead=3, crossfade_samples=320),
 ])
 @pytest.mark.parametrize("burst", [1, 17])
@@ -66,7 +67,7 @@ def test_stream_covers_every_sample_once(codecs, config, burst):
     assert all(len(c) % 320 == 0 for c in chunks)
     assert len(chunks[0]) == 320 * min(config.first_chunk_tokens, len(codes))
     if config == StreamConfig(first_chunk_tokens=1, chunk_tokens=1, left_context_tokens=0, codec_lookahead=0,
-                              crossfade_samples=0):
+                              first_chunk_lookahead=0, crossfade_samples=0):
         # No context, no fade: each chunk is exactly that token decoded alone.
         assert np.array_equal(chunks[5], decode_only.decode(codes[5:6]))
 
@@ -91,7 +92,7 @@ def test_streamed_audio_matches_one_shot_decode(codecs):
         assert snr_db(ref, out) > MIN_SNR_DB
         # Without left context the seams are far worse: the bound above is not vacuous.
         bare = WindowDecoder(decode_only.decode, StreamConfig(left_context_tokens=0, codec_lookahead=0,
-                                                               crossfade_samples=0))
+                                                               first_chunk_lookahead=0, crossfade_samples=0))
         naive = np.concatenate([*(c for i in range(0, 120, 5) for c in bare.push(codes[i:i + 5])), bare.flush()])
         assert snr_db(ref, naive) < snr_db(ref, out) - 3
 
@@ -109,8 +110,29 @@ def test_voice_prompt_codes_serve_as_left_context(codecs):
     assert snr_db(ref, out) > snr_db(ref, plain)
 
 
+def test_the_first_chunk_waits_for_its_own_lookahead_and_later_chunks_for_the_codec_lookahead(codecs):
+    decode_only, _ = codecs
+    codes = np.random.default_rng(4).integers(0, 65536, 60)
+    chunks = {}
+    for first_lookahead in (2, 8):
+        config = StreamConfig(first_chunk_tokens=5, chunk_tokens=10, codec_lookahead=8,
+                              first_chunk_lookahead=first_lookahead)
+        window = WindowDecoder(decode_only.decode, config)
+        ready = [i + 1 for i in range(len(codes)) for _ in window.push(codes[i:i + 1])]  # tokens seen per chunk
+        assert ready[:3] == [5 + first_lookahead, 15 + 8, 25 + 8]
+        chunks[first_lookahead] = WindowDecoder(decode_only.decode, config).push(codes)
+    short, long = chunks[2], chunks[8]
+    assert [len(x) for x in short] == [len(x) for x in long]
+    assert not np.array_equal(short[0], long[0])  # the first window differs ...
+    # ... and only the second chunk's cross-fade (640 samples) blends in that window's tail.
+    assert all(np.array_equal(x[640:], y[640:]) for x, y in zip(short[1:], long[1:]))
+    assert all(np.array_equal(x, y) for x, y in zip(short[2:], long[2:]))
+
+
 @pytest.mark.parametrize("kwargs", [{"first_chunk_tokens": 0}, {"codec_lookahead": -1},
-                                    {"codec_lookahead": 1, "crossfade_samples": 640}])
+                                    {"codec_lookahead": 1, "crossfade_samples": 640},
+                                    {"first_chunk_lookahead": -1},
+                                    {"first_chunk_lookahead": 1, "crossfade_samples": 640}])
 def test_bad_stream_config(kwargs):
     with pytest.raises(ValueError):
         StreamConfig(**kwargs)

@@ -5,7 +5,8 @@ so audio for tokens [a, b) decoded alone differs from the same span in a one-sho
 chunk for [a, b) is therefore emitted only once b + lookahead tokens exist, by decoding the
 window [a - left_context, b + lookahead) and keeping the samples of [a, b); the first
 `crossfade` samples are blended with the previous window's decode of the same stretch (which
-that window produced as lookahead), so seams are continuous. Every sample is emitted exactly
+that window produced as lookahead), so seams are continuous. The first chunk may use a shorter
+lookahead (`first_chunk_lookahead`): its audio is the one a listener waits for. Every sample is emitted exactly
 once: the stream holds 320 samples per token, no gaps, no duplicates.
 
 The first chunk is small (low time to first audio); each later chunk doubles the previous one up
@@ -54,9 +55,10 @@ class WindowDecoder:
         self.tokens.extend(int(t) for t in tokens)
         out = []
         while True:
-            if self.available < self.done + self.size + self.config.codec_lookahead:
+            right = self.config.first_chunk_lookahead if self.done == 0 else self.config.codec_lookahead
+            if self.available < self.done + self.size + right:
                 return out
-            out.append(self._emit(self.done + self.size, self.config.codec_lookahead))
+            out.append(self._emit(self.done + self.size, right))
             self.size = min(2 * self.size, self.config.chunk_tokens)
 
     def flush(self) -> np.ndarray:
