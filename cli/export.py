@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     onnx.add_argument("--model", required=True, help="LlamaForCausalLM checkpoint directory")
     onnx.add_argument("--out", required=True, help="output directory")
     onnx.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    onnx.add_argument("--quantize", default="none", choices=("none", "int8"),
+                      help="int8: replace the checked float32 graph by its dynamic int8 quantization "
+                           "(onnxruntime; about 2x faster on a CPU, quality cost in QUALITY.md)")
     onnx.add_argument("--max-length", type=int, default=4096, help="default KV cache capacity for the runtime")
     onnx.add_argument("--no-check", action="store_true", help="skip the numeric comparison with PyTorch")
     onnx.add_argument("--eagle", help="the target's EAGLE draft, exported with it for the eagle-* policies "
@@ -77,11 +80,13 @@ def _onnx(args) -> int:
         found[name] = given
         if given is None and not skip and (Path(args.model) / default).is_file():
             found[name] = Path(args.model) / default
+    if args.quantize == "int8" and args.dtype != "float32":
+        raise ValueError("--quantize int8 quantizes a float32 graph; leave --dtype at float32")
     _check_paths(args.model, args.out)
     from pcgtts.export.onnx_lm import export_lm
 
     meta, check = export_lm(args.model, args.out, dtype=args.dtype, max_length=args.max_length,
-                            check=not args.no_check, **found)
+                            check=not args.no_check, quantize=args.quantize, **found)
     diff = "not checked" if check is None else f"max |logit diff| vs PyTorch {check.max_abs_diff:.2e} " \
                                                f"(tolerance {check.tolerance:.0e})"
     checks = {}
@@ -91,7 +96,10 @@ def _onnx(args) -> int:
             checks[name] = record.get("check")
             diff += f"; {what} {record['source']}: " + (
                 "not checked" if checks[name] is None else f"max |diff| {checks[name]['max_abs_diff']:.2e}")
-    _report({"out": args.out, "layers": meta.num_layers, "check": meta.extra.get("check"), **checks},
+    if "int8" in meta.extra:
+        diff += f"; int8 graph: max |logit diff| {meta.extra['int8']['max_abs_diff']:.2e} (recorded)"
+    _report({"out": args.out, "layers": meta.num_layers, "check": meta.extra.get("check"),
+             "quantize": meta.extra.get("quantize", "none"), "int8": meta.extra.get("int8"), **checks},
             f"exported {args.model} -> {args.out}: {meta.num_layers} layers, {diff}")
     return 0
 

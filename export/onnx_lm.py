@@ -11,6 +11,11 @@ verify step, for any cache size the runtime allocates.
 With `eagle=FILE` (the CLI finds `eagle_draft.safetensors` beside the model by default) the
 target's EAGLE draft is exported too, as `eagle.onnx` (`export/proposer_graphs.py`), checked the same
 way against the torch draft, and listed under "eagle" in pcgtts-lm.json.
+
+With `quantize="int8"` the checked float32 step graph is then replaced by `model.int8.onnx`:
+weight-only int8 (onnxruntime's MatMulNBits, block-wise scales; see `quantize_int8`). Its logits differ from PyTorch's by far more than the float check allows, so that difference is
+recorded (`extra["int8"]`), not enforced; what it costs in speech is measured by `pcgtts eval`
+(QUALITY.md).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ log = logging.getLogger(__name__)
 GRAPH_FILE = "model.onnx"
 EAGLE_GRAPH_FILE = "eagle.onnx"
 HEADS_GRAPH_FILE = "mtp_heads.onnx"
+INT8_GRAPH_FILE = "model.int8.onnx"
+QUANTIZE = ("none", "int8")
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,12 @@ class CheckResult:
 
 def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float32", max_length: int = 4096,
               check: bool = True, tolerance: float | None = None, eagle: str | Path | None = None,
-              heads: str | Path | None = None) -> tuple[GraphMeta, CheckResult | None]:
+              heads: str | Path | None = None, quantize: str = "none") -> tuple[GraphMeta, CheckResult | None]:
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if quantize not in QUANTIZE:
+        raise ValueError(f"quantize must be one of {QUANTIZE}, got {quantize!r}")
+    if quantize == "int8" and dtype != "float32":
+        raise ValueError("--quantize int8 quantizes a float32 graph; leave --dtype at float32")
     read_config(model_dir)  # a clear error for a folder that is not a LLaMA checkpoint
     for what, path in (("EAGLE draft", eagle), ("multi-token heads", heads)):
         if path is not None and not Path(path).is_file():
@@ -65,6 +76,8 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
             meta = _export_eagle(stage, meta, model_dir, Path(eagle), torch_dtype, check, tolerance)
         if heads is not None:
             meta = _export_heads(stage, meta, model_dir, Path(heads), torch_dtype, check, tolerance)
+        if quantize == "int8":
+            meta = quantize_int8(stage, model_dir if check else None)
     if result is not None:
         log.info("exported %s: max |logit diff| vs PyTorch %.2g (tolerance %.2g)", out_dir, result.max_abs_diff,
                  result.tolerance)
@@ -219,6 +232,50 @@ def check_heads(model_dir: str | Path, heads_file: str | Path, onnx_dir: str | P
     if tolerance is None:
         tolerance = 2e-3 if exported.cache_dtype == torch.float32 else 1e-1
     return CheckResult(max_abs_diff=worst, tolerance=tolerance, steps=("3 states",))
+
+
+def quantize_int8(folder: str | Path, model_dir: str | Path | None = None) -> GraphMeta:
+    """Replace an exported float32 step graph in `folder` by its weight-only int8 quantization
+    (`INT8_GRAPH_FILE`: onnxruntime's MatMulNBits, 8 bits, symmetric, one scale per 32 weights,
+    int8 compute); with `model_dir`, record how far its logits are from PyTorch's.
+
+    Weight-only, not onnxruntime's dynamic quantization: dynamic quantization also rounds the
+    activations to 8 bits per tensor, which moved the demo target's next-token distribution by a
+    total variation of 0.1-0.3; block-wise int8 weights move it by ~0.015 at nearly the same speed."""
+    import onnx
+
+    root = logging.getLogger()
+    handlers, root_level = list(root.handlers), root.level
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    root.handlers[:], root.level = handlers, root_level  # that import configures the root logger: undone
+
+    folder = Path(folder)
+    meta = GraphMeta.load(folder, kind="onnx")
+    if meta.dtype != "float32" or meta.extra.get("quantize", "none") != "none":
+        raise ValueError(f"{folder}: only a float32, unquantized graph can be quantized")
+    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(folder / meta.graph)), algo_config=config)
+    quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # it logs every node it visits at INFO
+    try:
+        quantizer.process()
+    finally:
+        quiet.setLevel(level)
+    quantizer.model.save_model_to_file(str(folder / INT8_GRAPH_FILE), use_external_data_format=False)
+    for name in (meta.graph, meta.graph + ".data"):
+        (folder / name).unlink(missing_ok=True)
+    extra = {**meta.extra, "quantize": "int8"}
+    meta = GraphMeta(**{**meta.__dict__, "graph": INT8_GRAPH_FILE, "extra": extra})
+    meta.save(folder)
+    if model_dir is not None:
+        result = check_lm(model_dir, folder, tolerance=float("inf"))
+        extra["int8"] = {"max_abs_diff": result.max_abs_diff, "steps": result.steps, "enforced": False}
+        meta = GraphMeta(**{**meta.__dict__, "extra": extra})
+        meta.save(folder)
+        log.info("int8 graph: max |logit diff| vs PyTorch %.3g (recorded, not enforced)", result.max_abs_diff)
+    return meta
 
 
 def compare_backends(reference, candidate, prompt: torch.Tensor, steps: list[torch.Tensor], rollback: int) -> float:

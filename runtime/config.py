@@ -197,7 +197,7 @@ class DeviceConfig:
         if self.quantize == "int8" and (self.backend != "torch" or self.compute_device != "cpu"
                                         or self.dtype != "float32"):
             raise ValueError("quantize='int8' runs on the torch backend on a CPU in float32 "
-                             "(onnxruntime and GPUs have their own int8 tools)")
+                             "(for onnxruntime, export an int8 graph: `pcgtts export onnx --quantize int8`)")
 
 
 def cpu_threads(device: DeviceConfig, codec_thread: bool, environ=os.environ, cores: int | None = None) -> int | None:
