@@ -6,7 +6,9 @@ embeddings (mean group ~40-140). Also reports a reject-heavy case, where PCG's r
 sampler does the most work, and an all-accepted case (uniforms 0), where no residual is
 needed. Median and minimum per call: on a shared CPU the minimum is the steadier figure.
 
-    python benchmarks/bench_verify.py [--device cuda] [--theta 0.30]
+    python benchmarks/bench_verify.py [--device cuda] [--theta 0.30 | --groups TABLE.pcg]
+
+`--groups` uses a real group table (e.g. the trained voice's) instead of the structured one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 import torch
 
 from pcgtts.groups.build import build_groups
+from pcgtts.groups.table import GroupTable
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
 from pcgtts.tools.demo import structured_speech_embeddings
 
@@ -45,12 +48,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--theta", type=float, default=0.30)
+    ap.add_argument("--groups", help="a .pcg table over 65,536 codes (instead of building one at --theta)")
     ap.add_argument("--repeats", type=int, default=50)
     args = ap.parse_args()
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
-    emb = structured_speech_embeddings(65536, 256, 1.0, 1.0, gen)
-    groups = build_groups(emb, args.theta, device=args.device, progress=False)
+    if args.groups:
+        groups = GroupTable.load(args.groups)
+    else:
+        emb = structured_speech_embeddings(65536, 256, 1.0, 1.0, gen)
+        groups = build_groups(emb, args.theta, device=args.device, progress=False)
     table = groups.to_device(device)
 
     logits = 6 * torch.randn(1, L + 1, V, generator=gen)
