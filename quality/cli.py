@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--voices", type=_names, help="test-set voices for source/codec modes (default: all)")
     p.add_argument("--voice", help="test-set voice to clone and judge similarity against (default: the first)")
     p.add_argument("--no-clone", action="store_true", help="do not prompt with the reference voice (Sim still vs it)")
+    p.add_argument("--aa", action="store_true",
+                   help="synth mode: run target AR a second time on other random streams (row 'ar A/A'); "
+                        "its deltas to AR are the run's own noise floor")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
     p.add_argument("--max-tokens", type=positive(int), help="speech tokens per sentence at most")
     p.add_argument("--swap-fractions", type=_list(float), default=[0.25, 0.5, 1.0],
@@ -112,6 +115,8 @@ def check_args(args: argparse.Namespace):
     for p in args.swap_fractions:
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"--swap-fractions must lie in [0, 1], got {p}")
+    if args.aa and args.mode != "synth":
+        raise ValueError("--aa adds a row to --mode synth's table")
     if (args.corpus or args.oracle) and args.mode != "cloning":
         raise ValueError("--corpus and --oracle are for --mode cloning")
     if args.mode == "cloning":
@@ -253,7 +258,8 @@ def _run_models(args, testset, sentences, recipe, progress):
     def groups_for(theta):
         return group_table(target_dir, base.target, theta)
 
-    plan = SynthPlan(tuple(sentences), tuple(args.seeds), args.temperature, args.max_tokens, not args.no_clone)
+    plan = SynthPlan(tuple(sentences), tuple(args.seeds), args.temperature, args.max_tokens, not args.no_clone,
+                     aa_row=args.aa)
     if args.mode == "synth":
         sweep = argparse.Namespace(policy=args.policies, draft_length=args.draft_length, theta=args.theta,
                                    beta=args.beta)

@@ -136,6 +136,7 @@ class SynthPlan:
     temperature: float = 0.8
     max_tokens: int | None = None  # per sentence; None = the synthesizer's own budget
     clone: bool = True  # prompt with the reference voice's recording (zero-shot cloning)
+    aa_row: bool = False  # also the baseline again on other random streams (`run_synth`)
 
     def __post_init__(self) -> None:
         if not self.sentences or not self.seeds:
@@ -146,6 +147,9 @@ class SynthPlan:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+
+AA_SEED_OFFSET = 1_000_003  # the A/A row's random streams: seed + this, far from any plan's seeds
 
 
 def synth_config(base_config, case, seed: int, plan: SynthPlan):
@@ -188,26 +192,31 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
     ref_path = render(recipe, testset.reference_text, cache_dir)
     ref_emb = reference_embedding(recipe, testset, cache_dir)
     voice = base.voice_from_audio(ref_path, testset.reference_text) if plan.clone else None
-    by_case = [(case, case_synthesizer(base, case, groups_for), []) for case in cases]
+    # (row name, case, synthesizer, seed offset, rows)
+    runs = [(label(case), case, case_synthesizer(base, case, groups_for), 0, []) for case in cases]
+    if plan.aa_row:
+        # The baseline once more on other random streams, paired with it like every row: its deltas
+        # are what two runs of one distribution show, the table's own noise floor.
+        runs.insert(1, (f"{runs[0][0]} A/A", cases[0], runs[0][2], AA_SEED_OFFSET, []))
     # Interleaved (every case on one utterance before the next utterance) so that a change in the
     # machine's load during the run shifts all cases alike instead of biasing the speed-ups.
     for seed in plan.seeds:
         for s in plan.sentences:
-            for case, synth, rows in by_case:
-                progress(f"{label(case)} seed {seed} {s.id}")
-                audio, speed = synthesize_one(synth, s.text, synth_config(base.config, case, seed, plan), voice)
-                rows.append({"case": label(case), "sentence": s.id, "seed": seed, **speed,
+            for name, case, synth, offset, rows in runs:
+                progress(f"{name} seed {seed} {s.id}")
+                config = synth_config(base.config, case, seed + offset, plan)
+                audio, speed = synthesize_one(synth, s.text, config, voice)
+                rows.append({"case": name, "sentence": s.id, "seed": seed, **speed,
                              **score_audio(audio, s.text, ref_emb)})
-    by_case = [(case, rows) for case, _, rows in by_case]
-    base_rows = by_case[0][1]
+    base_rows = runs[0][4]
     base_tps = _tokens_per_second(base_rows)
     summaries, records = [], []
-    for case, rows in by_case:
+    for name, case, _, _, rows in runs:
         tps = _tokens_per_second(rows)
         drafted = sum(r["drafted"] for r in rows)
         steps = sum(r["steps"] for r in rows)
         summaries.append({
-            "case": label(case), "policy": case.policy, "draft_length": case.draft_length, "theta": case.theta,
+            "case": name, "policy": case.policy, "draft_length": case.draft_length, "theta": case.theta,
             "ssd_beta": case.ssd_beta, "utterances": len(rows),
             "tokens_per_second": tps, "speedup_vs_ar": tps / base_tps if base_tps > 0 else None,
             "acceptance_rate": sum(r["accepted"] for r in rows) / drafted if drafted else None,

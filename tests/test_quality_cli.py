@@ -37,6 +37,7 @@ def parse(*argv):
     (["--swap-fractions", "2"], "swap-fractions"),
     (["--temperature", "-1"], "temperature"),
     (["--compute-device", "tpu"], "compute_device"),
+    (["--mode", "swap", "--aa", "--theta", "0.3"], "--aa adds a row to --mode synth"),
 ])
 def test_bad_arguments_fail_before_loading(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -89,16 +90,20 @@ def test_synth_pipeline_on_tiny_models(tiny_models, tmp_path):
 
     testset = TestSet.load()
     base = Synthesizer.from_pretrained(**tiny_models, policy="pcg", max_length=512)
-    plan = SynthPlan(testset.sentences[:1], seeds=(0, 1), max_tokens=25, clone=False)
+    plan = SynthPlan(testset.sentences[:1], seeds=(0, 1), max_tokens=25, clone=False, aa_row=True)
     cases = [BenchCase("ar"), BenchCase("sd", 1), BenchCase("sd", 2), BenchCase("pcg", 2)]
     result = run_synth(base, cases, plan, testset.voices[0], testset, tmp_path / "cache")
-    assert [s["case"] for s in result["summaries"]] == ["ar", "sd L=1", "sd L=2", "pcg L=2"]
+    assert [s["case"] for s in result["summaries"]] == ["ar", "ar A/A", "sd L=1", "sd L=2", "pcg L=2"]
+    # The A/A row pairs with AR's (sentence, seed) keys but samples other random streams.
+    rows = {case: [r for r in result["records"] if r["case"] == case] for case in ("ar", "ar A/A")}
+    assert [(r["sentence"], r["seed"]) for r in rows["ar"]] == [(r["sentence"], r["seed"]) for r in rows["ar A/A"]]
+    assert [r["sim"] for r in rows["ar"]] != [r["sim"] for r in rows["ar A/A"]]
     for s in result["summaries"]:
         assert s["utterances"] == 2 and s["speedup_vs_ar"] > 0
         assert 0.0 <= s["wer"]["mean"] <= 1.0 + 1e-9 and math.isfinite(s["delta_wer"]["mean"])
         if s["policy"] != "ar":
             assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["mean_accepted_length"] >= 1.0
-    assert len(result["records"]) == 8
+    assert len(result["records"]) == 10
     assert [p.name for p in plot_curves(result["summaries"], tmp_path)] == ["curves_draft_length.png"]
 
 
