@@ -72,3 +72,14 @@ def test_estimate_format_and_table():
     assert len({len(line) for line in lines[1:]}) == 1  # aligned columns
     with pytest.raises(ValueError):
         format_table(["a", "b"], [["only one"]])
+
+
+def test_each_utterance_gets_its_own_random_stream():
+    """One stream per (seed, sentence), stable across runs: utterances of one seed must not share
+    their draws (they did, and the paired intervals took them for independent)."""
+    from pcgtts.quality.harness import AA_SEED_OFFSET, stream_seed
+
+    seeds = {stream_seed(seed, f"s{i:02d}") for seed in (0, 1, 2) for i in range(1, 21)}
+    assert len(seeds) == 60
+    assert stream_seed(0, "s01") == stream_seed(0, "s01") == 1199378483  # zlib.crc32(b"0/s01")
+    assert stream_seed(0, "s01") + AA_SEED_OFFSET not in seeds
