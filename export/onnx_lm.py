@@ -13,9 +13,9 @@ target's EAGLE draft is exported too, as `eagle.onnx` (`export/proposer_graphs.p
 way against the torch draft, and listed under "eagle" in pcgtts-lm.json.
 
 With `quantize="int8"` the checked float32 step graph is then replaced by `model.int8.onnx`:
-weight-only int8 (onnxruntime's MatMulNBits, block-wise scales; see `quantize_int8`). Its logits differ from PyTorch's by far more than the float check allows, so that difference is
-recorded (`extra["int8"]`), not enforced; what it costs in speech is measured by `pcgtts eval`
-(QUALITY.md).
+weight-only int8 (onnxruntime's MatMulNBits, block-wise scales; see `quantize_int8`). Its logits
+differ from PyTorch's by far more than the float check allows, so that difference is recorded
+(`extra["int8"]`), not enforced; what it costs in speech is measured by `pcgtts eval` (QUALITY.md).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 from pcgtts.export.lm_graph import StepGraph, io_names
 from pcgtts.export.onnx_common import OPSET, copy_tokenizer, export_graph, staged_output
 from pcgtts.runtime.lm.graph_meta import GraphMeta
+from pcgtts.runtime.config import QUANTIZE
 from pcgtts.runtime.lm.checkpoint import load_tokenizer, read_config, resolve_dtype
 from pcgtts.runtime.text.vocab import SpeechVocab
 
@@ -39,7 +40,6 @@ GRAPH_FILE = "model.onnx"
 EAGLE_GRAPH_FILE = "eagle.onnx"
 HEADS_GRAPH_FILE = "mtp_heads.onnx"
 INT8_GRAPH_FILE = "model.int8.onnx"
-QUANTIZE = ("none", "int8")
 
 
 @dataclass(frozen=True)

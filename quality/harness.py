@@ -19,7 +19,7 @@ import logging
 import math
 import zlib
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -153,6 +153,16 @@ class SynthPlan:
 AA_SEED_OFFSET = 1_000_003  # the A/A row's random streams: stream_seed + this
 
 
+class _Row(NamedTuple):
+    """One row of a synth table while it runs."""
+
+    name: str
+    case: object  # tools/bench.py BenchCase
+    synth: object  # its Synthesizer
+    seed_offset: int  # added to every utterance's stream seed (the A/A row's other streams)
+    records: list
+
+
 def stream_seed(seed: int, sentence_id: str) -> int:
     """The random stream of one utterance, one per (seed, sentence). With one stream per seed
     for every sentence, a seed's utterances shared their first draws (with no voice prompt, the
@@ -201,12 +211,12 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
     ref_path = render(recipe, testset.reference_text, cache_dir)
     ref_emb = reference_embedding(recipe, testset, cache_dir)
     voice = base.voice_from_audio(ref_path, testset.reference_text) if plan.clone else None
-    # (row name, case, synthesizer, seed offset, rows)
-    runs = [(label(case), case, case_synthesizer(base, case, groups_for), 0, []) for case in cases]
+    runs = [_Row(label(case), case, case_synthesizer(base, case, groups_for), 0, []) for case in cases]
     if plan.aa_row:
         # The baseline once more on other random streams, paired with it like every row: its deltas
         # are what two runs of one distribution show, the table's own noise floor.
-        runs.insert(1, (f"{runs[0][0]} A/A", cases[0], runs[0][2], AA_SEED_OFFSET, []))
+        baseline = runs[0]
+        runs.insert(1, _Row(f"{baseline.name} A/A", baseline.case, baseline.synth, AA_SEED_OFFSET, []))
     # Interleaved (every case on one utterance before the next utterance) so that a change in the
     # machine's load during the run shifts all cases alike instead of biasing the speed-ups.
     for seed in plan.seeds:
@@ -217,7 +227,7 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
                 audio, speed = synthesize_one(synth, s.text, config, voice)
                 rows.append({"case": name, "sentence": s.id, "seed": seed, **speed,
                              **score_audio(audio, s.text, ref_emb)})
-    base_rows = runs[0][4]
+    base_rows = runs[0].records
     base_tps = _tokens_per_second(base_rows)
     summaries, records = [], []
     for name, case, _, _, rows in runs:

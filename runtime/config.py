@@ -37,7 +37,8 @@ POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
 PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "bfloat16", "float16")
-QUANTIZE = ("none", "int8")  # int8: the torch backend's int8 linear layers on a CPU (runtime/lm/int8.py)
+QUANTIZE = ("none", "int8")  # int8: the torch backend's int8 linear layers on a CPU (runtime/lm/int8.py);
+# for onnxruntime, `pcgtts export onnx --quantize int8` writes an int8 graph (export/onnx_lm.py)
 
 
 @dataclass(frozen=True)
