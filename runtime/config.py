@@ -2,7 +2,7 @@
 
     Settings
       models     ModelPaths       target, draft, codec, groups, heads, transitions
-      device     DeviceConfig     compute_device, dtype, backend, max_length
+      device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, threads, prefix_cache
       synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
                                   abandon_after_s
         decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
@@ -181,6 +181,9 @@ class DeviceConfig:
     max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
     quantize: str = "none"  # "int8": int8 linear layers (torch backend, CPU, float32)
     threads: int = 0  # CPU threads per stage (the LM's, the codec's); 0 = auto (`cpu_threads`)
+    # A prompt's prefill reuses the KV of the leading tokens it shares with the last one (the chat
+    # template before the text, a voice's transcript): `runtime/lm/protocol.py`.
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -193,6 +196,8 @@ class DeviceConfig:
             raise ValueError(f"max_length must be >= 64, got {self.max_length}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0 = auto), got {self.threads}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ValueError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
         if self.quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {QUANTIZE}, got {self.quantize!r}")
         if self.quantize == "int8" and (self.backend != "torch" or self.compute_device != "cpu"

@@ -287,7 +287,8 @@ class Synthesizer:
             torch.set_num_threads(threads)
         common = dict(backend=device.backend, device=device.compute_device, dtype=device.dtype,
                       max_length=device.max_length, draft_length=config.decode.draft_length,
-                      force_export=force_export, quantize=device.quantize, threads=threads)
+                      force_export=force_export, quantize=device.quantize, threads=threads,
+                      prefix_cache=device.prefix_cache)
         target_lm = load_lm(models.target, **common)
         draft_lm = None
         if models.draft is not None:

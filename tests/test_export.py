@@ -82,6 +82,29 @@ def test_onnx_logits_match_torch_after_rollback(exported_pair, lms, monkeypatch)
     assert ort.cache[0].shape[2] == 32  # 4 -> 32 at the 20-token prefill, not the 128 of max_length
 
 
+@DEMO_ONLY
+def test_onnxruntime_prefill_reuses_the_shared_prefix(exported_pair, lms, monkeypatch):
+    """The exported step graph keeps the slots of a prompt's shared head (`protocol.py`): the next
+    prompt's logits equal a fresh prefill's, across a cache that grows during the second prefill."""
+    import pcgtts.runtime.lm.buffered as buffered
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+
+    monkeypatch.setattr(buffered, "INITIAL_CAPACITY", 4)
+    out, _ = exported_pair
+    ort = OrtLM.load(out / "target", max_length=128)
+    fresh = OrtLM.load(out / "target", max_length=128, tokenizer=ort.tokenizer)
+    fresh.reuse_prefix = False
+    gen = torch.Generator().manual_seed(4)
+    head = torch.randint(0, ort.vocab.speech_offset, (20,), generator=gen)
+    a = torch.cat([head, torch.tensor([1, 2, 3])])
+    b = torch.cat([head, torch.randint(4, ort.vocab.speech_offset, (40,), generator=gen)])
+    ort.prefill(a)
+    ort.forward(torch.arange(3) + ort.vocab.speech_offset)
+    assert ort.reusable_prefix(b) == 20
+    torch.testing.assert_close(ort.prefill(b), fresh.prefill(b), atol=2e-4, rtol=1e-4)
+    assert ort.length == len(b) and ort.cache[0].shape[2] == 64
+
+
 def test_grow_cache_doubles_up_to_max_length_and_keeps_the_prefix():
     from pcgtts.runtime.lm.buffered import grow_cache
 

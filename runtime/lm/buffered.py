@@ -78,6 +78,7 @@ class BufferedLM(SequenceMixin):
     def release(self) -> None:
         self.cache = []
         self.length = 0
+        self.forget_prefix()
 
     def _execute(self, ids: torch.Tensor, positions: torch.Tensor, logits_index: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:

@@ -2,13 +2,23 @@
 
 An `LM` owns one sequence's static KV cache and a `length` (tokens in the cache):
 
-    prefill(ids)   -> logits of the last prompt token        [V_r]     (resets the cache)
+    prefill(ids)   -> logits of the last prompt token        [V_r]     (starts a new sequence)
     forward(ids)   -> logits of every new token               [T, V_r]  (appends T tokens)
     rollback(n)    -> keep only the first n tokens; O(1): later writes overwrite the rest
 
 Logits are over the restricted vocabulary (speech tokens + stop, `runtime/text/vocab.py`) and
 belong to the caller: a backend never returns a buffer its next step overwrites.
 `SequenceMixin` implements prefill / forward / rollback once over a backend's `_run`.
+
+Prefix reuse: a prefill keeps the cache slots of the leading tokens it shares with the last
+prompt whose KV the cache still holds, and runs only the rest. Prompts share a long fixed head
+(the chat template up to the user's text: 111 of the built-in voice's ~140 tokens; a cloned
+voice's transcript follows it), so the next utterance's prefill, most of its time to first audio,
+shrinks to its own words. Decoding writes only past the prompt, so those slots survive an
+utterance; a rollback below them or `release()` forgets them. The reused entries are the ones
+the last prefill computed for the same tokens at the same positions (the same model, the same
+inputs): the only difference from recomputing them is the summation order of a differently
+sized batch, as between a verify pass and single steps. `reuse_prefix = False` turns it off.
 
 Optional, torch backend only: `forward_hidden(ids)` (logits and final-normed hidden states, for
 multi-token heads and EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a
@@ -60,6 +70,9 @@ class SequenceMixin:
     """prefill / forward / rollback over a backend's `_run(ids, last_only)`; shared by every backend."""
 
     length: int
+    reuse_prefix: bool = True  # prefill keeps the slots of the leading tokens shared with the last prompt
+    _prompt: torch.Tensor | None = None  # [P] int64 on the CPU: the last prompt prefilled
+    _kept: int = 0  # of its tokens, how many leading ones the cache still holds
 
     def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
         raise NotImplementedError
@@ -68,8 +81,24 @@ class SequenceMixin:
         """ids: [T] prompt token ids. Starts a new sequence. Returns [V_r] logits of the last token."""
         if ids.numel() == 0:
             raise ValueError("empty prompt")
-        self.length = 0
-        return self._run(ids, last_only=True)[-1]
+        ids = ids.view(-1)
+        self.length = self.reusable_prefix(ids)
+        logits = self._run(ids[self.length:], last_only=True)[-1]
+        self._prompt, self._kept = ids.to("cpu", copy=True), len(ids)
+        return logits
+
+    def reusable_prefix(self, ids: torch.Tensor) -> int:
+        """How many leading tokens of the prompt `ids` [T] the cache already holds (at most T - 1:
+        the last token always runs, for its logits); 0 when `reuse_prefix` is off."""
+        n = min(self._kept, len(ids) - 1) if self.reuse_prefix and self._prompt is not None else 0
+        if n <= 0:
+            return 0
+        differs = (self._prompt[:n] != ids[:n].cpu()).nonzero()
+        return int(differs[0, 0]) if len(differs) else n
+
+    def forget_prefix(self) -> None:
+        """The cache no longer holds the last prompt (it was freed or overwritten)."""
+        self._prompt, self._kept = None, 0
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids: [T] new token ids appended at `length`. Returns [T, V_r] logits."""
@@ -80,3 +109,4 @@ class SequenceMixin:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length} tokens")
         self.length = length
+        self._kept = min(self._kept, length)  # slots from `length` on will be overwritten

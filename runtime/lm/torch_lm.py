@@ -120,6 +120,7 @@ class TorchLM(SequenceMixin):
         self._graphs.clear()
         self.model.free_cache()
         self.length = 0
+        self.forget_prefix()
 
     def ensure_cache(self) -> None:
         """(Re)allocate the cache and capture the step graphs after `release()`."""

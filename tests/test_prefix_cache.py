@@ -1,0 +1,99 @@
+"""Prefix reuse (`runtime/lm/protocol.py`): a prefill keeps the KV of the leading tokens it shares
+with the last prompt. It must give the logits a fresh prefill gives, run only the new tokens, and
+forget what a rollback, a release or a different prompt overwrote."""
+
+from __future__ import annotations
+
+import torch
+
+from pcgtts.runtime.lm.torch_lm import TorchLM
+
+
+def _prompts(lm, shared: int, tails: tuple[int, ...], seed: int = 0):
+    """Prompts that share their first `shared` tokens, then differ (one per tail length)."""
+    gen = torch.Generator().manual_seed(seed)
+    head = torch.randint(0, lm.vocab.speech_offset, (shared,), generator=gen)
+    out = []
+    for i, n in enumerate(tails):
+        tail = torch.randint(0, lm.vocab.speech_offset, (n,), generator=gen)
+        tail[0] = (head[-1] + 1 + i) % lm.vocab.speech_offset  # the tails differ from their first token on
+        out.append(torch.cat([head, tail]))
+    return out
+
+
+def _counting(lm):
+    """Record how many tokens each `_run` feeds the model."""
+    fed, run = [], lm._run
+
+    def counted(ids, last_only):
+        fed.append(len(ids))
+        return run(ids, last_only)
+
+    lm._run = counted
+    return fed
+
+
+def test_a_shared_prefix_is_reused_and_gives_a_fresh_prefills_logits(tiny_lms):
+    lm = TorchLM.load(tiny_lms["target"], max_length=256)
+    fresh = TorchLM.load(tiny_lms["target"], max_length=256, tokenizer=lm.tokenizer)
+    fresh.reuse_prefix = False
+    a, b = _prompts(lm, shared=40, tails=(7, 12))
+    fed = _counting(lm)
+    lm.prefill(a)
+    speech = torch.arange(5) + lm.vocab.speech_offset
+    lm.forward(speech)  # an utterance decodes past the prompt: the prompt's slots survive it
+    assert lm.reusable_prefix(b) == 40
+    got = lm.prefill(b)
+    assert fed == [len(a), 1 * 5, len(b) - 40] and lm.length == len(b)
+    torch.testing.assert_close(got, fresh.prefill(b), atol=1e-5, rtol=1e-5)
+    # ... and the sequence continues exactly as after a fresh prefill
+    torch.testing.assert_close(lm.forward(speech), fresh.forward(speech), atol=1e-5, rtol=1e-5)
+
+
+def test_the_same_prompt_again_runs_only_its_last_token(tiny_lms):
+    lm = TorchLM.load(tiny_lms["target"], max_length=256)
+    (a,) = _prompts(lm, shared=30, tails=(5,))
+    first = lm.prefill(a)
+    fed = _counting(lm)
+    torch.testing.assert_close(lm.prefill(a), first, atol=1e-5, rtol=1e-5)
+    assert fed == [1]
+
+
+def test_rollback_release_and_the_switch_forget_the_prefix(tiny_lms):
+    lm = TorchLM.load(tiny_lms["target"], max_length=256)
+    a, b = _prompts(lm, shared=30, tails=(5, 6))
+    lm.prefill(a)
+    lm.rollback(10)  # slots from 10 on will be overwritten
+    lm.forward(b[10:20])
+    assert lm.reusable_prefix(a) == 10
+    lm.release()
+    lm.ensure_cache()
+    assert lm.reusable_prefix(a) == 0
+    lm.prefill(a)
+    lm.reuse_prefix = False
+    assert lm.reusable_prefix(b) == 0
+    lm.reuse_prefix = True
+    assert lm.reusable_prefix(b) == 30
+    assert lm.reusable_prefix(a[:1]) == 0  # the last token always runs
+
+
+def test_synthesizer_utterances_equal_with_and_without_prefix_reuse(tiny_models, tiny_groups_file):
+    """Two utterances in a row, seeded: the same audio whether the second one's prefill reuses the
+    first one's template prefix or recomputes it (greedy ar, sampled pcg)."""
+    import numpy as np
+
+    from pcgtts.runtime.synthesizer import Synthesizer
+
+    def speak(prefix_cache: bool, policy: str, temperature: float):
+        synth = Synthesizer.from_pretrained(tiny_models["target"], draft=tiny_models["draft"],
+                                            codec=tiny_models["codec"], groups=tiny_groups_file,
+                                            policy=policy, temperature=temperature, seed=5,
+                                            prefix_cache=prefix_cache, max_new_tokens=40)
+        audio = [synth.synthesize(text) for text in ("The first sentence.", "A second one, with other words.")]
+        return audio, synth.target.reusable_prefix(synth.target._prompt)
+
+    for policy, temperature in (("ar", 0.0), ("pcg", 0.8)):
+        reused, kept = speak(True, policy, temperature)
+        fresh, not_kept = speak(False, policy, temperature)
+        assert all(np.array_equal(x, y) for x, y in zip(reused, fresh, strict=True))
+        assert kept > 0 and not_kept == 0
