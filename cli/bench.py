@@ -112,7 +112,10 @@ def check_state_policies(policies, args) -> None:
     from pcgtts.cli.commands import resolve_settings_from_flags
     from pcgtts.runtime.synthesizer import check_policy, check_proposers
 
-    backend = resolve_settings_from_flags(args, policy="ar").device.backend  # the flag, --config or the default
+    from pcgtts.runtime.lm.loader import concrete_backend
+
+    backend = concrete_backend(resolve_settings_from_flags(args, policy="ar").device.backend,  # flag, --config or default
+                               args.target)
     models = ModelPaths(target=args.target, heads=args.heads, transitions=args.transitions, eagle=args.eagle)
     for policy in mtp:
         heads, transitions, eagle = check_proposers(models, policy, backend)

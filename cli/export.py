@@ -68,21 +68,16 @@ def _report(record: dict, line: str) -> None:
 
 
 def _onnx(args) -> int:
-    from pathlib import Path
+    from pcgtts.export.onnx_lm import export_lm, proposers_beside
 
-    from pcgtts.runtime.lm.eagle import EAGLE_FILE
-    from pcgtts.runtime.lm.heads import HEADS_FILE
-
+    beside = proposers_beside(args.model)
     found = {}
-    for name, default in (("eagle", EAGLE_FILE), ("heads", HEADS_FILE)):
+    for name in ("eagle", "heads"):
         given, skip = getattr(args, name), getattr(args, f"no_{name}")
         if given and skip:
             raise ValueError(f"give --{name} or --no-{name}, not both")
-        found[name] = given
-        if given is None and not skip and (Path(args.model) / default).is_file():
-            found[name] = Path(args.model) / default
+        found[name] = given if given is not None or skip else beside[name]
     _check_paths(args.model, args.out)
-    from pcgtts.export.onnx_lm import export_lm
 
     meta, check = export_lm(args.model, args.out, dtype=args.dtype, max_length=args.max_length,
                             check=not args.no_check, quantize=args.quantize, **found)

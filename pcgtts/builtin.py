@@ -3,6 +3,12 @@
 The speech lab's trained voice when this package ships one (`pcgtts/voice/`: compact fp16 files,
 expanded once into the released layouts in the user's cache by `train/package.py`); otherwise
 the random-weight demo pair (`tools/demo.py`), whose every use says that its audio is not speech.
+
+On a CPU with the backend left at "auto", the voice's target and draft run on onnxruntime as
+weight-only int8 graphs, the fastest CPU route (BENCHMARKS.md §18-19; its quality cost is within
+noise, QUALITY.md): exported once beside the voice's checkpoints on first use (about 40 s on a
+2-core CPU, each graph checked against PyTorch). Without onnxruntime's export tools installed, or
+with `backend="torch"`, the torch checkpoints run.
 """
 
 from __future__ import annotations
@@ -50,14 +56,59 @@ def builtin_models() -> ModelPaths:
     return ModelPaths(**{name: str(path) for name, path in paths.items()})
 
 
+ONNX_FOLDER = "onnx-int8"  # beside the built-in voice's checkpoints: their weight-only int8 exports
+
+
+def onnx_export_available() -> bool:
+    """Whether this install can export and run the built-in voice on onnxruntime (`pcgtts[onnx]`)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "onnxscript"))
+
+
+def onnx_models(models: ModelPaths) -> ModelPaths:
+    """`models` with the target and draft replaced by their weight-only int8 onnxruntime exports,
+    made once in `ONNX_FOLDER` beside the target (each checked against PyTorch, staged and then
+    moved into place, so an interrupted export is made again next time)."""
+    from pcgtts.runtime.lm.graph_meta import exported_kind
+
+    root = Path(models.target).parent / ONNX_FOLDER
+    exported = {}
+    for name in ("target", "draft"):
+        source = getattr(models, name)
+        if source is None:
+            continue
+        out = root / name
+        if exported_kind(out) != "onnx":
+            from pcgtts.export.onnx_lm import export_lm, proposers_beside
+
+            log.warning("exporting the built-in voice's %s for onnxruntime (int8) into %s: once, about 20 s",
+                        name, out)
+            export_lm(source, out, quantize="int8", **(proposers_beside(source) if name == "target" else {}))
+        exported[name] = str(out)
+    return replace(models, **exported)
+
+
 def with_builtin_models(settings: Settings) -> Settings:
     """`settings` with the built-in voice's models when no target is given (refusing draft, codec or
-    groups without a target: they would be ignored)."""
-    models = settings.models
+    groups without a target: they would be ignored); on a CPU with the backend at "auto" (or
+    "onnxruntime"), their onnxruntime int8 exports and that backend."""
+    models, device = settings.models, settings.device
     if models.target is not None:
         return settings
     given = [name for name in ("draft", "codec", "groups") if getattr(models, name) is not None]
     if given:
         raise ValueError(f"{', '.join(given)} given without a target model; give the target too "
                          "(without one the built-in voice's own models are used)")
-    return replace(settings, models=builtin_models())
+    models = builtin_models()
+    onnx = device.backend == "onnxruntime" or (
+        device.backend == "auto" and device.compute_device == "cpu" and device.dtype == "float32"
+        and device.quantize == "none" and onnx_export_available())
+    if onnx:
+        if device.dtype != "float32":
+            raise ValueError("the built-in voice runs on onnxruntime as an int8 graph; leave dtype at float32")
+        models, device = onnx_models(models), replace(device, backend="onnxruntime")
+    elif device.backend == "auto":
+        log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
+                 "--quantize and pcgtts[onnx] installed)")
+    return replace(settings, models=models, device=device)

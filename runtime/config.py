@@ -35,7 +35,9 @@ EAGLE_POLICIES = ("eagle-sd", "eagle-pcg")
 STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the target's hidden states
 POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
 PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
+# auto: the backend an export folder was made for (onnxruntime / tensorrt), torch for a checkpoint;
+# the built-in voice on a CPU runs on onnxruntime, exported once on first use (pcgtts/builtin.py)
+BACKENDS = ("auto", "torch", "onnxruntime", "tensorrt")
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZE = ("none", "int8")  # int8: the torch backend's int8 linear layers on a CPU (runtime/lm/int8.py);
 # for onnxruntime, `pcgtts export onnx --quantize int8` writes an int8 graph (export/onnx_lm.py)
@@ -177,7 +179,7 @@ class ModelPaths:
 class DeviceConfig:
     compute_device: str = "cpu"  # cpu | cuda | cuda:N
     dtype: str = "float32"
-    backend: str = "torch"
+    backend: str = "auto"  # see BACKENDS; made concrete by `runtime/lm/loader.py: resolve_backend`
     max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
     quantize: str = "none"  # "int8": int8 linear layers (torch backend, CPU, float32)
     threads: int = 0  # CPU threads per stage (the LM's, the codec's); 0 = auto (`cpu_threads`)
@@ -200,7 +202,7 @@ class DeviceConfig:
             raise ValueError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
         if self.quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {QUANTIZE}, got {self.quantize!r}")
-        if self.quantize == "int8" and (self.backend != "torch" or self.compute_device != "cpu"
+        if self.quantize == "int8" and (self.backend not in ("auto", "torch") or self.compute_device != "cpu"
                                         or self.dtype != "float32"):
             raise ValueError("quantize='int8' runs on the torch backend on a CPU in float32 "
                              "(for onnxruntime, export an int8 graph: `pcgtts export onnx --quantize int8`)")

@@ -277,8 +277,9 @@ class Synthesizer:
         """Load resolved settings (`from_pretrained` is the convenient front of this)."""
         from pcgtts.runtime.audio.codec import Codec
         from pcgtts.runtime.audio.onnx_codec import OrtCodec, is_exported_codec
-        from pcgtts.runtime.lm.loader import load_lm
+        from pcgtts.runtime.lm.loader import load_lm, resolve_backend
 
+        device = resolve_backend(device, models.target)
         check_models(models, config.decode.policy, device)
         threads = cpu_threads(device, config.stream.codec_thread)
         if threads is not None and torch.get_num_threads() != threads:

@@ -112,9 +112,12 @@ def load_pair(paths, max_length: int = 1024):
 @pytest.fixture(autouse=True)
 def builtin_is_the_demo(monkeypatch, request):
     """Tests that exercise the built-in voice's plumbing see the demo pair (patched per test), not
-    the shipped trained voice, whose expansion takes minutes; tests marked `shipped_voice` see it."""
+    the shipped trained voice, whose expansion takes minutes; tests marked `shipped_voice` see it.
+    They run it on torch; tests marked `builtin_onnx` see its onnxruntime exports made on first use."""
     if "shipped_voice" not in request.keywords:
         monkeypatch.setattr("pcgtts.builtin.VOICE_DIR", Path("/nonexistent/pcgtts-voice"))
+    if "builtin_onnx" not in request.keywords:  # an ONNX export takes 20-90 s: only where it is the point
+        monkeypatch.setattr("pcgtts.builtin.onnx_export_available", lambda: False)
 
 
 # --- tiny: the default suite -------------------------------------------------------------------

@@ -4,6 +4,9 @@ forget what a rollback, a release or a different prompt overwrote."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from pcgtts.runtime.lm.torch_lm import TorchLM
@@ -97,3 +100,39 @@ def test_synthesizer_utterances_equal_with_and_without_prefix_reuse(tiny_models,
         fresh, not_kept = speak(False, policy, temperature)
         assert all(np.array_equal(x, y) for x, y in zip(reused, fresh, strict=True))
         assert kept > 0 and not_kept == 0
+
+
+@pytest.mark.slow
+@pytest.mark.builtin_onnx
+def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, tiny_groups_file, tmp_path,
+                                                                  monkeypatch):
+    """Backend "auto" with no target: the built-in voice's target and draft are exported once (int8)
+    beside its checkpoints and run on onnxruntime; the next load reuses them; backend="torch" and
+    --quantize int8 keep the torch checkpoints."""
+    import shutil
+
+    import pcgtts.export.onnx_lm as onnx_lm
+    from pcgtts import builtin
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.synthesizer import Synthesizer
+    from pcgtts.tools import demo
+
+    voice = {name: shutil.copytree(tiny_models[name], tmp_path / "voice" / name) for name in ("target", "draft")}
+    voice.update(codec=tiny_models["codec"], groups=tiny_groups_file)
+    monkeypatch.setattr(demo, "ensure_demo", lambda: voice)
+    assert builtin.onnx_export_available()
+
+    synth = Synthesizer.from_pretrained(seed=0, max_new_tokens=30)
+    assert isinstance(synth.target, OrtLM) and isinstance(synth.draft, OrtLM)
+    for name in ("target", "draft"):
+        record = json.loads((tmp_path / "voice" / builtin.ONNX_FOLDER / name / "pcgtts-lm.json").read_text())
+        assert record["extra"]["quantize"] == "int8" and record["extra"]["check"]["ok"]
+    assert len(synth.synthesize("Hello there.")) > 0
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr(onnx_lm, "export_lm", no_export)
+    assert isinstance(Synthesizer.from_pretrained(max_new_tokens=30).target, OrtLM)
+    assert isinstance(Synthesizer.from_pretrained(backend="torch").target, TorchLM)
+    assert isinstance(Synthesizer.from_pretrained(quantize="int8").target, TorchLM)

@@ -78,6 +78,19 @@ class GraphMeta:
                              f"but the tokenizer beside it gives {vocab}")
 
 
+def exported_kind(folder: str | Path) -> str | None:
+    """The kind of export ("onnx" | "tensorrt") `folder` holds, or None when it holds none (a
+    checkpoint, say); the full validation is `GraphMeta.load`'s."""
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "onnx"  # a corrupt pcgtts-lm.json: let the loader say so
+    return record.get("kind") if isinstance(record, dict) else "onnx"
+
+
 def check_recorded(check: dict | None, folder: Path, force: bool) -> None:
     """Refuse an export whose numeric check against PyTorch failed (unless forced); warn if unchecked."""
     if check is None:

@@ -8,10 +8,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pcgtts.runtime.config import BACKENDS
+from dataclasses import replace
+
+from pcgtts.runtime.config import BACKENDS, DeviceConfig
 
 
-def load_lm(model_dir: str | Path, backend: str = "torch", device: str = "cpu", dtype: str = "float32",
+def concrete_backend(backend: str, target: str | Path | None) -> str:
+    """`backend`, with "auto" made concrete: the backend an export folder was made for
+    (`pcgtts-lm.json`), torch for a checkpoint (or with int8 layers asked for)."""
+    if backend != "auto":
+        return backend
+    from pcgtts.runtime.lm.graph_meta import exported_kind
+
+    kind = exported_kind(target) if target is not None else None
+    return {"onnx": "onnxruntime", "tensorrt": "tensorrt"}.get(kind, "torch")
+
+
+def resolve_backend(device: DeviceConfig, target: str | Path | None) -> DeviceConfig:
+    """`device` with its backend made concrete for `target` (`concrete_backend`)."""
+    return replace(device, backend=concrete_backend(device.backend, target))
+
+
+def load_lm(model_dir: str | Path, backend: str = "auto", device: str = "cpu", dtype: str = "float32",
             max_length: int = 4096, draft_length: int = 3, tokenizer=None, force_export: bool = False,
             quantize: str = "none", threads: int | None = None, prefix_cache: bool = True):
     """draft_length sizes the CUDA graphs of the torch backend (1-token steps, L+1-token verifies);
@@ -19,7 +37,7 @@ def load_lm(model_dir: str | Path, backend: str = "torch", device: str = "cpu", 
     backend's int8 linear layers on a CPU (`runtime/lm/int8.py`); threads: onnxruntime's intra-op
     threads (None: its default; torch's are process-wide, set by the caller); prefix_cache: a
     prefill reuses the KV of the leading tokens it shares with the last prompt (`protocol.py`)."""
-    lm = _load(model_dir, backend, device, dtype, max_length, draft_length, tokenizer, force_export, quantize, threads)
+    lm = _load(model_dir, concrete_backend(backend, model_dir), device, dtype, max_length, draft_length, tokenizer, force_export, quantize, threads)
     lm.reuse_prefix = prefix_cache
     return lm
 
