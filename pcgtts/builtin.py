@@ -107,6 +107,9 @@ def with_builtin_models(settings: Settings) -> Settings:
     if onnx:
         if device.dtype != "float32":
             raise ValueError("the built-in voice runs on onnxruntime as an int8 graph; leave dtype at float32")
+        if not onnx_export_available():
+            raise ValueError("the built-in voice on onnxruntime is exported on first use, which needs "
+                             "pip install 'pcgtts[onnx]' (or leave --backend at auto / torch)")
         models, device = onnx_models(models), replace(device, backend="onnxruntime")
     elif device.backend == "auto":
         log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "

@@ -136,3 +136,14 @@ def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, t
     assert isinstance(Synthesizer.from_pretrained(max_new_tokens=30).target, OrtLM)
     assert isinstance(Synthesizer.from_pretrained(backend="torch").target, TorchLM)
     assert isinstance(Synthesizer.from_pretrained(quantize="int8").target, TorchLM)
+
+
+def test_builtin_voice_on_onnxruntime_without_the_export_tools_is_a_clear_error():
+    """(conftest makes the export tools look absent here.)"""
+    from pcgtts.builtin import with_builtin_models
+    from pcgtts.runtime.config import resolve_settings
+
+    with pytest.raises(ValueError, match=r"pcgtts\[onnx\]"):
+        with_builtin_models(resolve_settings({"backend": "onnxruntime"}))
+    with pytest.raises(ValueError, match="leave dtype at float32"):
+        with_builtin_models(resolve_settings({"backend": "onnxruntime", "dtype": "bfloat16"}))
