@@ -68,9 +68,12 @@ def _report(record: dict, line: str) -> None:
 
 
 def _onnx(args) -> int:
-    from pcgtts.export.onnx_lm import export_lm, proposers_beside
+    from pcgtts.export.onnx_lm import export_lm
+    from pcgtts.runtime.config import ModelPaths
+    from pcgtts.runtime.synthesizer import proposer_files
 
-    beside = proposers_beside(args.model)
+    heads, _, eagle = proposer_files(ModelPaths(target=args.model))  # those beside the checkpoint
+    beside = {"eagle": eagle, "heads": heads}
     found = {}
     for name in ("eagle", "heads"):
         given, skip = getattr(args, name), getattr(args, f"no_{name}")

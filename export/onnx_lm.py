@@ -53,16 +53,6 @@ class CheckResult:
         return self.max_abs_diff <= self.tolerance
 
 
-def proposers_beside(model_dir: str | Path) -> dict[str, Path | None]:
-    """The target's own proposers found beside its checkpoint ({"eagle": file or None, "heads": ...}),
-    which an export carries with it by default."""
-    from pcgtts.runtime.lm.eagle import EAGLE_FILE
-    from pcgtts.runtime.lm.heads import HEADS_FILE
-
-    found = {name: Path(model_dir) / default for name, default in (("eagle", EAGLE_FILE), ("heads", HEADS_FILE))}
-    return {name: path if path.is_file() else None for name, path in found.items()}
-
-
 def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float32", max_length: int = 4096,
               check: bool = True, tolerance: float | None = None, eagle: str | Path | None = None,
               heads: str | Path | None = None, quantize: str = "none") -> tuple[GraphMeta, CheckResult | None]:

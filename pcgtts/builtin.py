@@ -80,11 +80,13 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
             continue
         out = root / name
         if exported_kind(out) != "onnx":
-            from pcgtts.export.onnx_lm import export_lm, proposers_beside
+            from pcgtts.export.onnx_lm import export_lm
+            from pcgtts.runtime.synthesizer import proposer_files
 
             log.warning("exporting the built-in voice's %s for onnxruntime (int8) into %s: once, about 20 s",
                         name, out)
-            export_lm(source, out, quantize="int8", **(proposers_beside(source) if name == "target" else {}))
+            heads, _, eagle = proposer_files(ModelPaths(target=source))  # a target's own, carried with it
+            export_lm(source, out, quantize="int8", **({"eagle": eagle, "heads": heads} if name == "target" else {}))
         exported[name] = str(out)
     return replace(models, **exported)
 
@@ -101,17 +103,17 @@ def with_builtin_models(settings: Settings) -> Settings:
         raise ValueError(f"{', '.join(given)} given without a target model; give the target too "
                          "(without one the built-in voice's own models are used)")
     models = builtin_models()
-    onnx = device.backend == "onnxruntime" or (
-        device.backend == "auto" and device.compute_device == "cpu" and device.dtype == "float32"
-        and device.quantize == "none" and onnx_export_available())
-    if onnx:
+    if device.backend == "onnxruntime":
         if device.dtype != "float32":
             raise ValueError("the built-in voice runs on onnxruntime as an int8 graph; leave dtype at float32")
         if not onnx_export_available():
             raise ValueError("the built-in voice on onnxruntime is exported on first use, which needs "
                              "pip install 'pcgtts[onnx]' (or leave --backend at auto / torch)")
-        models, device = onnx_models(models), replace(device, backend="onnxruntime")
-    elif device.backend == "auto":
+    elif device.backend != "auto":
+        return replace(settings, models=models)
+    elif not (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
+              and onnx_export_available()):
         log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
                  "--quantize and pcgtts[onnx] installed)")
-    return replace(settings, models=models, device=device)
+        return replace(settings, models=models)
+    return replace(settings, models=onnx_models(models), device=replace(device, backend="onnxruntime"))

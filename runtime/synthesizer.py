@@ -14,7 +14,6 @@ stream at a time per Synthesizer: a second concurrent stream is refused with a c
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import secrets
@@ -512,13 +511,9 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
 def exported_proposers(target_dir: str | Path) -> dict[str, str]:
     """The proposer graphs ("eagle", "heads") exported with an onnxruntime target, from its
     pcgtts-lm.json, read before any model loads."""
-    from pcgtts.runtime.lm.graph_meta import META_FILE
+    from pcgtts.runtime.lm.graph_meta import peek_record
 
-    path = Path(target_dir) / META_FILE
-    try:
-        extra = json.loads(path.read_text()).get("extra", {}) if path.is_file() else {}
-    except json.JSONDecodeError:
-        return {}  # the loader reports the corrupt file
+    extra = (peek_record(target_dir) or {}).get("extra", {})  # a corrupt file: the loader reports it
     return {kind: extra[kind]["graph"] for kind in ("eagle", "heads") if kind in extra}
 
 

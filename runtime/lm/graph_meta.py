@@ -78,17 +78,24 @@ class GraphMeta:
                              f"but the tokenizer beside it gives {vocab}")
 
 
-def exported_kind(folder: str | Path) -> str | None:
-    """The kind of export ("onnx" | "tensorrt") `folder` holds, or None when it holds none (a
-    checkpoint, say); the full validation is `GraphMeta.load`'s."""
+def peek_record(folder: str | Path) -> dict | None:
+    """`folder`'s pcgtts-lm.json as read, before any model loads: None when there is none (a
+    checkpoint, say), {} when it is unreadable (the loader, `GraphMeta.load`, reports that)."""
     path = Path(folder) / META_FILE
     if not path.is_file():
         return None
     try:
         record = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return "onnx"  # a corrupt pcgtts-lm.json: let the loader say so
-    return record.get("kind") if isinstance(record, dict) else "onnx"
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def exported_kind(folder: str | Path) -> str | None:
+    """The kind of export ("onnx" | "tensorrt") `folder` holds, or None when it holds none; an
+    unreadable record counts as "onnx", so that its loader says what is wrong with it."""
+    record = peek_record(folder)
+    return None if record is None else record.get("kind", "onnx")
 
 
 def check_recorded(check: dict | None, folder: Path, force: bool) -> None:

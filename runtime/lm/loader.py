@@ -6,9 +6,8 @@ decode loop and the acceptance rules never know which one runs.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 from pcgtts.runtime.config import BACKENDS, DeviceConfig
 
@@ -37,7 +36,8 @@ def load_lm(model_dir: str | Path, backend: str = "auto", device: str = "cpu", d
     backend's int8 linear layers on a CPU (`runtime/lm/int8.py`); threads: onnxruntime's intra-op
     threads (None: its default; torch's are process-wide, set by the caller); prefix_cache: a
     prefill reuses the KV of the leading tokens it shares with the last prompt (`protocol.py`)."""
-    lm = _load(model_dir, concrete_backend(backend, model_dir), device, dtype, max_length, draft_length, tokenizer, force_export, quantize, threads)
+    lm = _load(model_dir, concrete_backend(backend, model_dir), device, dtype, max_length, draft_length, tokenizer,
+               force_export, quantize, threads)
     lm.reuse_prefix = prefix_cache
     return lm
 
