@@ -70,7 +70,9 @@ class DecodeConfig:
     draft_length: int = 3  # draft tokens proposed per verify step (the paper's L_d); with adaptive_draft, the most
     # adaptive_draft: choose L in 0..draft_length every step from the cost model (runtime/decode/cost_model.py):
     # measured step costs + running per-position acceptance; 0 = a plain target step when speculation cannot win.
-    adaptive_draft: bool = False
+    # The costs are measured when the models load. A seeded run repeats within a process; across processes
+    # its draft lengths follow that machine's timings, so bit-for-bit repeatable output needs it off.
+    adaptive_draft: bool = True
     ssd_beta: float = 0.4  # SSD's tolerance added to min(1, target/draft)
     max_new_tokens: int = 2000  # speech tokens per utterance (40 s of audio)
     pcg_thinning_trials: int = 16  # residual-sampler trials drawn at once before the exact fallback

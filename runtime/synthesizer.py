@@ -32,7 +32,7 @@ from pcgtts.runtime.audio.codec import SpeechCodec
 from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.split import split_sentences
@@ -309,7 +309,21 @@ class Synthesizer:
             codec_model = OrtCodec(models.codec, force=force_export)
         else:
             codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
-        return cls(target_lm, draft_lm, codec_model, table, config, heads, eagle)
+        synth = cls(target_lm, draft_lm, codec_model, table, config, heads, eagle)
+        synth.plan(config)
+        return synth
+
+    def plan(self, config: SynthesisConfig | None = None):
+        """Measure the step costs `config`'s adaptive draft length plans with, now rather than inside
+        the first utterance (where they would add to its time to first audio); once per policy
+        and temperature class while the models live. -> the `StepCosts`, or None (nothing to plan)."""
+        decode_config = (config or self.config).decode
+        started = time.perf_counter()
+        costs = prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
+        if costs is not None:
+            log.info("adaptive draft length: step costs of %s measured in %.2f s", decode_config.policy,
+                     time.perf_counter() - started)
+        return costs
 
     def proposer(self, policy: str):
         """What proposes from the target's hidden states for `policy` (None for the other policies)."""
@@ -409,6 +423,9 @@ class Synthesizer:
             generator = torch.Generator(device=device)
             # torch.seed() would reseed the global RNG; a fresh seed comes from the OS instead.
             generator.manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
+            # A seeded stream plans its draft lengths with the costs measured at load, unchanged (not
+            # refined by its own timings), so its utterances repeat within this process.
+            costs = self.plan(config) if config.seed is not None else None
             # A cloned voice's reference codes end every prompt: they are the first chunk's left
             # context, as in a one-shot decode of reference + speech.
             context = self.target.vocab.prompt_codes(prompts[0]).numpy() if prompts else None
@@ -430,7 +447,7 @@ class Synthesizer:
                     stats.sentences.append(sentence)
                     decode_config = replace(config.decode, max_new_tokens=budget)
                     for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
-                                        sentence, proposer=self.proposer(decode_config.policy)):
+                                        sentence, costs=costs, proposer=self.proposer(decode_config.policy)):
                         if not codec.push(burst) or stop.is_set():
                             return
                     if sentence.finish in ("max_tokens", "cache_full"):

@@ -31,7 +31,8 @@ def lattice_groups(groups_file):
 
 
 def run(target, draft, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3):
-    config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling)
+    config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling,
+                          adaptive_draft=False)  # a fixed L: the loop's mechanics per draft length
     stats = DecodeStats()
     out = [t for burst in decode(target, draft, prompt, config, torch.Generator().manual_seed(seed), groups, stats)
            for t in burst]

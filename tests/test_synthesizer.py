@@ -149,3 +149,34 @@ def test_stream_totals_sum_every_counter():
     total = StreamStats(sentences=[a, b]).totals()
     assert (total.steps, total.accepted, total.catchup_tokens) == (4, 3, 5)
     assert total.per_position_accepted == [3, 0] and total.length_counts == [1, 1, 2]
+
+
+def test_load_measures_the_adaptive_costs_and_seeded_streams_plan_with_them(models, groups_file, monkeypatch):
+    """The adaptive draft length (on by default) has its step costs measured by `Synthesizer.load`,
+    not inside the first utterance (where they would add to its time to first audio); a seeded
+    stream plans with them unchanged (so it repeats), an unseeded one refines them as it runs."""
+    from pcgtts.runtime.decode import calibrate, speculative
+
+    assert DecodeConfig().adaptive_draft
+    measured, learning = [], []
+    original_measure, original_policy = calibrate.measure_costs, speculative.DraftLengthPolicy
+    monkeypatch.setattr(calibrate, "measure_costs", lambda *a, **k: measured.append(1) or original_measure(*a, **k))
+
+    class Spy(original_policy):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            learning.append(self.learn)
+
+    monkeypatch.setattr(speculative, "DraftLengthPolicy", Spy)
+    config = SynthesisConfig(decode=DecodeConfig(policy="sd", max_new_tokens=30), seed=3, tokens_per_char=1.0,
+                             min_tokens=20)
+    synth = Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
+                                        max_length=1024, config=config)
+    assert measured == [1]
+    first = synth.synthesize("Hello there.")
+    assert np.array_equal(synth.synthesize("Hello there."), first)
+    synth.synthesize("Hello there.", config=replace(config, seed=None))
+    assert measured == [1] and learning == [False, False, True]
+    fixed = replace(config, decode=replace(config.decode, adaptive_draft=False))
+    synth.synthesize("Hello there.", config=fixed)
+    assert measured == [1] and len(learning) == 3  # a fixed draft length plans nothing

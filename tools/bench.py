@@ -29,6 +29,7 @@ import torch
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
 from pcgtts.runtime.config import STATE_POLICIES
 from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
+from pcgtts.runtime.text.prompt import build_prompt
 
 # Written for this project: plain English of varied length, numbers and punctuation included.
 DEFAULT_TEXTS = (
@@ -97,8 +98,22 @@ def play(chunks, speed: float = 1.0) -> tuple[dict, list]:
     return {"underruns": underruns, "underrun_seconds": underrun_s, "harness_seconds": overhead}, records
 
 
+def shared_prompt_length(synth: Synthesizer) -> int:
+    """Prompt tokens every sentence shares for this voice (the chat template before the user's text)."""
+    a, b = (build_prompt(synth.tokenizer, synth.target.vocab, text, None, None) for text in ("a", "b"))
+    n = min(len(a), len(b))
+    differs = (a[:n] != b[:n]).nonzero()
+    return int(differs[0]) if len(differs) else n
+
+
 def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float = 1.0) -> dict:
-    """One utterance through `synth.stream`, consumed by the simulated player."""
+    """One utterance through `synth.stream`, consumed by the simulated player. The models' caches
+    first keep only the prompt every sentence shares, as after other sentences of a session: cases
+    run interleaved on the same text, and one must not find the prompt the one before it left."""
+    shared = shared_prompt_length(synth)
+    for lm in (synth.target, synth.draft):
+        if lm is not None and lm.length > shared:
+            lm.rollback(shared)
     cuda = synth.target.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(synth.target.device)

@@ -2,9 +2,13 @@
 
 Times real forwards of 1 .. L_max + 1 tokens on both models (at the start of the cache, which
 the decode loop's prefill then overwrites), the rule on the vocabulary's size, and one
-sampling step; the median of a few repeats. Results are cached per (target, draft, rule,
-L_max) for the models' lifetime, so every utterance of a session plans with the same costs
-(and a seeded run is reproducible given them). Pass `costs=` to `decode` to pin them instead.
+sampling step; the median of a few repeats. Each forward is timed in the state the loop leaves
+the caches in: a plain (AR) target step after a target step, a verify pass after draft steps, a
+draft step after a verify pass (on a CPU the other model's weights have just evicted its own:
+alone, a draft step of the built-in pair looks ~2x and a verify ~1.3x cheaper than in the loop).
+Results are cached per (target, draft, rule, L_max) for the models' lifetime, so every utterance
+of a session plans with the same costs; `Synthesizer.load` measures them before the first
+utterance (`speculative.prepare`). Pass `costs=` to `decode` to pin them instead.
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], N
 _CONTEXT = 128  # cached tokens the forwards are timed after: a typical utterance's context, not an empty cache
 
 
-def _forward_costs(lm: LM, counts: range, repeats: int, sync) -> tuple[float, ...]:
-    """Median time of a forward of k tokens after `_CONTEXT` cached ones, for k in `counts`; made
-    non-decreasing in k (a longer pass never costs less; the medians of a noisy machine can say so)."""
+def _forward_costs(lm: LM, counts: range, repeats: int, sync,
+                   setup: Callable[[int], object] | None = None) -> tuple[float, ...]:
+    """Median time of a forward of k tokens after `_CONTEXT` cached ones, for k in `counts`, each
+    after an untimed `setup(k)` (what the loop runs before such a forward); made non-decreasing in
+    k (a longer pass never costs less; the medians of a noisy machine can say so)."""
     context = min(_CONTEXT, lm.max_length - max(counts))
     ids = lm.vocab.restricted_to_token_ids(torch.zeros(context + max(counts), dtype=torch.long, device=lm.device))
     lm.rollback(0)
@@ -67,10 +73,23 @@ def _forward_costs(lm: LM, counts: range, repeats: int, sync) -> tuple[float, ..
 
     out, longest = [], 0.0
     for k in counts:
-        longest = max(longest, _median_seconds(lambda: run(k), 2 * repeats + 1, sync))
+        before = (lambda: setup(k)) if setup is not None else None
+        longest = max(longest, _median_seconds(lambda: run(k), 2 * repeats + 1, sync, setup=before))
         out.append(longest)
     lm.rollback(0)
     return tuple(out)
+
+
+def _one_step(lm: LM) -> Callable[[], None]:
+    """An untimed forward of one token at the start of `lm`'s cache: it puts the processor's caches
+    in the state a step of `lm` leaves them in."""
+    ids = lm.vocab.restricted_to_token_ids(torch.zeros(1, dtype=torch.long, device=lm.device))
+
+    def step() -> None:
+        lm.rollback(0)
+        lm.forward(ids)
+
+    return step
 
 
 def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: SamplingConfig,
@@ -94,11 +113,19 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
 def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
                   groups: DeviceGroupTable | None = None, repeats: int = 3,
                   sync: Callable[[], None] | None = None) -> StepCosts:
-    """Time the pair: target forwards of 1..max_length + 1 tokens, draft forwards of 1..max_length + 1,
-    the rule at L = max_length, and one AR sampling step."""
+    """Time the pair as the loop runs it: target forwards of 1 token after a target step (AR) and of
+    2..max_length + 1 tokens after that many draft steps less one (a verify), draft forwards of
+    1..max_length + 1 tokens after a target step, the rule at L = max_length, and one AR sampling step.
+    The draft's timings are taken first: the target's then leave its cache where the loop starts."""
     counts = range(1, max_length + 2)
-    target_costs = _forward_costs(target, counts, repeats, sync)
-    draft_costs = _forward_costs(draft, counts, repeats, sync)
+    target_step, draft_step = _one_step(target), _one_step(draft)
+    draft_costs = _forward_costs(draft, counts, repeats, sync, setup=lambda k: target_step())
+
+    def drafts_before(k: int) -> None:
+        for _ in range(k - 1):
+            draft_step()
+
+    target_costs = _forward_costs(target, counts, repeats, sync, setup=drafts_before)
     costs = StepCosts(target_costs, draft_costs, *_rule_and_sample_costs(target, max_length, rule, sampling, groups,
                                                                          repeats, sync))
     log.info("calibrated step costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
@@ -116,12 +143,7 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     counts = range(1, max_length + 2)
     target_costs = _forward_costs(target, counts, repeats, sync)
     rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync)
-    ids = target.vocab.restricted_to_token_ids(torch.zeros(1, dtype=torch.long, device=target.device))
-
-    def target_step() -> None:  # untimed: it only puts the caches in the state the loop leaves them in
-        target.rollback(0)
-        target.forward(ids)
-
+    target_step = _one_step(target)
     draft_costs = tuple(_median_seconds(lambda: proposer.probe(k), 2 * repeats + 1, sync, setup=target_step)
                         + sample_cost for k in counts)
     target.rollback(0)
@@ -134,6 +156,8 @@ def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling
                      groups: DeviceGroupTable | None = None, sync: Callable[[], None] | None = None) -> StepCosts:
     """`measure_costs`, once per (target, draft, rule, max_length, greedy) while both models live;
     `draft` may be a proposer from `multi_token` (then `measure_proposer_costs`)."""
+    if sync is None and target.device.type == "cuda":  # asynchronous: untimed without a sync
+        sync = torch.cuda.synchronize
     key = (rule, max_length, sampling.greedy)
     try:
         per_draft = _CACHE.setdefault(target, weakref.WeakKeyDictionary())

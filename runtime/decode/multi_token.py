@@ -226,6 +226,14 @@ def _verify(policy: str, tokens, probs, target_logits, target_probs, config, gen
                   groups=groups, thinning_trials=config.pcg_thinning_trials)
 
 
+def planned_costs(target, proposer: HeadProposer | EagleProposer, config, groups, sync) -> StepCosts:
+    """The step costs an adaptive draft length plans with (`speculative.prepare`); the inexact rules'
+    cost is close to SD's (one comparison per position)."""
+    rule = "greedy" if config.sampling.greedy else ("pcg" if config.policy in PCG_POLICIES else "sd")
+    max_length = min(config.draft_length, proposer.max_proposals)
+    return calibrated_costs(target, proposer, max_length, rule, config.sampling, groups, sync)
+
+
 def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_ids: torch.Tensor, config, generator: torch.Generator,
                        groups, stats, timer, costs: StepCosts | None = None) -> Iterator[list[int]]:
     """Yield bursts of speech codes, as `speculative.decode`; `timer` is its `_Timer`."""
@@ -240,9 +248,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
     length_policy = None
     if config.adaptive_draft:
         learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
-        if costs is None:  # the inexact rules' cost is close to SD's (one comparison per position)
-            rule = "greedy" if sampling.greedy else ("pcg" if policy in PCG_POLICIES else "sd")
-            costs = calibrated_costs(target, proposer, max_length, rule, sampling, groups, timer.sync)
+        costs = costs or planned_costs(target, proposer, config, groups, timer.sync)
         prior = proposer.acceptance  # what the trainer measured, if it recorded it
         counter = AcceptanceCounter(max_length, prior_rate=prior) if prior is not None else None
         length_policy = DraftLengthPolicy(costs, max_length, counter=counter, learn=learn)

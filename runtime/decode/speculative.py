@@ -123,6 +123,26 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
     return _speculative(target, draft, prompt_ids, config, generator, groups, stats, sync, costs)
 
 
+def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGroupTable | None = None,
+            proposer=None, sync: Callable[[], None] | None = None) -> StepCosts | None:
+    """Measure now what `decode` with `config` would measure in its first step: the step costs an
+    adaptive draft length plans with (`calibrate.calibrated_costs`, kept while the models live).
+    `Synthesizer.load` calls it so that the first utterance's time to first audio does not pay
+    for it. None when `config` plans nothing (a fixed draft length, or no draft to plan)."""
+    if not config.adaptive_draft or config.policy in ("ar", "draft"):
+        return None
+    if config.policy in STATE_POLICIES:
+        from pcgtts.runtime.decode.multi_token import planned_costs
+
+        return planned_costs(target, proposer, config, groups, sync) if proposer is not None else None
+    return _planned_costs(target, draft, config, groups, sync) if draft is not None else None
+
+
+def _planned_costs(target: LM, draft: LM, config: DecodeConfig, groups, sync) -> StepCosts:
+    rule = "greedy" if config.sampling.greedy else config.policy
+    return calibrated_costs(target, draft, config.draft_length, rule, config.sampling, groups, sync)
+
+
 def _start(lm: LM, prompt_ids: torch.Tensor) -> None:
     """Cache every prompt token but the last, which the first step feeds."""
     if len(prompt_ids) > 1:
@@ -200,8 +220,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     policy = None
     if config.adaptive_draft:
         learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
-        if costs is None:
-            costs = calibrated_costs(target, draft, max_length, rule, sampling, groups, sync)
+        costs = costs or _planned_costs(target, draft, config, groups, sync)
         policy = DraftLengthPolicy(costs, max_length, learn=learn)
         stats.costs = costs.as_dict()
     _start(target, prompt_ids)
