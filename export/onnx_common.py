@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from pcgtts.runtime.files import default_mode
+from pcgtts.runtime.lm.checkpoint import TOKENIZER_FILES
 
 log = logging.getLogger(__name__)
 
 OPSET = 18
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 _NOISY = ("onnxscript", "onnx_ir", "torch.onnx", "torch._dynamo", "torch.export")
 
 
@@ -63,7 +63,7 @@ def export_graph(module: torch.nn.Module, example: tuple, path: Path, input_name
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
     """Exports carry the tokenizer, so the runtime can check the vocabulary the graph was made for."""
-    for name in _TOKENIZER_FILES:
+    for name in TOKENIZER_FILES:
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
 

@@ -213,6 +213,32 @@ def test_draft_with_another_speech_layout_is_refused_at_load(tiny_lm_factory, de
                          DeviceConfig(max_length=256), config)
 
 
+def test_a_draft_with_the_targets_tokenizer_files_is_not_tokenized_twice(tiny_lm_factory, tmp_path, monkeypatch):
+    """Byte-identical tokenizer files load the same tokenizer, so the draft's is not loaded to compare
+    (seconds with 65,536 added tokens); a draft whose files differ in any byte is loaded and checked."""
+    import shutil
+
+    from pcgtts.runtime.lm import draft as draft_module
+    from pcgtts.runtime.lm.draft import check_draft_layout, make_layer_subset_draft
+
+    target = tiny_lm_factory()
+    tokenizer = load_tokenizer(target)
+    draft = make_layer_subset_draft(target, tmp_path / "draft", 1)
+    loaded = []
+    monkeypatch.setattr(draft_module, "load_tokenizer", lambda d: loaded.append(d) or load_tokenizer(d))
+    check_draft_layout(target, tokenizer, draft)
+    assert loaded == []
+    config = draft / "tokenizer_config.json"
+    config.write_text(config.read_text() + "\n")  # same tokenizer, other bytes: compared the slow way
+    check_draft_layout(target, tokenizer, draft)
+    assert loaded == [draft]
+    shutil.copy(target / "tokenizer_config.json", config)
+    (draft / "chat_template.jinja").unlink(missing_ok=True)
+    (draft / "tokenizer.json").write_text((target / "tokenizer.json").read_text().replace('"<|eot_id|>"', '"<|eot|>"'))
+    with pytest.raises(ValueError, match="tokenizer has"):  # a renamed chat token: not the same tokenizer
+        check_draft_layout(target, tokenizer, draft)
+
+
 # -- 5. control-token strings in the user's text stay text ------------------------------------------
 
 HOSTILE = [

@@ -51,7 +51,7 @@ import torch
 
 from pcgtts.runtime.decode.acceptance import _all_coarse_masses, _coarse_view
 from pcgtts.runtime.lm.checkpoint import HEAD_CODES_FILE
-from pcgtts.runtime.lm.draft import TOKENIZER_FILES
+from pcgtts.runtime.lm.checkpoint import TOKENIZER_FILES
 from pcgtts.train.progress import LossLog, lr_at, resume, rng_state, save_checkpoint
 
 log = logging.getLogger(__name__)

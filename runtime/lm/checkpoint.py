@@ -69,6 +69,23 @@ def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def same_tokenizer_files(a: str | Path, b: str | Path) -> bool:
+    """Whether two model folders hold byte-identical tokenizer files (a tokenizer.json included): then
+    they load the same tokenizer, which need not be loaded twice to compare (seconds each with
+    65,536 added speech tokens)."""
+    a, b = Path(a), Path(b)
+    if not ((a / "tokenizer.json").is_file() and (b / "tokenizer.json").is_file()):
+        return False
+    for name in TOKENIZER_FILES:
+        x, y = a / name, b / name
+        if x.is_file() != y.is_file() or (x.is_file() and x.read_bytes() != y.read_bytes()):
+            return False
+    return True
+
+
 def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 

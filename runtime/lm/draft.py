@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from pcgtts.runtime.lm.checkpoint import embedding_rows, load_tokenizer, read_config, read_state_dict
+from pcgtts.runtime.lm.checkpoint import (TOKENIZER_FILES, embedding_rows, load_tokenizer, read_config, read_state_dict,
+                                          same_tokenizer_files)
 from pcgtts.runtime.text.vocab import SpeechVocab
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def spread_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -70,6 +70,15 @@ def check_draft_layout(target_dir: str | Path, target_tokenizer, draft_dir: str 
     """Raise a ValueError unless the draft folder's own tokenizer gives the target's token ids and
     its embedding table has the target's number of rows (exports: the tokenizer they carry)."""
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
+    if not same_tokenizer_files(target_dir, draft_dir):  # identical files: identical token ids
+        _check_same_tokenizer(target_dir, target_tokenizer, draft_dir)
+    rows = embedding_rows(target_dir), embedding_rows(draft_dir)
+    if None not in rows and rows[0] != rows[1]:
+        raise ValueError(f"draft {draft_dir} has {rows[1]} embedding rows (vocab_size), the target "
+                         f"{target_dir} has {rows[0]}; the draft was not made for this target")
+
+
+def _check_same_tokenizer(target_dir: Path, target_tokenizer, draft_dir: Path) -> None:
     draft_tokenizer = load_tokenizer(draft_dir)
     target_vocab = SpeechVocab.from_tokenizer(target_tokenizer)
     try:
@@ -83,7 +92,3 @@ def check_draft_layout(target_dir: str | Path, target_tokenizer, draft_dir: str 
         raise ValueError(f"draft {draft_dir}: its tokenizer has the target's speech-token layout "
                          f"({target_vocab.describe()}) but maps {len(differ)} other tokens differently "
                          f"(e.g. {differ[:3]}); prompts are tokenized once for both models")
-    rows = embedding_rows(target_dir), embedding_rows(draft_dir)
-    if None not in rows and rows[0] != rows[1]:
-        raise ValueError(f"draft {draft_dir} has {rows[1]} embedding rows (vocab_size), the target "
-                         f"{target_dir} has {rows[0]}; the draft was not made for this target")
