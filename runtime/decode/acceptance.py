@@ -59,6 +59,10 @@ def draw_uniforms(batch: int, length: int, generator: torch.Generator, device) -
     return torch.rand(batch, length, generator=generator, device=device)
 
 
+def _uniforms64(batch: int, length: int, generator: torch.Generator, device) -> torch.Tensor:
+    return torch.rand(batch, length, generator=generator, device=device, dtype=torch.float64)
+
+
 def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
     """accept: [B, L] bool -> length of the all-True prefix [B]."""
     return accept.long().cumprod(-1).sum(-1)
@@ -150,34 +154,25 @@ def _coarse_view(groups: DeviceGroupTable, vocab_size: int) -> _CoarseView:
 
 
 def _pick_group(view: _CoarseView, tokens: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """K uniform over S(t) for each token (any shape); the stop token maps to its own group."""
-    t = view.table
-    is_stop = tokens == t.num_tokens
-    safe = tokens.clamp(max=t.num_tokens - 1)
-    start = t.token_offsets[safe].long()
-    count = (t.token_offsets[safe + 1].long() - start)
-    pick = (uniforms * count).long().clamp_(max=count - 1)
-    group = widen(t.token_groups[start + pick])
-    return torch.where(is_stop, torch.full_like(group, view.stop_group), group)
+    """K uniform over S(t) for each token (any shape); the stop token maps to its own group.
+    uniforms: float64 in [0, 1) of the tokens' shape (float64: u * |S(t)| never rounds up to |S(t)|)."""
+    t, spans = view.table, view.table.spans
+    start, count = spans.token[tokens].unbind(-1)
+    entry = start + (uniforms * count).long()
+    return widen(t.token_groups[entry]) + spans.token_shift[tokens]
 
 
 def _members(view: _CoarseView, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded member lists of groups [...] -> (tokens [..., W], valid [..., W]). W is the table's
     largest group size (a fixed shape: no host sync) except on a CPU, where a sync is free and W
     is the largest of these groups (about half the table's maximum on the trained voice)."""
-    t = view.table
-    is_stop = group == view.stop_group
-    g = group.clamp(max=t.num_groups - 1)
-    start = t.group_offsets[g].long()
-    size = t.group_offsets[g + 1].long() - start
-    size = torch.where(is_stop, torch.ones_like(size), size)
+    t, spans = view.table, view.table.spans
+    start, size = spans.group[group].unbind(-1)
     width = int(size.max()) if group.device.type == "cpu" and group.numel() else t.max_group_size
     slot = torch.arange(width, device=group.device)
-    valid = slot < size[..., None]
-    entry = (start[..., None] + slot).clamp_(max=t.group_members.numel() - 1)
-    members = widen(t.group_members[entry])
-    members = torch.where(is_stop[..., None], torch.full_like(members, t.num_tokens), members)
-    return members, valid
+    last = (size - 1)[..., None]
+    entry = start[..., None] + torch.minimum(slot, last)  # padding repeats the last member (the stop's shift fits it)
+    return widen(t.group_members[entry]) + spans.member_shift[group][..., None], slot <= last
 
 
 def _coarse_masses(view: _CoarseView, first: torch.Tensor, second: torch.Tensor,
@@ -230,7 +225,7 @@ def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tenso
 
     def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         count = candidates_y.shape[1]
-        cand = _pick_group(view, candidates_y, torch.rand(b, count, generator=generator, device=device))  # [B, T]
+        cand = _pick_group(view, candidates_y, _uniforms64(b, count, generator, device))  # [B, T]
         p_c, q_c = _coarse_masses(view, draft_row, target_row, cand)
         keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
         kept = torch.rand(b, count, generator=generator, device=device) < keep_prob
@@ -293,7 +288,7 @@ def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pro
     b, l = draft_tokens.shape
     device = draft_tokens.device
     view = _coarse_view(groups, draft_probs.shape[-1])
-    proposed = _pick_group(view, draft_tokens, torch.rand(b, l, generator=generator, device=device))  # [B, L]
+    proposed = _pick_group(view, draft_tokens, _uniforms64(b, l, generator, device))  # [B, L]
     p_c, q_c = _coarse_masses(view, draft_probs, target_probs[:, :l], proposed)
     # P_c(K) > 0 because the draft sampled a member of K; the clamp only avoids a NaN.
     ratio = q_c / p_c.clamp_min(torch.finfo(p_c.dtype).tiny)
