@@ -258,7 +258,8 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         "peak_gpu_mb": max((r.get("peak_gpu_mb", 0.0) for r in records), default=0.0) or None,
         # Per-forward costs (seconds): verify includes the acceptance rule after the target pass.
         "t_target_step": sum(r["time_target"] + r["time_verify"] for r in records) / max(steps, 1),
-        "t_draft_step": sum(r["time_draft"] for r in records) / max(draft_fw, 1),
+        # per draft-model forward; None for policies without one (mtp-*, eagle-*: see t_propose_step)
+        "t_draft_step": sum(r["time_draft"] for r in records) / draft_fw if draft_fw else None,
         # mtp-*, eagle-*: the proposer's work per step (heads or the EAGLE block; no draft-model forwards)
         "t_propose_step": sum(r["time_draft"] for r in records) / max(steps, 1),
         "harness_us_per_step": float(np.mean([r["harness_us_per_step"] for r in records])),
