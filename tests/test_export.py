@@ -128,10 +128,14 @@ def _run(target, draft, groups, policy, temperature, seed):
 
 @DEMO_ONLY
 def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, lms, groups_file):
-    """Greedy: identical tokens for every rule. Sampled with one seed: the same acceptance
-    statistics (exact equality is expected; the logits agree to ~1e-5, far below any u draw's
-    chance of landing between them)."""
+    """Greedy: identical tokens for every rule. Sampled: both backends give the same probability
+    rows along the torch run's own tokens (teacher-forced, both models), and the onnxruntime run
+    completes. Sampled token streams are not compared for equality: the backends' float32 rows
+    differ by ~1e-6 per entry, so their 65,537-entry CDFs differ by up to ~1e-4 and a draw lands
+    between them with probability ~1e-4 (a 40-token pcg run makes ~700 draws): with a fixed seed
+    the streams can part at any draw, as one seed did here."""
     from pcgtts.groups.table import GroupTable
+    from pcgtts.runtime.decode.sampling import logits_to_probs
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
@@ -143,10 +147,17 @@ def test_onnxruntime_backend_equals_torch_greedy_and_seeded(exported_pair, lms, 
         a, _ = _run(*torch_pair, groups, policy, 0.0, 0)
         b, _ = _run(*ort_pair, groups, policy, 0.0, 0)
         assert a == b, policy
-    a, sa = _run(*torch_pair, groups, "pcg", 1.0, 7)
+    a, _ = _run(*torch_pair, groups, "pcg", 1.0, 7)
     b, sb = _run(*ort_pair, groups, "pcg", 1.0, 7)
-    assert (sa.drafted, sa.accepted, sa.target_forwards) == (sb.drafted, sb.accepted, sb.target_forwards)
-    assert a == b
+    assert len(a) == len(b) == 40 and sb.drafted > 0
+    sequence = torch.cat([torch.tensor([5, 9, 17, 33, 2, 7]), torch_pair[0].vocab.restricted_to_token_ids(torch.tensor(a))])
+    sampling = SamplingConfig(temperature=1.0)
+    for mine, theirs in zip(torch_pair, ort_pair):
+        for lm in (mine, theirs):
+            lm.rollback(0)
+        expected, got = (logits_to_probs(lm.forward(sequence), sampling) for lm in (mine, theirs))  # [46, V]
+        assert expected.shape == (len(sequence), mine.vocab.num_speech + 1)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-3)
 
 
 @pytest.mark.slow
