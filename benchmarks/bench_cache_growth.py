@@ -48,7 +48,7 @@ def main() -> int:
     for rnd in range(args.rounds + 1):  # round 0 warms up
         for name, (target, draft, proposer) in cases.items():
             for policy in policies:
-                config = DecodeConfig(policy=policy, draft_length=3, max_new_tokens=args.tokens,
+                config = DecodeConfig(policy=policy, draft_length=3, max_new_tokens=args.tokens, adaptive_draft=False,
                                       sampling=SamplingConfig(temperature=0.8))
                 t0 = time.perf_counter()
                 n = sum(len(b) for b in decode(target, draft, prompt, config, torch.Generator().manual_seed(rnd),

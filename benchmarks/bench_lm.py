@@ -78,8 +78,8 @@ def sync_fn(device: str):
 
 
 def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length, proposer=None):
-    config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens,
-                          sampling=SamplingConfig(temperature=0.8))
+    config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens, adaptive_draft=False,
+                          sampling=SamplingConfig(temperature=0.8))  # each rule at its fixed L, as HF's baselines
     gen = torch.Generator(device=device).manual_seed(seed)
     stats = DecodeStats()
     sync = sync_fn(device)
