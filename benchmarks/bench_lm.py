@@ -8,7 +8,7 @@ Reports tokens/s, target forwards per token, acceptance, mean accepted length, a
 speculative rules the time per verify step and the share of a step spent outside the two
 models' forward passes.
 
-    python benchmarks/bench_lm.py --model demo                  # CPU, built-in demo pair
+    python benchmarks/bench_lm.py --model demo [--adaptive]     # CPU, built-in demo pair (+ adaptive L rows)
     python benchmarks/bench_lm.py --model wide                  # CPU, hidden 1024 x 8 layers
     python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16   # GPU
     python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf  # ORT vs torch
@@ -77,9 +77,12 @@ def sync_fn(device: str):
     return torch.cuda.synchronize if device.startswith("cuda") else None
 
 
-def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length, proposer=None):
-    config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens, adaptive_draft=False,
-                          sampling=SamplingConfig(temperature=0.8))  # each rule at its fixed L, as HF's baselines
+def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length, proposer=None,
+             adaptive=False):
+    """One decode; a fixed draft length unless `adaptive` (then L <= draft_length per step, the
+    runtime's default; HF's assisted generation also adapts its number of proposals)."""
+    config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens, adaptive_draft=adaptive,
+                          sampling=SamplingConfig(temperature=0.8))
     gen = torch.Generator(device=device).manual_seed(seed)
     stats = DecodeStats()
     sync = sync_fn(device)
@@ -125,6 +128,8 @@ def main() -> int:
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
     ap.add_argument("--eagle", help="an EAGLE draft for the target (eagle-* policies; exported with it for onnxruntime)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="also run each speculative policy with the adaptive draft length (the runtime's default)")
     ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")
     ap.add_argument("--backends", default="torch",
                     help="comma list: torch, torch-full-head (a digit-factorised head computed row by row), "
@@ -179,13 +184,17 @@ def main() -> int:
 
             # onnxruntime: the draft was exported with the target (load_onnx_pair passes it on)
             proposer = EagleProposer.for_target(target, None if backend == "onnxruntime" else args.eagle)
-        for policy in args.policies.split(","):
+        cases = [(policy, False) for policy in args.policies.split(",")]
+        if args.adaptive:
+            cases += [(policy, True) for policy in args.policies.split(",") if policy not in ("ar", "draft")]
+        for policy, adaptive in cases:
             if policy.startswith("eagle") and proposer is None:
                 continue  # the EAGLE draft reads the torch target's hidden states
             run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length,
-                     proposer)  # warm-up
+                     proposer, adaptive)  # warm-up (an adaptive case measures its step costs here)
             results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
-                                args.draft_length, proposer) for seed in range(1, args.runs + 1)]
+                                args.draft_length, proposer, adaptive) for seed in range(1, args.runs + 1)]
+            policy = f"{policy} auto" if adaptive else policy
             n = sum(r[0] for r in results)
             secs = sum(r[1] for r in results)
             st = [r[2] for r in results]
