@@ -243,3 +243,22 @@ def test_pcg_on_cuda_is_exact():
     verdict = verify("pcg", tokens, dprobs, tprobs, draw_uniforms(N, 1, gen, "cuda"), gen, groups=table().to("cuda"),
                      thinning_trials=2)
     assert_fits(torch.bincount(verdict.groups[:, 0].cpu(), minlength=8), coarse(target), coarse(draft))
+
+
+def test_group_picks_and_member_lists_through_the_stop_folded_spans():
+    """Every (token, pick) reaches the pick-th group of S(t) and every group its own members, the
+    stop token included (its own group `num_groups`, itself its one member); float32 pick uniforms
+    are refused (u * |S(t)| could round up to the next token's first group)."""
+    groups = [[0, 1, 2], [2, 3], [1, 3, 4], [4]]
+    table = DeviceGroupTable.from_groups(groups, 5)
+    view = acceptance._coarse_view(table, 6)
+    for token in range(6):
+        memberships = [k for k, g in enumerate(groups) if token in g] if token < 5 else [len(groups)]
+        for i, expected in enumerate(memberships):
+            u = torch.tensor([(i + 0.5) / len(memberships)], dtype=torch.float64)
+            assert int(acceptance._pick_group(view, torch.tensor([token]), u)) == expected
+    members, valid = acceptance._members(view, torch.tensor([0, 1, 2, 3, 4]))
+    lists = [m[v].tolist() for m, v in zip(members, valid)]
+    assert lists == [*groups, [5]]
+    with pytest.raises(TypeError, match="float64"):
+        acceptance._pick_group(view, torch.tensor([0]), torch.tensor([0.5]))

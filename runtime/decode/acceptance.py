@@ -139,11 +139,7 @@ class _CoarseView(NamedTuple):
     """A group table seen from the restricted vocabulary (speech tokens + the stop token)."""
 
     table: DeviceGroupTable
-    inv_n: torch.Tensor  # [V] float: 1 / N(t); the stop token is in exactly one group
-
-    @property
-    def stop_group(self) -> int:
-        return self.table.num_groups
+    inv_n: torch.Tensor  # [V] float: 1 / N(t); the stop token is in exactly one group (id table.num_groups)
 
 
 def _coarse_view(groups: DeviceGroupTable, vocab_size: int) -> _CoarseView:
@@ -156,6 +152,8 @@ def _coarse_view(groups: DeviceGroupTable, vocab_size: int) -> _CoarseView:
 def _pick_group(view: _CoarseView, tokens: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """K uniform over S(t) for each token (any shape); the stop token maps to its own group.
     uniforms: float64 in [0, 1) of the tokens' shape (float64: u * |S(t)| never rounds up to |S(t)|)."""
+    if uniforms.dtype != torch.float64:  # float32 u * |S(t)| can round up to |S(t)|: the next token's group
+        raise TypeError(f"group picks need float64 uniforms, got {uniforms.dtype}")
     t, spans = view.table, view.table.spans
     start, count = spans.token[tokens].unbind(-1)
     entry = start + (uniforms * count).long()

@@ -24,7 +24,6 @@ from pcgtts.runtime.text.vocab import SpeechVocab
 log = logging.getLogger(__name__)
 
 
-
 def spread_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """Evenly spaced layer indices including the first and the last."""
     if not 1 <= num_draft_layers <= num_target_layers:
