@@ -316,14 +316,10 @@ class Synthesizer:
     def plan(self, config: SynthesisConfig | None = None):
         """Measure the step costs `config`'s adaptive draft length plans with, now rather than inside
         the first utterance (where they would add to its time to first audio); once per policy
-        and temperature class while the models live. -> the `StepCosts`, or None (nothing to plan)."""
+        and temperature class while the models live (`calibrate` logs a measurement; a later call
+        returns the kept costs). -> the `StepCosts`, or None (nothing to plan)."""
         decode_config = (config or self.config).decode
-        started = time.perf_counter()
-        costs = prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
-        if costs is not None:
-            log.info("adaptive draft length: step costs of %s measured in %.2f s", decode_config.policy,
-                     time.perf_counter() - started)
-        return costs
+        return prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
 
     def proposer(self, policy: str):
         """What proposes from the target's hidden states for `policy` (None for the other policies)."""

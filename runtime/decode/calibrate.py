@@ -117,7 +117,7 @@ def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: S
     2..max_length + 1 tokens after that many draft steps less one (a verify), draft forwards of
     1..max_length + 1 tokens after a target step, the rule at L = max_length, and one AR sampling step.
     The draft's timings are taken first: the target's then leave its cache where the loop starts."""
-    counts = range(1, max_length + 2)
+    started, counts = time.perf_counter(), range(1, max_length + 2)
     target_step, draft_step = _one_step(target), _one_step(draft)
     draft_costs = _forward_costs(draft, counts, repeats, sync, setup=lambda k: target_step())
 
@@ -128,7 +128,8 @@ def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: S
     target_costs = _forward_costs(target, counts, repeats, sync, setup=drafts_before)
     costs = StepCosts(target_costs, draft_costs, *_rule_and_sample_costs(target, max_length, rule, sampling, groups,
                                                                          repeats, sync))
-    log.info("calibrated step costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
+    log.info("calibrated step costs (rule %s, L_max %d) in %.2f s: %s", rule, max_length,
+             time.perf_counter() - started, costs.as_dict())
     return costs
 
 
@@ -140,7 +141,7 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     rows as the 'draft' cost (flat for heads, which read one row). A proposal is timed right after
     a target step, as in the loop (the target's weights have just evicted the proposer's from the
     caches: timed alone it looks ~2x cheaper on a CPU), plus one sampling step."""
-    counts = range(1, max_length + 2)
+    started, counts = time.perf_counter(), range(1, max_length + 2)
     target_costs = _forward_costs(target, counts, repeats, sync)
     rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync)
     target_step = _one_step(target)
@@ -148,7 +149,8 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
                         + sample_cost for k in counts)
     target.rollback(0)
     costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost)
-    log.info("calibrated proposer costs (rule %s, L_max %d): %s", rule, max_length, costs.as_dict())
+    log.info("calibrated proposer costs (rule %s, L_max %d) in %.2f s: %s", rule, max_length,
+             time.perf_counter() - started, costs.as_dict())
     return costs
 
 
