@@ -28,6 +28,7 @@ import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
 from pcgtts.runtime.config import STATE_POLICIES
+from pcgtts.runtime.lm.protocol import common_prefix
 from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
 from pcgtts.runtime.text.prompt import build_prompt
 
@@ -100,10 +101,7 @@ def play(chunks, speed: float = 1.0) -> tuple[dict, list]:
 
 def shared_prompt_length(synth: Synthesizer) -> int:
     """Prompt tokens every sentence shares for this voice (the chat template before the user's text)."""
-    a, b = (build_prompt(synth.tokenizer, synth.target.vocab, text, None, None) for text in ("a", "b"))
-    n = min(len(a), len(b))
-    differs = (a[:n] != b[:n]).nonzero()
-    return int(differs[0]) if len(differs) else n
+    return common_prefix(*(build_prompt(synth.tokenizer, synth.target.vocab, text, None, None) for text in ("a", "b")))
 
 
 def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float = 1.0) -> dict:

@@ -66,6 +66,13 @@ def check_fits(length: int, new: int, max_length: int) -> None:
         )
 
 
+def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """How many leading entries two 1-D id tensors share."""
+    n = min(len(a), len(b))
+    differs = (a[:n] != b[:n]).nonzero()
+    return int(differs[0, 0]) if len(differs) else n
+
+
 class SequenceMixin:
     """prefill / forward / rollback over a backend's `_run(ids, last_only)`; shared by every backend."""
 
@@ -91,10 +98,7 @@ class SequenceMixin:
         """How many leading tokens of the prompt `ids` [T] the cache already holds (at most T - 1:
         the last token always runs, for its logits); 0 when `reuse_prefix` is off."""
         n = min(self._kept, len(ids) - 1) if self.reuse_prefix and self._prompt is not None else 0
-        if n <= 0:
-            return 0
-        differs = (self._prompt[:n] != ids[:n].cpu()).nonzero()
-        return int(differs[0, 0]) if len(differs) else n
+        return common_prefix(self._prompt[:n], ids[:n].cpu()) if n > 0 else 0
 
     def forget_prefix(self) -> None:
         """The cache no longer holds the last prompt (it was freed or overwritten)."""
