@@ -69,7 +69,8 @@ def test_used_codes_head_gives_zero_probability_elsewhere_and_stays_exact(tiny_l
     assert torch.allclose(full.prefill(prompt)[allowed], logits[allowed], atol=1e-5)
 
     def run(policy, lm):
-        config = DecodeConfig(policy=policy, max_new_tokens=30, sampling=SamplingConfig(temperature=0.0))
+        config = DecodeConfig(policy=policy, max_new_tokens=30, adaptive_draft=False,
+                              sampling=SamplingConfig(temperature=0.0))
         return [t for b in decode(target, lm, prompt, config, torch.Generator(), stats=DecodeStats()) for t in b]
 
     np.save(tmp_path / "draft" / "head_codes.npy", np.append(used, 1024).astype(np.int32))

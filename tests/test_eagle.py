@@ -149,7 +149,8 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, prompt, facto
 
     def third(policy):
         gen = torch.Generator().manual_seed(21 if policy == "ar" else 22)
-        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, sampling=SamplingConfig(temperature=0.5))
+        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, adaptive_draft=False,
+                              sampling=SamplingConfig(temperature=0.5))
         out = []
         for _ in range(1500):
             codes = [t for b in decode(target, None, short, config, gen, proposer=proposer) for t in b]

@@ -48,7 +48,8 @@ def test_quantized_model_keeps_greedy_speculation_equal_to_greedy(tiny_lms, tiny
     assert ((a - b).abs().max() / b.abs().max()) < 0.1
 
     def greedy(policy):
-        config = DecodeConfig(policy=policy, max_new_tokens=40, draft_length=3, sampling=SamplingConfig(temperature=0.0))
+        config = DecodeConfig(policy=policy, max_new_tokens=40, draft_length=3, adaptive_draft=False,
+                              sampling=SamplingConfig(temperature=0.0))
         stats = DecodeStats()
         out = [t for burst in decode(target, draft, prompt, config, torch.Generator().manual_seed(0), tiny_groups,
                                      stats) for t in burst]

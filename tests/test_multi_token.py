@@ -151,7 +151,8 @@ def test_mtp_sd_is_exact_in_distribution(target, proposer, prompt):
 
     def third(policy):
         gen = torch.Generator().manual_seed(11 if policy == "ar" else 12)
-        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, sampling=SamplingConfig(temperature=0.5))
+        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, adaptive_draft=False,
+                              sampling=SamplingConfig(temperature=0.5))
         out = []
         for _ in range(runs):
             codes = [t for b in decode(target, None, short, config, gen, proposer=proposer) for t in b]
