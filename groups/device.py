@@ -67,6 +67,21 @@ class Spans:
 
 
 @dataclass(frozen=True)
+class HostSpans:
+    """NumPy views (no copies) of a CPU table's `Spans`, its 16-bit entries read as uint16 and its
+    1/N(t): what the one-sequence CPU rules index (`runtime/decode/acceptance_cpu.py`), where a
+    NumPy index costs a fraction of a torch op's fixed overhead."""
+
+    token: np.ndarray  # int64 [num_tokens + 1, 2]
+    token_shift: np.ndarray  # int64 [num_tokens + 1]
+    token_groups: np.ndarray  # uint16 [nnz]
+    group: np.ndarray  # int64 [num_groups + 1, 2]
+    member_shift: np.ndarray  # int64 [num_groups + 1]
+    group_members: np.ndarray  # uint16 [nnz]
+    inv_n: np.ndarray  # float32 [num_tokens + 1]
+
+
+@dataclass(frozen=True)
 class DeviceGroupTable:
     group_offsets: torch.Tensor  # int32 [num_groups + 1]
     group_members: torch.Tensor  # int16 [nnz] (uint16 token ids)
@@ -103,6 +118,16 @@ class DeviceGroupTable:
         token, token_shift = folded(self.token_offsets, self.token_groups, self.num_groups)
         group, member_shift = folded(self.group_offsets, self.group_members, self.num_tokens)
         return Spans(token, token_shift, group, member_shift)
+
+    @cached_property
+    def host(self) -> HostSpans:
+        """`spans` and the entries as NumPy views (a table on the CPU only)."""
+        if self.device.type != "cpu":
+            raise ValueError(f"host views need a table on the CPU, this one is on {self.device}")
+        s = self.spans
+        return HostSpans(s.token.numpy(), s.token_shift.numpy(), self.token_groups.numpy().view(np.uint16),
+                         s.group.numpy(), s.member_shift.numpy(), self.group_members.numpy().view(np.uint16),
+                         self.inv_groups_per_token.numpy())
 
     def groups_per_token(self) -> torch.Tensor:
         """N(t) = |S(t)| for every speech token. int32 [num_tokens]"""

@@ -115,7 +115,7 @@ def test_pcg_emits_the_coarse_target_distribution():
 
 def test_pcg_exact_fallback_is_exact(monkeypatch):
     """One thinning trial, no extra rounds and a small residual force the exact all-groups fallback often."""
-    monkeypatch.setattr(acceptance, "_THINNING_ROUNDS", 0)
+    monkeypatch.setattr(acceptance, "THINNING_ROUNDS", 0)
     draft, target = distributions(6, sharp=0.5)
     gen = torch.Generator().manual_seed(7)
     n = 60_000
@@ -137,7 +137,7 @@ def test_pcg_recovered_token_follows_the_target_within_its_group(trials, monkeyp
     and no extra thinning rounds, most rejected rows fall back to the exact all-groups residual
     and sample the token from the group."""
     if trials == 1:
-        monkeypatch.setattr(acceptance, "_THINNING_ROUNDS", 0)
+        monkeypatch.setattr(acceptance, "THINNING_ROUNDS", 0)
     draft, target = distributions(10, sharp=0.5 if trials == 1 else 1.5)
     gen = torch.Generator().manual_seed(11)
     tokens, dprobs, tprobs = batch(draft, target, N, 1, gen)
@@ -262,3 +262,46 @@ def test_group_picks_and_member_lists_through_the_stop_folded_spans():
     assert lists == [*groups, [5]]
     with pytest.raises(TypeError, match="float64"):
         acceptance._pick_group(view, torch.tensor([0]), torch.tensor([0.5]))
+
+
+@pytest.mark.parametrize("rule, fallback", [("sd", False), ("ssd", False), ("pcg", False), ("pcg", True)],
+                         ids=["sd", "ssd", "pcg", "pcg-exact-fallback"])
+def test_the_cpu_lane_returns_the_tensor_rules_tokens_draw_for_draw(rule, fallback, monkeypatch):
+    """acceptance_cpu.verify_one (NumPy indexing, one sequence) against acceptance.verify at batch 1
+    from the same generator state, over random pairs of distributions, lengths 1-4, the stop token
+    among the proposals: the same count, the same tokens, and the generator left in the same state
+    (the same draws consumed), so the statistical tests above cover the lane. `fallback`: one
+    thinning trial and no extra rounds, so that PCG's exact all-groups residual runs often."""
+    from pcgtts.runtime.decode.acceptance_cpu import verify_one
+
+    exact_calls = []
+    if fallback:
+        monkeypatch.setattr(acceptance, "THINNING_ROUNDS", 0)
+        exact = acceptance._exact_residual_group
+        monkeypatch.setattr(acceptance, "_exact_residual_group", lambda *a: exact_calls.append(1) or exact(*a))
+    groups, gen = table(), torch.Generator().manual_seed(13)
+    outcomes = set()
+    for case in range(800):
+        length = 1 + case % 4
+        sharp = (0.5, 1.5, 3.0)[case % 3]
+        draft = torch.softmax(sharp * torch.randn(length, V, generator=gen), -1)
+        target = torch.softmax(sharp * torch.randn(length + 1, V, generator=gen), -1)
+        if case % 5 == 0:
+            target[:length] = draft  # everything accepted: the bonus path
+        tokens = torch.multinomial(draft, 1, generator=gen)[:, 0]
+        uniforms = draw_uniforms(1, length, gen, "cpu")[0]
+        if fallback:
+            uniforms = torch.ones(length) - 1e-7
+        state = gen.get_state()
+        n, row = verify_one(rule, tokens, draft, target, uniforms, gen, groups=groups, ssd_beta=0.2,
+                            thinning_trials=1 if fallback else 16)
+        after = gen.get_state()
+        gen.set_state(state)
+        verdict = verify(rule, tokens[None], draft[None], target[None], uniforms[None], gen, groups=groups,
+                         ssd_beta=0.2, thinning_trials=1 if fallback else 16)
+        expected = verdict.tokens[0, : int(verdict.num_accepted) + 1].tolist()
+        assert (n, row) == (int(verdict.num_accepted), expected), case
+        assert torch.equal(after, gen.get_state()), case
+        outcomes.add((n == length, 8 in row))
+    assert outcomes >= {(True, False), (False, False), (False, True)}  # bonus, recovery, the stop token emitted
+    assert len(exact_calls) > 100 if fallback else not exact_calls

@@ -46,13 +46,19 @@ from pcgtts.runtime.decode.sampling import cdf_of, draw, sample_from_weights
 
 RULES = ("greedy", "sd", "ssd", "pcg")
 PLACEHOLDER = -1  # output slots after the recovered / bonus token
-_THINNING_ROUNDS = 8  # CPU: extra batches of thinning trials (doubling: up to 2^9 x the first) before the exact fallback
+THINNING_ROUNDS = 8  # CPU: extra batches of thinning trials (doubling: up to 2^9 x the first) before the exact fallback
 
 
 class Verdict(NamedTuple):
     tokens: torch.Tensor  # [B, L + 1] int64: accepted, then one recovered/bonus token, then -1
     num_accepted: torch.Tensor  # [B] int64 in [0, L]
     groups: torch.Tensor | None = None  # [B, L + 1] group emitted per slot (pcg only; -1 where none)
+
+
+def outcome(verdict: Verdict) -> tuple[int, list[int]]:
+    """The first sequence's verdict on the host: (n accepted, the n + 1 tokens to emit), in one sync."""
+    n, *row = torch.cat([verdict.num_accepted[:1], verdict.tokens[0]]).tolist()
+    return n, row[: n + 1]
 
 
 def draw_uniforms(batch: int, length: int, generator: torch.Generator, device) -> torch.Tensor:
@@ -116,19 +122,19 @@ def verify_sd(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_prob
     rows = _rejected_rows(all_accepted)
     if rows is None:
         weights = torch.where(all_accepted[:, None], target_row,
-                              _sd_residual(target_row, _row(draft_probs, n.clamp(max=l - 1))))
+                              sd_residual(target_row, _row(draft_probs, n.clamp(max=l - 1))))
     elif rows.numel() == b:  # every row rejected (always, at B = 1): no row copies
-        weights = _sd_residual(target_row, _row(draft_probs, n))
+        weights = sd_residual(target_row, _row(draft_probs, n))
     elif rows.numel():
         weights = target_row.clone()
-        weights[rows] = _sd_residual(target_row[rows], draft_probs[rows, n[rows]])
+        weights[rows] = sd_residual(target_row[rows], draft_probs[rows, n[rows]])
     else:
         weights = target_row  # all accepted: the bonus comes from the target itself
     next_token = sample_from_weights(weights, torch.rand(b, generator=generator, device=weights.device))
     return Verdict(_assemble(draft_tokens, n, next_token), n)
 
 
-def _sd_residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
+def sd_residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tensor:
     """norm(max(0, target - draft)) unnormalised, [R, V] x 2 -> [R, V]. An all-zero residual
     happens only when target == draft (or via beta); then the target itself is the residual."""
     residual = (target_row - draft_row).clamp_min(0.0)
@@ -242,7 +248,7 @@ def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tenso
     # On a CPU syncs are free but the mat-vec is not (millions of entries). A rejection happens
     # with probability TV(P_c, Q_c) and each trial succeeds with probability ~TV, so repeating
     # thinning costs O(1) batches in expectation; the exact mat-vec is the rare last resort.
-    for round_ in range(_THINNING_ROUNDS):
+    for round_ in range(THINNING_ROUNDS):
         if bool(any_kept.all()):
             return group, token
         # Each round draws twice the trials of the last: the per-round cost is mostly fixed

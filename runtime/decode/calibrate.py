@@ -23,7 +23,8 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import SamplingConfig
-from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
+from pcgtts.runtime.decode.acceptance import draw_uniforms
+from pcgtts.runtime.decode.acceptance_cpu import verify_one
 from pcgtts.runtime.decode.cost_model import StepCosts
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 from pcgtts.runtime.lm.protocol import LM
@@ -99,11 +100,11 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
     gen = torch.Generator(device=device).manual_seed(0)
     logits = torch.randn(max_length + 1, vocab_size, generator=gen, device=device)
     draft_logits = torch.randn(max_length, vocab_size, generator=gen, device=device)
-    tokens = logits_to_probs(draft_logits, sampling).argmax(-1)[None]
+    tokens = logits_to_probs(draft_logits, sampling).argmax(-1)
 
     def rule_step() -> None:
-        verify(rule, tokens, logits_to_probs(draft_logits, sampling)[None], logits_to_probs(logits, sampling)[None],
-               draw_uniforms(1, max_length, gen, device), gen, groups=groups)
+        verify_one(rule, tokens, logits_to_probs(draft_logits, sampling), logits_to_probs(logits, sampling),
+                   draw_uniforms(1, max_length, gen, device)[0], gen, groups=groups)
 
     rule_cost = _median_seconds(rule_step, repeats, sync) if rule != "pcg" or groups is not None else 0.0
     sample_cost = _median_seconds(lambda: int(sample(logits_to_probs(logits[0], sampling), gen)), repeats, sync)

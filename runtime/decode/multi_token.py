@@ -43,7 +43,8 @@ import torch
 from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
-from pcgtts.runtime.decode.acceptance import draw_uniforms, verify, verify_threshold, verify_top_m
+from pcgtts.runtime.decode.acceptance import draw_uniforms, outcome, verify_threshold, verify_top_m
+from pcgtts.runtime.decode.acceptance_cpu import verify_one
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample, sample_by_digits
 from pcgtts.runtime.decode.speculative import _plain_step, _room, _start, digits_to_draw, emitted
 
@@ -211,19 +212,19 @@ def _state_model(target, what: str):
     return model
 
 
-def _verify(policy: str, tokens, probs, target_logits, target_probs, config, generator, groups):
-    """One row of proposals against the target's l + 1 rows -> Verdict (batch of 1)."""
+def _verify(policy: str, tokens, probs, target_logits, target_probs, config, generator, groups) -> tuple[int, list[int]]:
+    """One row of proposals [l] against the target's l + 1 rows -> (n accepted, the n + 1 tokens), on the host."""
     sampling = config.sampling
     if policy in ("mtp-topm", "mtp-viterbi"):
-        return verify_top_m(tokens[None], target_logits[None], target_probs[None], config.mtp_top_m, generator)
+        return outcome(verify_top_m(tokens[None], target_logits[None], target_probs[None], config.mtp_top_m, generator))
     if policy == "mtp-threshold":
-        return verify_threshold(tokens[None], target_probs[None], config.mtp_threshold, generator)
+        return outcome(verify_threshold(tokens[None], target_probs[None], config.mtp_threshold, generator))
     if policy == "mtp-strict" and not sampling.greedy:
-        return verify_top_m(tokens[None], target_logits[None], target_probs[None], 1, generator)
+        return outcome(verify_top_m(tokens[None], target_logits[None], target_probs[None], 1, generator))
     rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy.split("-", 1)[1]
-    return verify(rule, tokens[None], probs[None] if probs is not None else target_probs[None, :-1],
-                  target_probs[None], draw_uniforms(1, len(tokens), generator, target_probs.device), generator,
-                  groups=groups, thinning_trials=config.pcg_thinning_trials)
+    return verify_one(rule, tokens, probs if probs is not None else target_probs[:-1], target_probs,
+                      draw_uniforms(1, len(tokens), generator, target_probs.device)[0], generator,
+                      groups=groups, thinning_trials=config.pcg_thinning_trials)
 
 
 def planned_costs(target, proposer: HeadProposer | EagleProposer, config, groups, sync) -> StepCosts:
@@ -279,9 +280,8 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
             target_logits, hidden = target.forward_hidden(ids)  # [l + 1, V], [l + 1, D]
             t0 = timer("time_target", t0)
             target_probs = logits_to_probs(target_logits, sampling)
-            verdict = _verify(policy, proposals, proposal_probs, target_logits, target_probs, config, generator, groups)
-            n, *row = torch.cat([verdict.num_accepted, verdict.tokens[0]]).tolist()  # the step's one host sync
-            tokens = row[: n + 1]
+            n, tokens = _verify(policy, proposals, proposal_probs, target_logits, target_probs, config, generator,
+                                groups)  # the step's one host sync
         target.rollback(start + 1 + n)
         t0 = timer("time_verify", t0)
 

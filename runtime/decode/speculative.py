@@ -13,8 +13,8 @@ With `adaptive_draft`, L is chosen per step in 0..draft_length by `cost_model.Dr
 L = 0 is a plain target step, after which the draft is behind: the tokens it has not seen wait
 in `pending` and are fed to it (in chunks) before its next proposal.
 
-One host sync per step: the accepted count and the tokens, copied back together (on a CPU
-the PCG/SD rules also read which rows were rejected, where a sync is free). No I/O, logging or tokenization happens here;
+One host sync per step: the accepted count and the tokens, copied back together (on a CPU the
+rules run on the host: `acceptance_cpu.verify_one`). No I/O, logging or tokenization happens here;
 token ids in and restricted-vocabulary indices (speech codes) out, in bursts as accepted.
 """
 
@@ -27,7 +27,8 @@ from typing import Callable, Iterator
 import torch
 
 from pcgtts.groups.device import DeviceGroupTable
-from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
+from pcgtts.runtime.decode.acceptance import draw_uniforms
+from pcgtts.runtime.decode.acceptance_cpu import verify_one
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
 from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
@@ -281,11 +282,9 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
 
             # 3. Accept / reject; the count and the tokens come back in one host sync.
             target_probs = logits_to_probs(target_logits, sampling)
-            verdict = verify(rule, draft_tokens[None], torch.stack(draft_probs)[None], target_probs[None],
-                             draw_uniforms(1, L, generator, device), generator, groups=groups,
-                             ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials)
-            n, *row = torch.cat([verdict.num_accepted, verdict.tokens[0]]).tolist()
-            tokens = row[: n + 1]
+            n, tokens = verify_one(rule, draft_tokens, torch.stack(draft_probs), target_probs,
+                                   draw_uniforms(1, L, generator, device)[0], generator, groups=groups,
+                                   ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials)
             stats.trace.append((timer("time_verify", t0), n + 1))
             stats.drafted += L
             stats.accepted += n
@@ -295,7 +294,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
             # 4. Roll both caches back to [.., last, x_1 .. x_n]; the draft catches up if n == L.
             target.rollback(start + 1 + n)
             draft.rollback(min(draft.length, start + 1 + n))
-            new = verdict.tokens[0, n:n + 1]
+            new = torch.tensor(tokens[n:], device=device)
             pending = vocab.restricted_to_token_ids(torch.cat([draft_tokens[L - 1:], new]) if n == L else new)
         stats.steps += 1
         stats.target_forwards += 1
