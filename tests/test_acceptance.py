@@ -305,3 +305,66 @@ def test_the_cpu_lane_returns_the_tensor_rules_tokens_draw_for_draw(rule, fallba
         outcomes.add((n == length, 8 in row))
     assert outcomes >= {(True, False), (False, False), (False, True)}  # bonus, recovery, the stop token emitted
     assert len(exact_calls) > 100 if fallback else not exact_calls
+
+
+DIGIT_GROUPS = [[0, 1, 5], [1, 2, 6, 7], [3, 7, 11], [4, 8, 9], [9, 10, 14, 15], [12, 13], [5, 6, 10], [11, 15],
+                [0, 4, 12], [2, 3, 13, 14], [8]]  # over the 16 codes of 2 digits; the stop (16) is its own group
+
+
+@pytest.mark.parametrize("rule, draft_kind, fallback", [
+    ("sd", "digits", False), ("pcg", "digits", False),
+    pytest.param("pcg", "dense", False, marks=pytest.mark.slow), pytest.param("sd", "digits", True, marks=pytest.mark.slow),
+    pytest.param("pcg", "digits", True, marks=pytest.mark.slow)],
+                         ids=["sd", "pcg", "pcg-dense-draft", "sd-residual-fallback", "pcg-exact-fallback"])
+def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fallback, monkeypatch):
+    """The lane over a digit head's scores (`DigitRows`: probabilities and draws from per-digit
+    softmaxes, the recovered token by thinning) against the same distributions expanded into dense
+    rows (`DenseRows`, draw for draw the tensor rules): emitted (n, token) pairs are compared with a
+    chi-square homogeneity test at significance 1e-4 (two independent samples of 6,000 verify steps,
+    2 digits x 4 levels + stop = 17 tokens, one proposal); the same test must tell the digit rows
+    apart from a slightly different target (power check). `fallback`: one thinning trial, no extra
+    rounds and uniforms near 1, so the dense residual (SD) or the all-groups residual (PCG) runs often."""
+    from scipy.stats import chi2_contingency
+
+    from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
+    from pcgtts.runtime.lm.digit_head import expand_digit_scores
+
+    if fallback:
+        monkeypatch.setattr(acceptance, "THINNING_ROUNDS", 0)
+    groups = DeviceGroupTable.from_groups(DIGIT_GROUPS, 16)
+    g = torch.Generator().manual_seed(21)
+    target_scores = 1.5 * torch.randn(2, 1 + 8 + 1, generator=g)
+    draft_scores = target_scores + 1.2 * torch.randn(1, 1 + 8 + 1, generator=g)
+    speech = lambda z: z[..., 0] + z[..., 1:-1].unflatten(-1, (2, 4)).logsumexp(-1).sum(-1)  # noqa: E731
+    target_scores[:, -1] = speech(target_scores)  # the stop token takes half the target's mass,
+    draft_scores[:, -1] = speech(draft_scores) - 3.0  # and ~5 % of the draft's (at temperature 1)
+    other_scores = target_scores + torch.tensor([0.0] + [0.6, 0, 0, 0] + [0] * 4 + [0.0])  # a shifted digit-0 softmax
+    temperature = 0.8
+    dense = lambda scores: DigitRows(scores, 2, temperature).dense()  # noqa: E731
+    n_steps, trials = 6_000, 1 if fallback else 16
+
+    def sample(target_rows, draft_rows, draft_dense, seed):
+        gen = torch.Generator().manual_seed(seed)
+        counts = torch.zeros(2, 17, dtype=torch.long)
+        for _ in range(n_steps):
+            token = torch.multinomial(draft_dense[0], 1, generator=gen)
+            u = torch.ones(1) - 1e-7 if fallback else draw_uniforms(1, 1, gen, "cpu")[0]
+            n, row = verify_one(rule, token, draft_rows, target_rows, u, gen, groups=groups, thinning_trials=trials)
+            counts[n, row[-1]] += 1
+        return counts
+
+    draft_dense = dense(draft_scores)
+    draft_rows = DigitRows(draft_scores, 2, temperature) if draft_kind == "digits" else DenseRows(draft_dense)
+    factored = sample(DigitRows(target_scores, 2, temperature), draft_rows, draft_dense, 1)
+    reference = sample(DenseRows(dense(target_scores)), DenseRows(draft_dense), draft_dense, 2)
+    shifted = sample(DenseRows(dense(other_scores)), DenseRows(draft_dense), draft_dense, 3)
+
+    def p_value(a, b):
+        table = torch.stack([a.flatten(), b.flatten()]).numpy()
+        return chi2_contingency(table[:, table.sum(0) > 0])[1]
+
+    if fallback:
+        assert factored[0].sum() > 0.3 * n_steps  # rejections, each through the fallback
+    assert p_value(factored, reference) > ALPHA
+    assert p_value(factored, shifted) < ALPHA
+    assert torch.allclose(dense(target_scores), torch.softmax(expand_digit_scores(target_scores, 2) / temperature, -1))

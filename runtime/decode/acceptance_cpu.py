@@ -2,11 +2,18 @@
 
 At batch 1 a verify step reads a few hundred entries of its distributions; as tensor ops that is
 ~300 calls at 1.5-5 µs of fixed cost each (more right after a forward has evicted the caches),
-while a NumPy index over a handful of entries costs ~0.3 µs. This lane reads the same tensors
-through NumPy views (no copies), keeps the 65,537-wide work (a row's CDF, the SD residual) in
-torch, and draws its random numbers from the same generator in the same order and shapes as the
-tensor rules: for one generator state both return the same tokens (tests/test_acceptance.py
-checks that, draw for draw, so the tensor rules' statistical tests cover this lane).
+while a NumPy index over a handful of entries costs ~0.3 µs. This lane reads the distributions
+through two views with one interface (probabilities at given tokens, independent draws from a
+row, the dense row itself):
+
+  DenseRows  probability rows [R, V] (any head). Draws use the row's float64 CDF, as the tensor
+             rules do: for one generator state this lane returns the tensor rules' tokens, draw
+             for draw (tests/test_acceptance.py), so their statistical tests cover it.
+  DigitRows  a digit head's scores [R, 34] (runtime/lm/digit_head.py): each row is a product of
+             per-digit softmaxes, so probabilities and exact draws cost O(8) per token and no
+             65,537-wide row is built. The recovered token is drawn by thinning (draw y from the
+             target, keep it with probability (1 - p(y)/q(y))+ for SD: exactly the normalised
+             residual; PCG as acceptance._recover), with the dense residual as the rare last resort.
 
 `verify_one` is what the decode loops call: this lane on a CPU, the tensor rules elsewhere (and
 for the greedy rule), with the outcome on the host either way.
@@ -18,32 +25,108 @@ import numpy as np
 import torch
 
 from pcgtts.groups.device import DeviceGroupTable, HostSpans
+from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance import outcome, verify
-from pcgtts.runtime.decode.sampling import cdf_of, draw, sample_from_weights
+from pcgtts.runtime.decode.sampling import cdf_of, draw, logits_to_probs, sample_from_weights
+from pcgtts.runtime.lm.digit_head import LEVELS, digit_log_probs, digit_sums, expand_digit_scores, sample_digit_codes
 
 _TINY = np.finfo(np.float32).tiny
 _LANE_RULES = ("sd", "ssd", "pcg")
 
 
-def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-               uniforms: torch.Tensor, generator: torch.Generator, *, groups: DeviceGroupTable | None = None,
-               ssd_beta: float = 0.0, thinning_trials: int = 16) -> tuple[int, list[int]]:
+class DenseRows:
+    """Distributions as probability rows: probs [R, V] float32."""
+
+    def __init__(self, probs: torch.Tensor):
+        self.probs, self.size = probs, probs.shape[-1]
+        self.values = probs.numpy() if probs.device.type == "cpu" else None
+        self._cdfs: dict[int, torch.Tensor] = {}
+
+    def at(self, rows: np.ndarray | int, tokens: np.ndarray) -> np.ndarray:
+        """Probabilities of `tokens` under `rows` (broadcast together)."""
+        return self.values[rows, tokens]
+
+    def draw(self, row: int, count: int, generator: torch.Generator) -> np.ndarray:
+        """`count` independent draws from row `row` (its float64 CDF, made once)."""
+        if row not in self._cdfs:
+            self._cdfs[row] = cdf_of(self.probs[row][None])
+        return draw(self._cdfs[row], torch.rand(1, count, generator=generator))[0].numpy()
+
+    def row(self, row: int) -> torch.Tensor:
+        return self.probs[row]
+
+    def dense(self) -> torch.Tensor:
+        return self.probs
+
+
+class DigitRows:
+    """Distributions given by digit-head scores [R, 1 + digits * 4 + 1] at `temperature` (plain
+    sampling: no top-p), in factored form (`digit_head.digit_log_probs`). A code's log-probability
+    is one entry of a table over its high digits plus one over its low digits (4**4 entries each
+    for 8 digits), so `at` costs two lookups per token; the stop token is the high table's extra
+    entry (less the low table's entry 0, which its low digits select)."""
+
+    def __init__(self, scores: torch.Tensor, digits: int, temperature: float):
+        self.scores, self.digits, self.temperature = scores, digits, temperature
+        per_digit, speech, stop = digit_log_probs(scores, digits, temperature)  # float64
+        self.low_bits = 2 * (digits // 2)  # log2 of the low table's size (4 levels: 2 bits per digit)
+        low = digit_sums(per_digit[:, : digits // 2]) if digits // 2 > 1 else per_digit[:, 0]  # [R, 4**(n/2)]
+        high = digit_sums(per_digit[:, digits // 2:]) + speech[:, None]  # [R, 4**(n - n/2)]
+        self.low = low.numpy()
+        self.high = torch.cat([high, (stop - low[:, 0])[:, None]], dim=1).numpy()  # stop: high index 4**(n - n/2)
+        self.size = LEVELS ** digits + 1
+        self.mask = (1 << self.low_bits) - 1
+
+    def at(self, rows: np.ndarray | int, tokens: np.ndarray) -> np.ndarray:
+        """Probabilities of `tokens` under `rows` (broadcast together)."""
+        return np.exp(self.high[rows, tokens >> self.low_bits] + self.low[rows, tokens & self.mask])
+
+    def draw(self, row: int, count: int, generator: torch.Generator) -> np.ndarray:
+        uniforms = torch.rand(count, self.digits + 1, generator=generator)
+        return sample_digit_codes(self.scores[row].expand(count, -1), self.digits, self.temperature, uniforms).numpy()
+
+    def row(self, row: int) -> torch.Tensor:
+        return self.dense_rows(self.scores[row])
+
+    def dense(self) -> torch.Tensor:
+        return self.dense_rows(self.scores)
+
+    def dense_rows(self, scores: torch.Tensor) -> torch.Tensor:
+        return logits_to_probs(expand_digit_scores(scores, self.digits), SamplingConfig(temperature=self.temperature))
+
+
+Rows = DenseRows | DigitRows
+
+
+def rows_of(probs: torch.Tensor | Rows) -> Rows:
+    return probs if isinstance(probs, (DenseRows, DigitRows)) else DenseRows(probs)
+
+
+def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Rows,
+               target_probs: torch.Tensor | Rows, uniforms: torch.Tensor, generator: torch.Generator, *,
+               groups: DeviceGroupTable | None = None, ssd_beta: float = 0.0,
+               thinning_trials: int = 16) -> tuple[int, list[int]]:
     """One sequence's verdict on the host: (n accepted, the n + 1 tokens to emit).
 
-    draft_tokens [L], draft_probs [L, V], target_probs [L + 1, V], uniforms [L]: `verify`'s
-    arguments without the batch dimension, and the same outcome for the same generator state."""
-    if target_probs.device.type == "cpu" and rule in _LANE_RULES and draft_tokens.dim() == 1:
-        if target_probs.shape[0] != draft_tokens.shape[0] + 1 or draft_probs.shape[0] != draft_tokens.shape[0]:
-            raise ValueError("expected draft_tokens [L], draft_probs [L, V], target_probs [L + 1, V]")
-        tokens = draft_tokens.numpy()
-        if rule == "pcg":
-            if groups is None:
-                raise ValueError("the pcg rule needs a group table")
-            return _pcg(tokens, draft_probs, target_probs, uniforms.numpy(), generator, groups, thinning_trials)
-        return _sd(tokens, draft_probs, target_probs, uniforms.numpy(), generator, ssd_beta if rule == "ssd" else 0.0)
-    return outcome(verify(rule, draft_tokens[None], draft_probs[None], target_probs[None], uniforms[None], generator,
-                          groups=groups, ssd_beta=ssd_beta, thinning_trials=thinning_trials))
+    draft_tokens [L], uniforms [L]; draft_probs [L, V] and target_probs [L + 1, V] as probability
+    rows or `DenseRows` / `DigitRows`: `verify`'s arguments without the batch dimension. With
+    dense rows, the same outcome as `verify` for the same generator state."""
+    draft, target = rows_of(draft_probs), rows_of(target_probs)
+    if draft_tokens.device.type != "cpu" or rule not in _LANE_RULES:
+        return outcome(verify(rule, draft_tokens[None], draft.dense()[None], target.dense()[None], uniforms[None],
+                              generator, groups=groups, ssd_beta=ssd_beta, thinning_trials=thinning_trials))
+    tokens, uniforms = draft_tokens.numpy(), uniforms.numpy()
+    if rule == "pcg":
+        if groups is None:
+            raise ValueError("the pcg rule needs a group table")
+        if target.size != groups.num_tokens + 1:
+            acceptance._coarse_view(groups, target.size)  # raises its error
+        return _pcg(tokens, draft, target, uniforms, generator, groups, thinning_trials)
+    beta = ssd_beta if rule == "ssd" else 0.0
+    if isinstance(draft, DenseRows) and isinstance(target, DenseRows):
+        return _sd_dense(tokens, draft.probs, target.probs, uniforms, generator, beta)
+    return _sd(tokens, draft, target, uniforms, generator, beta, thinning_trials)
 
 
 def _prefix(accept: np.ndarray) -> int:
@@ -51,17 +134,38 @@ def _prefix(accept: np.ndarray) -> int:
     return int(accept.argmin()) if not accept.all() else len(accept)
 
 
-def _sd(tokens: np.ndarray, draft_probs: torch.Tensor, target_probs: torch.Tensor, uniforms: np.ndarray,
-        generator: torch.Generator, beta: float) -> tuple[int, list[int]]:
-    length = len(tokens)
-    positions = np.arange(length)
-    on_draft = draft_probs.numpy()[positions, tokens]
-    on_target = target_probs.numpy()[positions, tokens]
+def _accepted(on_target: np.ndarray, on_draft: np.ndarray, uniforms: np.ndarray, beta: float = 0.0) -> int:
+    """How many proposals the ratio test keeps: u < min(1, target / draft) + beta, in order."""
     ratio = on_target / np.maximum(on_draft, _TINY)
-    n = _prefix(uniforms < np.minimum(ratio, np.float32(1.0)) + np.float32(beta))
-    weights = target_probs[n] if n == length else acceptance.sd_residual(target_probs[n], draft_probs[n])
+    return _prefix(uniforms < np.minimum(ratio, np.float32(1.0)) + np.float32(beta))
+
+
+def _sd_dense(tokens: np.ndarray, draft_probs: torch.Tensor, target_probs: torch.Tensor, uniforms: np.ndarray,
+              generator: torch.Generator, beta: float) -> tuple[int, list[int]]:
+    """acceptance.verify_sd at batch 1: the residual as a dense row, one inverse-CDF draw."""
+    positions = np.arange(len(tokens))
+    n = _accepted(target_probs.numpy()[positions, tokens], draft_probs.numpy()[positions, tokens], uniforms, beta)
+    weights = target_probs[n] if n == len(tokens) else acceptance.sd_residual(target_probs[n], draft_probs[n])
     token = sample_from_weights(weights, torch.rand(1, generator=generator))
     return n, [*tokens[:n].tolist(), int(token)]
+
+
+def _sd(tokens: np.ndarray, draft: Rows, target: Rows, uniforms: np.ndarray, generator: torch.Generator,
+        beta: float, trials: int) -> tuple[int, list[int]]:
+    """SD over factored rows: the recovered token by thinning. A draw y ~ target kept with
+    probability (1 - draft(y) / target(y))+ follows norm(max(0, target - draft)) exactly."""
+    positions = np.arange(len(tokens))
+    n = _accepted(target.at(positions, tokens), draft.at(positions, tokens), uniforms, beta)
+    if n == len(tokens):
+        return n, [*tokens.tolist(), int(target.draw(n, 1, generator)[0])]
+    for round_ in range(acceptance.THINNING_ROUNDS + 1):
+        y = target.draw(n, trials << round_, generator)
+        keep = np.maximum(1.0 - draft.at(n, y) / np.maximum(target.at(n, y), _TINY), 0.0)
+        kept = torch.rand(len(y), generator=generator).numpy() < keep
+        if kept.any():
+            return n, [*tokens[:n].tolist(), int(y[kept.argmax()])]
+    residual = acceptance.sd_residual(target.row(n), draft.row(n))
+    return n, [*tokens[:n].tolist(), int(sample_from_weights(residual, torch.rand(1, generator=generator)))]
 
 
 def _pick(h: HostSpans, tokens: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
@@ -80,51 +184,41 @@ def _members(h: HostSpans, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return members, h.inv_n[members] * (slot <= last)
 
 
-def _masses(probs: np.ndarray, members: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Coarse masses sum_t probs[.., t] / N(t) of K groups; probs [K, V] (one row per group) or [V]."""
-    rows = np.arange(len(members))[:, None] if probs.ndim == 2 else slice(None)
-    picked = probs[rows, members] if probs.ndim == 2 else probs[members]
-    return (picked * weights).sum(-1)
-
-
 def _uniforms64(count: int, generator: torch.Generator) -> np.ndarray:
     return acceptance._uniforms64(1, count, generator, "cpu")[0].numpy()
 
 
-def _pcg(tokens: np.ndarray, draft_probs: torch.Tensor, target_probs: torch.Tensor, uniforms: np.ndarray,
-         generator: torch.Generator, groups: DeviceGroupTable, trials: int) -> tuple[int, list[int]]:
+def _pcg(tokens: np.ndarray, draft: Rows, target: Rows, uniforms: np.ndarray, generator: torch.Generator,
+         groups: DeviceGroupTable, trials: int) -> tuple[int, list[int]]:
+    """acceptance.verify_pcg at batch 1."""
     length, h = len(tokens), groups.host
-    if draft_probs.shape[-1] != groups.num_tokens + 1:
-        acceptance._coarse_view(groups, draft_probs.shape[-1])  # raises its error
     proposed = _pick(h, tokens, _uniforms64(length, generator))
     members, weights = _members(h, proposed)
-    p_c = _masses(draft_probs.numpy(), members, weights)
-    q_c = _masses(target_probs.numpy()[:length], members, weights)
-    n = _prefix(uniforms < np.minimum(q_c / np.maximum(p_c, _TINY), np.float32(1.0)))
-    target_row = target_probs[n]
-    cdf = cdf_of(target_row[None])
-    draws = draw(cdf, torch.rand(1, 1 + trials, generator=generator))[0].numpy()
+    rows = np.arange(length)[:, None]
+    p_c = (draft.at(rows, members) * weights).sum(-1)
+    q_c = (target.at(rows, members) * weights).sum(-1)
+    n = _accepted(q_c, p_c, uniforms)
+    draws = target.draw(n, 1 + trials, generator)  # the bonus token, then the thinning candidates
     if n == length:
         return n, [*tokens.tolist(), int(draws[0])]
-    token = _recover(groups, draft_probs[n], target_row, cdf, draws[1:], generator)
-    return n, [*tokens[:n].tolist(), token]
+    return n, [*tokens[:n].tolist(), _recover(groups, draft, target, n, draws[1:], generator)]
 
 
-def _recover(groups: DeviceGroupTable, draft_row: torch.Tensor, target_row: torch.Tensor, cdf: torch.Tensor,
-             y: np.ndarray, generator: torch.Generator) -> int:
-    """acceptance._recover for one row: thinning in growing rounds, then the exact residual."""
-    h, draft_np, target_np = groups.host, draft_row.numpy(), target_row.numpy()
-    trials = len(y)
+def _recover(groups: DeviceGroupTable, draft: Rows, target: Rows, n: int, y: np.ndarray,
+             generator: torch.Generator) -> int:
+    """acceptance._recover for row `n`: thinning in growing rounds, then the exact residual."""
+    h, trials = groups.host, len(y)
     for round_ in range(acceptance.THINNING_ROUNDS + 1):
         if round_:
-            y = draw(cdf, torch.rand(1, trials << round_, generator=generator))[0].numpy()
+            y = target.draw(n, trials << round_, generator)
         candidates = _pick(h, y, _uniforms64(len(y), generator))
         members, weights = _members(h, candidates)
-        p_c, q_c = _masses(draft_np, members, weights), _masses(target_np, members, weights)
+        p_c, q_c = (draft.at(n, members) * weights).sum(-1), (target.at(n, members) * weights).sum(-1)
         keep = np.maximum(np.float32(1.0) - p_c / np.maximum(q_c, _TINY), np.float32(0.0))
         kept = torch.rand(1, len(y), generator=generator)[0].numpy() < keep
         if kept.any():
             return int(y[kept.argmax()])
-    view = acceptance._coarse_view(groups, len(target_np))
-    group = acceptance._exact_residual_group(view, draft_row[None], target_row[None], generator)
-    return int(acceptance._token_in_group(view, target_row[None], group, generator)[0])
+    view = acceptance._coarse_view(groups, target.size)
+    draft_row, target_row = draft.row(n)[None], target.row(n)[None]
+    group = acceptance._exact_residual_group(view, draft_row, target_row, generator)
+    return int(acceptance._token_in_group(view, target_row, group, generator)[0])

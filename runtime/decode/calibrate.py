@@ -24,9 +24,9 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode.acceptance import draw_uniforms
-from pcgtts.runtime.decode.acceptance_cpu import verify_one
+from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
 from pcgtts.runtime.decode.cost_model import StepCosts
-from pcgtts.runtime.decode.sampling import logits_to_probs, sample
+from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
 from pcgtts.runtime.lm.protocol import LM
 
 log = logging.getLogger(__name__)
@@ -57,11 +57,12 @@ def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], N
 _CONTEXT = 128  # cached tokens the forwards are timed after: a typical utterance's context, not an empty cache
 
 
-def _forward_costs(lm: LM, counts: range, repeats: int, sync,
-                   setup: Callable[[int], object] | None = None) -> tuple[float, ...]:
+def _forward_costs(lm: LM, counts: range, repeats: int, sync, setup: Callable[[int], object] | None = None,
+                   scores: bool = False) -> tuple[float, ...]:
     """Median time of a forward of k tokens after `_CONTEXT` cached ones, for k in `counts`, each
     after an untimed `setup(k)` (what the loop runs before such a forward); made non-decreasing in
-    k (a longer pass never costs less; the medians of a noisy machine can say so)."""
+    k (a longer pass never costs less; the medians of a noisy machine can say so). `scores`: the
+    forward returns a digit head's scores, as the loop's forwards do when the rules read them."""
     context = min(_CONTEXT, lm.max_length - max(counts))
     ids = lm.vocab.restricted_to_token_ids(torch.zeros(context + max(counts), dtype=torch.long, device=lm.device))
     lm.rollback(0)
@@ -70,7 +71,7 @@ def _forward_costs(lm: LM, counts: range, repeats: int, sync,
 
     def run(k: int) -> None:
         lm.rollback(context)
-        lm.forward(ids[:k])
+        lm.forward_scores(ids[:k]) if scores else lm.forward(ids[:k])
 
     out, longest = [], 0.0
     for k in counts:
@@ -94,21 +95,35 @@ def _one_step(lm: LM) -> Callable[[], None]:
 
 
 def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: SamplingConfig,
-                           groups: DeviceGroupTable | None, repeats: int, sync) -> tuple[float, float]:
-    """The rule at L = max_length and one AR sampling step, on random logits of the vocabulary's size."""
-    device, vocab_size = target.device, target.vocab.num_speech + 1
+                           groups: DeviceGroupTable | None, repeats: int, sync,
+                           draft_digits: int = 0) -> tuple[float, float]:
+    """The rule at L = max_length and one AR sampling step, on random rows in the form the loop hands
+    them over: probabilities over the vocabulary, or a digit head's scores (`sampling.rule_digits`)."""
+    device, vocab_size, digits = target.device, target.vocab.num_speech + 1, rule_digits(target, sampling)
     gen = torch.Generator(device=device).manual_seed(0)
-    logits = torch.randn(max_length + 1, vocab_size, generator=gen, device=device)
-    draft_logits = torch.randn(max_length, vocab_size, generator=gen, device=device)
-    tokens = logits_to_probs(draft_logits, sampling).argmax(-1)
+
+    def random_rows(count: int, digit_count: int):
+        if digit_count:
+            return DigitRows(torch.randn(count, 1 + 4 * digit_count + 1, generator=gen, device=device), digit_count,
+                             sampling.temperature)
+        return DenseRows(logits_to_probs(torch.randn(count, vocab_size, generator=gen, device=device), sampling))
+
+    target_rows, draft_rows = random_rows(max_length + 1, digits), random_rows(max_length, draft_digits)
+    tokens = draft_rows.dense().argmax(-1)
 
     def rule_step() -> None:
-        verify_one(rule, tokens, logits_to_probs(draft_logits, sampling), logits_to_probs(logits, sampling),
-                   draw_uniforms(1, max_length, gen, device)[0], gen, groups=groups)
+        verify_one(rule, tokens, draft_rows, target_rows, draw_uniforms(1, max_length, gen, device)[0], gen,
+                   groups=groups)
 
     rule_cost = _median_seconds(rule_step, repeats, sync) if rule != "pcg" or groups is not None else 0.0
-    sample_cost = _median_seconds(lambda: int(sample(logits_to_probs(logits[0], sampling), gen)), repeats, sync)
-    return rule_cost, sample_cost
+    plain_digits = digits_to_draw(target, sampling)
+    if plain_digits:
+        scores = torch.randn(1 + 4 * plain_digits + 1, generator=gen, device=device)
+        draw_one = lambda: int(sample_by_digits(scores, plain_digits, sampling.temperature, gen))  # noqa: E731
+    else:
+        logits = torch.randn(vocab_size, generator=gen, device=device)
+        draw_one = lambda: int(sample(logits_to_probs(logits, sampling), gen))  # noqa: E731
+    return rule_cost, _median_seconds(draw_one, repeats, sync)
 
 
 def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
@@ -120,15 +135,17 @@ def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: S
     The draft's timings are taken first: the target's then leave its cache where the loop starts."""
     started, counts = time.perf_counter(), range(1, max_length + 2)
     target_step, draft_step = _one_step(target), _one_step(draft)
-    draft_costs = _forward_costs(draft, counts, repeats, sync, setup=lambda k: target_step())
+    draft_digits = rule_digits(draft, sampling)
+    draft_costs = _forward_costs(draft, counts, repeats, sync, setup=lambda k: target_step(), scores=draft_digits > 0)
 
     def drafts_before(k: int) -> None:
         for _ in range(k - 1):
             draft_step()
 
-    target_costs = _forward_costs(target, counts, repeats, sync, setup=drafts_before)
+    target_costs = _forward_costs(target, counts, repeats, sync, setup=drafts_before,
+                                  scores=rule_digits(target, sampling) > 0)
     costs = StepCosts(target_costs, draft_costs, *_rule_and_sample_costs(target, max_length, rule, sampling, groups,
-                                                                         repeats, sync))
+                                                                         repeats, sync, draft_digits))
     log.info("calibrated step costs (rule %s, L_max %d) in %.2f s: %s", rule, max_length,
              time.perf_counter() - started, costs.as_dict())
     return costs
@@ -143,8 +160,10 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     a target step, as in the loop (the target's weights have just evicted the proposer's from the
     caches: timed alone it looks ~2x cheaper on a CPU), plus one sampling step."""
     started, counts = time.perf_counter(), range(1, max_length + 2)
-    target_costs = _forward_costs(target, counts, repeats, sync)
-    rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync)
+    digits = rule_digits(target, sampling)  # the proposer draws through the target's head
+    target_costs = _forward_costs(target, counts, repeats, sync, scores=digits > 0)
+    rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync,
+                                                    digits if getattr(getattr(proposer, "step", None), "digits", 0) else 0)
     target_step = _one_step(target)
     draft_costs = tuple(_median_seconds(lambda: proposer.probe(k), 2 * repeats + 1, sync, setup=target_step)
                         + sample_cost for k in counts)

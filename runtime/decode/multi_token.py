@@ -44,9 +44,9 @@ from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, outcome, verify_threshold, verify_top_m
-from pcgtts.runtime.decode.acceptance_cpu import verify_one
-from pcgtts.runtime.decode.sampling import logits_to_probs, sample, sample_by_digits
-from pcgtts.runtime.decode.speculative import _plain_step, _room, _start, digits_to_draw, emitted
+from pcgtts.runtime.decode.acceptance_cpu import DigitRows, verify_one
+from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
+from pcgtts.runtime.decode.speculative import _plain_step, _room, _start, emitted
 
 EXACT_STATE_POLICIES = ("mtp-sd", "mtp-pcg", "eagle-sd", "eagle-pcg")
 
@@ -200,7 +200,11 @@ class EagleProposer:
         if not rows:
             return proposals, None
         rows = torch.stack(rows)
-        return proposals, (logits_to_probs(step.scores_to_logits(rows), sampling) if by_digits else rows)
+        if not by_digits:
+            return proposals, rows
+        if rows.device.type == "cpu":  # the rules read the scores as they are (acceptance_cpu.DigitRows)
+            return proposals, DigitRows(rows, step.digits, sampling.temperature)
+        return proposals, logits_to_probs(step.scores_to_logits(rows), sampling)
 
 
 def _state_model(target, what: str):
@@ -223,7 +227,7 @@ def _verify(policy: str, tokens, probs, target_logits, target_probs, config, gen
         return outcome(verify_top_m(tokens[None], target_logits[None], target_probs[None], 1, generator))
     rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy.split("-", 1)[1]
     return verify_one(rule, tokens, probs if probs is not None else target_probs[:-1], target_probs,
-                      draw_uniforms(1, len(tokens), generator, target_probs.device)[0], generator,
+                      draw_uniforms(1, len(tokens), generator, tokens.device)[0], generator,
                       groups=groups, thinning_trials=config.pcg_thinning_trials)
 
 
@@ -255,6 +259,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         length_policy = DraftLengthPolicy(costs, max_length, counter=counter, learn=learn)
         stats.costs = costs.as_dict()
     digits = digits_to_draw(target, sampling)
+    rows_digits = rule_digits(target, sampling) if policy in EXACT_STATE_POLICIES else 0
     _start(target, prompt_ids)
     proposer.start(target.length)
     last = prompt_ids[-1:].to(target.device)
@@ -277,9 +282,14 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         else:
             t0 = time.perf_counter()
             ids = torch.cat([last, vocab.restricted_to_token_ids(proposals)])
-            target_logits, hidden = target.forward_hidden(ids)  # [l + 1, V], [l + 1, D]
-            t0 = timer("time_target", t0)
-            target_probs = logits_to_probs(target_logits, sampling)
+            if rows_digits:  # the exact rules read the target's digit scores: no [l + 1, V] rows at all
+                scores, hidden = target.forward_scores(ids)
+                t0 = timer("time_target", t0)
+                target_logits, target_probs = None, DigitRows(scores, rows_digits, sampling.temperature)
+            else:
+                target_logits, hidden = target.forward_hidden(ids)  # [l + 1, V], [l + 1, D]
+                t0 = timer("time_target", t0)
+                target_probs = logits_to_probs(target_logits, sampling)
             n, tokens = _verify(policy, proposals, proposal_probs, target_logits, target_probs, config, generator,
                                 groups)  # the step's one host sync
         target.rollback(start + 1 + n)

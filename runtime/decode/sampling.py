@@ -65,3 +65,15 @@ def sample_by_digits(scores: torch.Tensor, digits: int, temperature: float, gene
     digit (`digit_head.sample_digit_codes`) -> int64 []."""
     uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
     return sample_digit_codes(scores, digits, temperature, uniforms)
+
+
+def digits_to_draw(lm, sampling) -> int:
+    """n > 0 when `lm`'s plain steps draw their token digit by digit (a digit head at plain
+    temperature: `digit_head.sample_digit_codes`), else 0."""
+    return getattr(lm, "drawable_digits", 0) if sampling.plain else 0
+
+
+def rule_digits(lm, sampling) -> int:
+    """n > 0 when the rules can read `lm`'s distributions as digit scores (`acceptance_cpu.DigitRows`):
+    a drawable digit head, on a CPU (where the rules run on the host)."""
+    return digits_to_draw(lm, sampling) if lm.device.type == "cpu" else 0

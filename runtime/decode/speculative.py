@@ -28,12 +28,12 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.decode.acceptance import draw_uniforms
-from pcgtts.runtime.decode.acceptance_cpu import verify_one
+from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
 from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
 from pcgtts.runtime.lm.protocol import LM
-from pcgtts.runtime.decode.sampling import logits_to_probs, sample, sample_by_digits
+from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
 
 
 @dataclass
@@ -186,12 +186,6 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
         last = vocab.restricted_to_token_ids(token.view(1))
 
 
-def digits_to_draw(lm: LM, sampling) -> int:
-    """n > 0 when `lm`'s plain steps draw their token digit by digit (a digit head at plain
-    temperature: `digit_head.sample_digit_codes`), else 0."""
-    return getattr(lm, "drawable_digits", 0) if sampling.plain else 0
-
-
 def _plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: torch.Generator, timer: _Timer,
                 field: str, with_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, float]:
     """Forward `ids` and draw the next token -> (token [], the final-normed states [T, D] when
@@ -206,6 +200,35 @@ def _plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: tor
     return sample(logits_to_probs(logits[-1], sampling), generator), hidden, t0
 
 
+def _rows(rows: torch.Tensor, digits: int, sampling) -> DenseRows | DigitRows:
+    """Stacked rows as the rules read them: digit scores [R, 34] (digits > 0) or probabilities [R, V]."""
+    return DigitRows(rows, digits, sampling.temperature) if digits else DenseRows(rows)
+
+
+def _propose(lm: LM, ids: torch.Tensor, sampling, digits: int, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward `ids`, draw the next token -> (token [], the row it was drawn from: digit scores or probabilities)."""
+    if digits:
+        scores = lm.forward_scores(ids)[0][-1]
+        return sample_by_digits(scores, digits, sampling.temperature, generator), scores
+    probs = logits_to_probs(lm.forward(ids)[-1], sampling)
+    return sample(probs, generator), probs
+
+
+def _verify_pass(lm: LM, ids: torch.Tensor, sampling, digits: int, timer: _Timer, t0: float) -> DenseRows | DigitRows:
+    """The target's pass over [last, x_1 .. x_L] -> its L + 1 distributions for the rule (the forward
+    timed as "time_target", turning logits into probabilities as "time_verify")."""
+    if digits:
+        scores = lm.forward_scores(ids)[0]
+        t0 = timer("time_target", t0)
+        rows = DigitRows(scores, digits, sampling.temperature)
+    else:
+        logits = lm.forward(ids)  # [L + 1, V_r]
+        t0 = timer("time_target", t0)
+        rows = DenseRows(logits_to_probs(logits, sampling))
+    timer("time_verify", t0)
+    return rows
+
+
 _CATCH_UP_CHUNK = 64  # tokens per draft forward while it catches up (bounds the [T, V] logits it returns)
 
 
@@ -215,6 +238,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     vocab, max_length, sampling = target.vocab, config.draft_length, config.sampling
     rule = "greedy" if sampling.greedy else config.policy
     digits = digits_to_draw(target, sampling)
+    target_digits, draft_digits = rule_digits(target, sampling), rule_digits(draft, sampling)
     stats.per_position_accepted = [0] * max_length
     stats.length_counts = [0] * (max_length + 1)
     device = target.device
@@ -264,25 +288,23 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
                 draft.forward(pending[:_CATCH_UP_CHUNK])
                 pending = pending[_CATCH_UP_CHUNK:]
             draft_tokens = torch.empty(L, dtype=torch.long, device=device)
-            draft_probs = []
-            logits = draft.forward(pending)[-1]
+            rows = []  # the draft's distributions (or digit scores) the proposals were drawn from
+            ids = pending
             for i in range(L):
-                probs = logits_to_probs(logits, sampling)
-                draft_tokens[i] = sample(probs, generator)
-                draft_probs.append(probs)
-                if i < L - 1:
-                    logits = draft.forward(vocab.restricted_to_token_ids(draft_tokens[i:i + 1]))[-1]
+                draft_tokens[i], row = _propose(draft, ids, sampling, draft_digits, generator)
+                rows.append(row)
+                ids = vocab.restricted_to_token_ids(draft_tokens[i:i + 1])
+            draft_rows = _rows(torch.stack(rows), draft_digits, sampling)
             stats.draft_forwards += L
             t0 = timer("time_draft", t0)
 
             # 2. Verify all proposals in one target pass.
-            draft_ids = vocab.restricted_to_token_ids(draft_tokens)
-            target_logits = target.forward(torch.cat([last, draft_ids]))  # [L + 1, V_r]
-            t0 = timer("time_target", t0)
+            target_rows = _verify_pass(target, torch.cat([last, vocab.restricted_to_token_ids(draft_tokens)]),
+                                       sampling, target_digits, timer, t0)
+            t0 = time.perf_counter()
 
             # 3. Accept / reject; the count and the tokens come back in one host sync.
-            target_probs = logits_to_probs(target_logits, sampling)
-            n, tokens = verify_one(rule, draft_tokens, torch.stack(draft_probs), target_probs,
+            n, tokens = verify_one(rule, draft_tokens, draft_rows, target_rows,
                                    draw_uniforms(1, L, generator, device)[0], generator, groups=groups,
                                    ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials)
             stats.trace.append((timer("time_verify", t0), n + 1))

@@ -87,6 +87,20 @@ def expand_digit_scores(scores: torch.Tensor, digits: int, levels: int = LEVELS)
     return torch.cat([speech, scores[..., -1:]], dim=-1)
 
 
+def digit_log_probs(scores: torch.Tensor, digits: int, temperature: float,
+                    levels: int = LEVELS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The distribution softmax(expand_digit_scores(scores) / temperature) in factored form, float64:
+    scores [..., 1 + digits * levels + 1] -> (per-digit log-softmaxes [..., digits, levels], log P(a
+    speech code) [...], log P(stop) [...]); code c has log-probability
+    log P(speech) + sum_d per_digit[d, digit_d(c)]. Every probability costs O(digits), no row is expanded."""
+    z = scores.double() / temperature
+    per_digit = z[..., 1:-1].unflatten(-1, (digits, levels))
+    norms = per_digit.logsumexp(-1)  # [..., n]
+    speech = z[..., 0] + norms.sum(-1)  # log of the summed exp over all codes
+    total = torch.logaddexp(speech, z[..., -1])
+    return per_digit - norms[..., None], speech - total, z[..., -1] - total
+
+
 def sample_digit_codes(scores: torch.Tensor, digits: int, temperature: float, uniforms: torch.Tensor,
                        levels: int = LEVELS) -> torch.Tensor:
     """Draws from softmax(expand_digit_scores(scores) / temperature) without expanding: the
