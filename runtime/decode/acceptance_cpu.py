@@ -29,7 +29,7 @@ from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance import outcome, verify
 from pcgtts.runtime.decode.sampling import cdf_of, draw, logits_to_probs, sample_from_weights
-from pcgtts.runtime.lm.digit_head import LEVELS, digit_log_probs, digit_sums, expand_digit_scores, sample_digit_codes
+from pcgtts.runtime.lm.digit_head import LEVELS, digit_halves, digit_log_probs, expand_digit_scores, sample_digit_codes
 
 _TINY = np.finfo(np.float32).tiny
 _LANE_RULES = ("sd", "ssd", "pcg")
@@ -71,8 +71,7 @@ class DigitRows:
         self.scores, self.digits, self.temperature = scores, digits, temperature
         per_digit, speech, stop = digit_log_probs(scores, digits, temperature)  # float64
         self.low_bits = 2 * (digits // 2)  # log2 of the low table's size (4 levels: 2 bits per digit)
-        low = digit_sums(per_digit[:, : digits // 2]) if digits // 2 > 1 else per_digit[:, 0]  # [R, 4**(n/2)]
-        high = digit_sums(per_digit[:, digits // 2:]) + speech[:, None]  # [R, 4**(n - n/2)]
+        high, low = digit_halves(per_digit, speech)  # [R, 4**(n - n/2)], [R, 4**(n/2)]
         self.low = low.numpy()
         self.high = torch.cat([high, (stop - low[:, 0])[:, None]], dim=1).numpy()  # stop: high index 4**(n - n/2)
         self.size = LEVELS ** digits + 1

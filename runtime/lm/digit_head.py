@@ -79,12 +79,17 @@ def expand_digit_scores(scores: torch.Tensor, digits: int, levels: int = LEVELS)
     The code's index splits into a high and a low half of its digits: the sums over each half
     (L**(n/2) values, base folded into the high half) are combined by one outer add, so a row
     costs one pass over its 65,536 speech entries (a digit-by-digit expansion makes seven)."""
-    per_digit = scores[..., 1:-1].unflatten(-1, (digits, levels))
-    low = digits // 2
-    high_sums = digit_sums(per_digit[..., low:, :]) + scores[..., :1]  # [..., L**(n - low)]
-    low_sums = digit_sums(per_digit[..., :low, :]) if low > 1 else per_digit[..., 0, :]  # [..., L**low]
+    high_sums, low_sums = digit_halves(scores[..., 1:-1].unflatten(-1, (digits, levels)), scores[..., 0])
     speech = (high_sums.unsqueeze(-1) + low_sums.unsqueeze(-2)).flatten(-2)  # index = high * L**low + low
     return torch.cat([speech, scores[..., -1:]], dim=-1)
+
+
+def digit_halves(per_digit: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-digit values [..., n, L] and a base [...] -> the sums over a code's high digits with the
+    base folded in [..., L**(n - n//2)] and over its low digits [..., L**(n//2)]: code
+    high * L**(n//2) + low is their sum."""
+    low = per_digit.shape[-2] // 2
+    return digit_sums(per_digit[..., low:, :]) + base[..., None], digit_sums(per_digit[..., :low, :])
 
 
 def digit_log_probs(scores: torch.Tensor, digits: int, temperature: float,
