@@ -119,9 +119,8 @@ def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     if rule == "pcg":
         if groups is None:
             raise ValueError("the pcg rule needs a group table")
-        if target.size != groups.num_tokens + 1:
-            acceptance._coarse_view(groups, target.size)  # raises its error
-        return _pcg(tokens, draft, target, uniforms, generator, groups, thinning_trials)
+        view = acceptance._coarse_view(groups, target.size)  # checks the table covers the vocabulary
+        return _pcg(tokens, draft, target, uniforms, generator, view, thinning_trials)
     beta = ssd_beta if rule == "ssd" else 0.0
     if isinstance(draft, DenseRows) and isinstance(target, DenseRows):
         return _sd_dense(tokens, draft.probs, target.probs, uniforms, generator, beta)
@@ -188,9 +187,9 @@ def _uniforms64(count: int, generator: torch.Generator) -> np.ndarray:
 
 
 def _pcg(tokens: np.ndarray, draft: Rows, target: Rows, uniforms: np.ndarray, generator: torch.Generator,
-         groups: DeviceGroupTable, trials: int) -> tuple[int, list[int]]:
-    """acceptance.verify_pcg at batch 1."""
-    length, h = len(tokens), groups.host
+         view: acceptance._CoarseView, trials: int) -> tuple[int, list[int]]:
+    """acceptance.verify_pcg at batch 1; `view` is the table's acceptance._coarse_view."""
+    length, h = len(tokens), view.table.host
     proposed = _pick(h, tokens, _uniforms64(length, generator))
     members, weights = _members(h, proposed)
     rows = np.arange(length)[:, None]
@@ -200,13 +199,12 @@ def _pcg(tokens: np.ndarray, draft: Rows, target: Rows, uniforms: np.ndarray, ge
     draws = target.draw(n, 1 + trials, generator)  # the bonus token, then the thinning candidates
     if n == length:
         return n, [*tokens.tolist(), int(draws[0])]
-    return n, [*tokens[:n].tolist(), _recover(groups, draft, target, n, draws[1:], generator)]
+    return n, [*tokens[:n].tolist(), _recover(view, draft, target, n, draws[1:], generator)]
 
 
-def _recover(groups: DeviceGroupTable, draft: Rows, target: Rows, n: int, y: np.ndarray,
-             generator: torch.Generator) -> int:
+def _recover(view: acceptance._CoarseView, draft: Rows, target: Rows, n: int, y: np.ndarray, generator: torch.Generator) -> int:
     """acceptance._recover for row `n`: thinning in growing rounds, then the exact residual."""
-    h, trials = groups.host, len(y)
+    h, trials = view.table.host, len(y)
     for round_ in range(acceptance.THINNING_ROUNDS + 1):
         if round_:
             y = target.draw(n, trials << round_, generator)
@@ -217,7 +215,6 @@ def _recover(groups: DeviceGroupTable, draft: Rows, target: Rows, n: int, y: np.
         kept = torch.rand(1, len(y), generator=generator)[0].numpy() < keep
         if kept.any():
             return int(y[kept.argmax()])
-    view = acceptance._coarse_view(groups, target.size)
     draft_row, target_row = draft.row(n)[None], target.row(n)[None]
     group = acceptance._exact_residual_group(view, draft_row, target_row, generator)
     return int(acceptance._token_in_group(view, target_row, group, generator)[0])
