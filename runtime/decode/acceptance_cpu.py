@@ -202,7 +202,8 @@ def _pcg(tokens: np.ndarray, draft: Rows, target: Rows, uniforms: np.ndarray, ge
     return n, [*tokens[:n].tolist(), _recover(view, draft, target, n, draws[1:], generator)]
 
 
-def _recover(view: acceptance._CoarseView, draft: Rows, target: Rows, n: int, y: np.ndarray, generator: torch.Generator) -> int:
+def _recover(view: acceptance._CoarseView, draft: Rows, target: Rows, n: int, y: np.ndarray,
+             generator: torch.Generator) -> int:
     """acceptance._recover for row `n`: thinning in growing rounds, then the exact residual."""
     h, trials = view.table.host, len(y)
     for round_ in range(acceptance.THINNING_ROUNDS + 1):

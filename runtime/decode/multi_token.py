@@ -216,7 +216,8 @@ def _state_model(target, what: str):
     return model
 
 
-def _verify(policy: str, tokens, probs, target_logits, target_probs, config, generator, groups) -> tuple[int, list[int]]:
+def _verify(policy: str, tokens, probs, target_logits, target_probs, config, generator,
+            groups) -> tuple[int, list[int]]:
     """One row of proposals [l] against the target's l + 1 rows -> (n accepted, the n + 1 tokens), on the host."""
     sampling = config.sampling
     if policy in ("mtp-topm", "mtp-viterbi"):
