@@ -160,10 +160,11 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     a target step, as in the loop (the target's weights have just evicted the proposer's from the
     caches: timed alone it looks ~2x cheaper on a CPU), plus one sampling step."""
     started, counts = time.perf_counter(), range(1, max_length + 2)
-    digits = rule_digits(target, sampling)  # the proposer draws through the target's head
+    digits = rule_digits(target, sampling)
+    proposer_digits = digits if getattr(getattr(proposer, "step", None), "digits", 0) else 0  # EAGLE: the target's head
     target_costs = _forward_costs(target, counts, repeats, sync, scores=digits > 0)
     rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync,
-                                                    digits if getattr(getattr(proposer, "step", None), "digits", 0) else 0)
+                                                    proposer_digits)
     target_step = _one_step(target)
     draft_costs = tuple(_median_seconds(lambda: proposer.probe(k), 2 * repeats + 1, sync, setup=target_step)
                         + sample_cost for k in counts)
