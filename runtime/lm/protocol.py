@@ -15,10 +15,12 @@ prompt whose KV the cache still holds, and runs only the rest. Prompts share a l
 (the chat template up to the user's text: 111 of the built-in voice's ~140 tokens; a cloned
 voice's transcript follows it), so the next utterance's prefill, most of its time to first audio,
 shrinks to its own words. Decoding writes only past the prompt, so those slots survive an
-utterance; a rollback below them or `release()` forgets them. The reused entries are the ones
-the last prefill computed for the same tokens at the same positions (the same model, the same
-inputs): the only difference from recomputing them is the summation order of a differently
-sized batch, as between a verify pass and single steps. `reuse_prefix = False` turns it off.
+utterance; a rollback below them or `release()` forgets them. A prefill always runs in blocks of
+`PREFILL_BLOCK` tokens aligned to absolute positions, and reuse keeps whole blocks, so a reused
+slot holds bit for bit what a fresh prefill computes: the kernels see the same batch for it
+either way (a recomputed row in a differently sized batch sums in another order, and dynamic
+int8 quantization scales activations per batch; a seeded utterance would then depend on what
+came before it). `reuse_prefix = False` turns reuse off.
 
 Optional, torch backend only: `forward_hidden(ids)` (logits and final-normed hidden states, for
 multi-token heads and EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a
@@ -33,6 +35,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from pcgtts.runtime.text.vocab import SpeechVocab
+
+PREFILL_BLOCK = 32  # tokens per prefill block (and the granularity of prefix reuse); positions 0, 32, 64, ...
 
 
 @runtime_checkable
@@ -90,15 +94,18 @@ class SequenceMixin:
             raise ValueError("empty prompt")
         ids = ids.view(-1)
         self.length = self.reusable_prefix(ids)
-        logits = self._run(ids[self.length:], last_only=True)[-1]
+        for start in range(self.length, len(ids), PREFILL_BLOCK):  # reuse ends on a block boundary
+            logits = self._run(ids[start:start + PREFILL_BLOCK], last_only=True)
         self._prompt, self._kept = ids.to("cpu", copy=True), len(ids)
-        return logits
+        return logits[-1]
 
     def reusable_prefix(self, ids: torch.Tensor) -> int:
-        """How many leading tokens of the prompt `ids` [T] the cache already holds (at most T - 1:
-        the last token always runs, for its logits); 0 when `reuse_prefix` is off."""
+        """How many leading tokens of the prompt `ids` [T] the cache holds as a fresh prefill would
+        leave them: whole `PREFILL_BLOCK`s of the shared prefix, short of the last token (which
+        always runs, for its logits); 0 when `reuse_prefix` is off."""
         n = min(self._kept, len(ids) - 1) if self.reuse_prefix and self._prompt is not None else 0
-        return common_prefix(self._prompt[:n], ids[:n].cpu()) if n > 0 else 0
+        shared = common_prefix(self._prompt[:n], ids[:n].cpu()) if n > 0 else 0
+        return shared - shared % PREFILL_BLOCK
 
     def forget_prefix(self) -> None:
         """The cache no longer holds the last prompt (it was freed or overwritten)."""
