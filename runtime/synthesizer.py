@@ -32,6 +32,7 @@ from pcgtts.runtime.audio.codec import SpeechCodec
 from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
+from pcgtts.runtime.decode.calibrate import adopt_costs
 from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
@@ -320,6 +321,14 @@ class Synthesizer:
         returns the kept costs). -> the `StepCosts`, or None (nothing to plan)."""
         decode_config = (config or self.config).decode
         return prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
+
+    def adopt_plan(self, other: "Synthesizer") -> None:
+        """Plan draft lengths with the step costs `other` (a copy of these models on this machine,
+        e.g. another server worker) measured, instead of this one's own measurement: seeded
+        utterances then give the same audio on both."""
+        for mine, theirs in ((self.draft, other.draft), (self.eagle, other.eagle), (self.heads, other.heads)):
+            if mine is not None and theirs is not None:
+                adopt_costs(self.target, mine, other.target, theirs)
 
     def proposer(self, policy: str):
         """What proposes from the target's hidden states for `policy` (None for the other policies)."""

@@ -83,12 +83,15 @@ class WorkerPool:
     @classmethod
     def from_config(cls, config) -> "WorkerPool":
         """Load `config.workers` Synthesizers (one per worker; the runtime refuses concurrent streams
-        on one). Settings are validated by the runtime before any model loads."""
+        on one), all planning draft lengths with the first one's step costs. Settings are validated
+        by the runtime before any model loads."""
         settings = {k: v for k, v in config.runtime_settings().items() if v is not None}
         synths = []
         for i in range(config.workers):
             log.info("loading worker %d/%d", i + 1, config.workers)
             synths.append(Synthesizer.from_pretrained(config_file=config.config_file, **settings))
+            if i:  # one set of step costs for all: a seeded request gives the same audio on any worker
+                synths[i].adopt_plan(synths[0])
         return cls(synths, config.queue_size)
 
     # -- admission ----------------------------------------------------------------------------

@@ -348,3 +348,20 @@ def test_time_limit_cuts_the_stream_and_frees_the_worker(tiny_target, demo_codec
         assert 'pcgtts_cancelled_streams_total{reason="time_limit"} 1.0' in httpx.get(f"{running.url}/metrics").text
     finally:
         running.stop()
+
+
+def test_a_pools_workers_plan_with_one_set_of_step_costs(tiny_models, tiny_groups_file, tmp_path):
+    """Each worker's load measures step costs, which differ by timing noise; the pool has every
+    worker adopt the first one's, so a seeded request gives the same audio whichever worker takes it
+    (`Synthesizer.adopt_plan`, tested in test_synthesizer.py)."""
+    from pcgtts.runtime.config import ModelPaths
+    from pcgtts.serve.config import ServerConfig
+    from pcgtts.serve.pool import WorkerPool
+
+    models = ModelPaths(target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                        codec=str(tiny_models["codec"]), groups=str(tiny_groups_file))
+    config = ServerConfig(models=models, policy="sd", max_length=512, voices_dir=str(tmp_path), workers=2,
+                          queue_size=1, api_key=None, max_new_tokens=20)
+    first, second = WorkerPool.from_config(config).synthesizers
+    assert first.target is not second.target
+    assert second.plan() is not None and second.plan() == first.plan()

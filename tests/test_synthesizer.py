@@ -183,3 +183,36 @@ def test_load_measures_the_adaptive_costs_and_seeded_streams_plan_with_them(mode
     fixed = replace(config, decode=replace(config.decode, adaptive_draft=False))
     synth.synthesize("Hello there.", config=fixed)
     assert measured == [1] and len(learning) == 3  # a fixed draft length plans nothing
+
+
+def test_a_worker_that_adopts_anothers_plan_repeats_its_seeded_audio(models, groups_file):
+    """Two loads of the same models measure two sets of step costs (timing noise), so their adaptive
+    draft lengths, and with them a seeded utterance's draws, can differ; `adopt_plan` (what the
+    server's worker pool does) makes the second plan with the first one's costs. The costs are set
+    far apart here so that the two really differ before the adoption."""
+    from pcgtts.runtime.decode import calibrate
+    from pcgtts.runtime.decode.cost_model import StepCosts
+
+    config = SynthesisConfig(decode=DecodeConfig(policy="sd", max_new_tokens=30), seed=3, tokens_per_char=1.0,
+                             min_tokens=20)
+    a, b = (Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
+                                        max_length=1024, config=config) for _ in range(2))
+    never = StepCosts((1e-3, 2e-3), (1.0,), 1e-4, 1e-4)  # a draft step dearer than anything it could win
+    always = StepCosts((1e-3, 1e-3), (1e-9,), 0.0, 1e-4)  # free proposals, a verify pass as dear as a step
+    for synth, costs in ((a, never), (b, always)):
+        cached = calibrate._CACHE[synth.target][synth.draft]
+        assert len(cached) == 1  # what the load measured, replaced
+        cached[next(iter(cached))] = costs
+    text = "Hello there, same seed."
+    assert synth_steps(a, text) == [0] and synth_steps(b, text) != [0]  # AR only / speculating
+    assert not np.array_equal(a.synthesize(text), b.synthesize(text))
+    b.adopt_plan(a)
+    assert synth_steps(b, text) == [0] and np.array_equal(a.synthesize(text), b.synthesize(text))
+
+
+def synth_steps(synth, text) -> list[int]:
+    """The draft lengths a stream chose, as the indices of its non-zero length counts."""
+    stream = synth.stream(text)
+    list(stream)
+    counts = stream.stats.totals().length_counts
+    return [length for length, n in enumerate(counts) if n]

@@ -8,7 +8,9 @@ draft step after a verify pass (on a CPU the other model's weights have just evi
 alone, a draft step of the built-in pair looks ~2x and a verify ~1.3x cheaper than in the loop).
 Results are cached per (target, draft, rule, L_max) for the models' lifetime, so every utterance
 of a session plans with the same costs; `Synthesizer.load` measures them before the first
-utterance (`speculative.prepare`). Pass `costs=` to `decode` to pin them instead.
+utterance (`speculative.prepare`). Pass `costs=` to `decode` to pin them instead, or let another
+copy of the same models adopt them (`adopt_costs`: a server's workers plan alike, so a seeded
+request gives the same audio whichever worker serves it).
 """
 
 from __future__ import annotations
@@ -191,3 +193,15 @@ def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling
         measure = measure_proposer_costs if hasattr(draft, "propose") else measure_costs
         cached[key] = measure(target, draft, max_length, rule, sampling, groups, sync=sync)
     return cached[key]
+
+
+def adopt_costs(target: LM, draft, source_target: LM, source_draft) -> int:
+    """Plan `target` with `draft` (or a proposer) with every cost measured so far for
+    `source_target` with `source_draft`, replacing its own: for copies of the same models on the
+    same machine. -> how many measurements were adopted."""
+    try:
+        measured = _CACHE.get(source_target, {}).get(source_draft, {})
+        _CACHE.setdefault(target, weakref.WeakKeyDictionary())[draft] = dict(measured)
+    except TypeError:  # a model object that cannot be weakly referenced: it measures every time
+        return 0
+    return len(measured)
