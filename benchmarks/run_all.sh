@@ -12,6 +12,7 @@ run lm_wide       python benchmarks/bench_lm.py --model wide --tokens 60 --runs 
 run ort_demo      python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
 run ort_wide      python benchmarks/bench_lm.py --model wide --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
 run verify        python benchmarks/bench_verify.py
+run prefix_reuse  python benchmarks/bench_prefix_reuse.py
 run step_sizes    python benchmarks/bench_step_sizes.py --model demo,wide
 run groups        python benchmarks/bench_groups.py
 run streaming     python benchmarks/bench_streaming.py
