@@ -5,7 +5,7 @@ expanded once into the released layouts in the user's cache by `train/package.py
 the random-weight demo pair (`tools/demo.py`), whose every use says that its audio is not speech.
 
 On a CPU with the backend left at "auto", the voice's target and draft run on onnxruntime as
-weight-only int8 graphs, the fastest CPU route (BENCHMARKS.md §18-19; its quality cost is within
+weight-only int8 graphs (and its codec decoder as a float32 graph), the fastest CPU route (BENCHMARKS.md §18-19; its quality cost is within
 noise, QUALITY.md): exported once beside the voice's checkpoints on first use (about 40 s on a
 2-core CPU, each graph checked against PyTorch). Without onnxruntime's export tools installed, or
 with `backend="torch"`, the torch checkpoints run.
@@ -56,7 +56,7 @@ def builtin_models() -> ModelPaths:
     return ModelPaths(**{name: str(path) for name, path in paths.items()})
 
 
-ONNX_FOLDER = "onnx-int8"  # beside the built-in voice's checkpoints: their weight-only int8 exports
+ONNX_FOLDER = "onnx-int8"  # beside the built-in voice's checkpoints: its onnxruntime exports (LM int8, codec float32)
 
 
 def onnx_export_available() -> bool:
@@ -67,9 +67,12 @@ def onnx_export_available() -> bool:
 
 
 def onnx_models(models: ModelPaths) -> ModelPaths:
-    """`models` with the target and draft replaced by their weight-only int8 onnxruntime exports,
-    made once in `ONNX_FOLDER` beside the target (each checked against PyTorch, staged and then
-    moved into place, so an interrupted export is made again next time)."""
+    """`models` with the target and draft replaced by their weight-only int8 onnxruntime exports
+    and the codec by its float32 decoder graph, made once in `ONNX_FOLDER` beside the target (each
+    checked against PyTorch, staged and then moved into place, so an interrupted export is made
+    again next time). The codec's graph runs a window without holding Python's GIL, so the LM's
+    loop is not slowed by the codec thread's per-op handoffs (BENCHMARKS §22); references are still
+    encoded by the checkpoint it was exported from."""
     from pcgtts.runtime.lm.graph_meta import exported_kind
 
     root = Path(models.target).parent / ONNX_FOLDER
@@ -88,6 +91,17 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
             heads, _, eagle = proposer_files(ModelPaths(target=source))  # a target's own, carried with it
             export_lm(source, out, quantize="int8", **({"eagle": eagle, "heads": heads} if name == "target" else {}))
         exported[name] = str(out)
+    if models.codec is not None:
+        from pcgtts.runtime.audio.onnx_codec import is_exported_codec
+
+        out = root / "codec"
+        if not is_exported_codec(out):
+            from pcgtts.export.codec_graph import export_codec
+
+            log.warning("exporting the built-in voice's codec decoder for onnxruntime into %s: once, a few seconds",
+                        out)
+            export_codec(models.codec, out)
+        exported["codec"] = str(out)
     return replace(models, **exported)
 
 

@@ -307,9 +307,13 @@ class Synthesizer:
         heads_file, transitions_file, eagle_file = proposer_files(models)
         heads, eagle = _load_heads(heads_file, transitions_file, target_lm), _load_eagle(eagle_file, target_lm)
         if is_exported_codec(models.codec):
-            codec_model = OrtCodec(models.codec, force=force_export)
+            codec_model = OrtCodec(models.codec, threads=threads, force=force_export)
         else:
             codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
+            if device.compute_device == "cpu" and config.stream.codec_thread:
+                log.info("the codec decodes with PyTorch beside the LM: its per-op hand-offs of Python's GIL slow "
+                         "the decode loop (lab-v1: 12-23 %%, BENCHMARKS §22); `pcgtts export codec --codec %s "
+                         "--out DIR` and --codec DIR avoid them", models.codec)
         synth = cls(target_lm, draft_lm, codec_model, table, config, heads, eagle)
         synth.plan(config)
         return synth
@@ -348,14 +352,16 @@ class Synthesizer:
         return self._voices[key]
 
     def _encoder(self):
-        """The codec with its encoder, loaded once from the decoder's own folder on first use."""
+        """The codec with its encoder, loaded once on first use from the decoder's own folder (an
+        exported decoder: the checkpoint it was exported from, if it is still there)."""
         from pcgtts.runtime.audio.codec import Codec
         from pcgtts.runtime.audio.onnx_codec import is_exported_codec
 
         if self._full_codec is None:
-            if is_exported_codec(self.codec.source_dir):
+            folder = getattr(self.codec, "checkpoint_dir", None) or self.codec.source_dir
+            if is_exported_codec(folder):
                 self.codec.encode(np.zeros(0, np.float32))  # raises the exported codec's clear error
-            self._full_codec = Codec.from_pretrained(self.codec.source_dir, device="cpu", decode_only=False)
+            self._full_codec = Codec.from_pretrained(folder, device="cpu", decode_only=False)
         return self._full_codec
 
     def _resolve_voice(self, voice, ref_audio, ref_text) -> Voice | None:

@@ -111,12 +111,17 @@ def test_synthesizer_utterances_equal_with_and_without_prefix_reuse(tiny_models,
 def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, tiny_groups_file, tmp_path,
                                                                   monkeypatch):
     """Backend "auto" with no target: the built-in voice's target and draft are exported once (int8)
-    beside its checkpoints and run on onnxruntime; the next load reuses them; backend="torch" and
+    beside its checkpoints, and its codec decoder (float32), and run on onnxruntime; a reference is
+    still encoded by the codec's checkpoint; the next load reuses the exports; backend="torch" and
     --quantize int8 keep the torch checkpoints."""
     import shutil
 
+    import soundfile as sf
+
+    import pcgtts.export.codec_graph as codec_graph
     import pcgtts.export.onnx_lm as onnx_lm
     from pcgtts import builtin
+    from pcgtts.runtime.audio.onnx_codec import OrtCodec
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.synthesizer import Synthesizer
     from pcgtts.tools import demo
@@ -132,6 +137,10 @@ def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, t
         record = json.loads((tmp_path / "voice" / builtin.ONNX_FOLDER / name / "pcgtts-lm.json").read_text())
         assert record["extra"]["quantize"] == "int8" and record["extra"]["check"]["ok"]
     assert len(synth.synthesize("Hello there.")) > 0
+    assert isinstance(synth.codec, OrtCodec) and synth.codec.checkpoint_dir == tiny_models["codec"]
+    reference = tmp_path / "me.wav"
+    sf.write(reference, 0.1 * np.sin(np.arange(48000) / 16000 * 2 * np.pi * 220), 16000)
+    assert len(synth.voice_from_audio(reference, "A reference.").codes) in (150, 151)  # 3 s at 50 codes/s
     # Greedy speculation equals greedy decoding on these int8 graphs too. They are not bit
     # batch-invariant (a token's logits in a verify pass and in a one-token step differ by ~1e-3:
     # BENCHMARKS §22), so this holds unless a top-two gap is that small; it guards README's claim.
@@ -144,6 +153,7 @@ def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, t
         raise AssertionError("exported again")
 
     monkeypatch.setattr(onnx_lm, "export_lm", no_export)
+    monkeypatch.setattr(codec_graph, "export_codec", no_export)
     assert isinstance(Synthesizer.from_pretrained(max_new_tokens=30).target, OrtLM)
     assert isinstance(Synthesizer.from_pretrained(backend="torch").target, TorchLM)
     assert isinstance(Synthesizer.from_pretrained(quantize="int8").target, TorchLM)

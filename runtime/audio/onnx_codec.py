@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
 from pcgtts.runtime.lm.graph_meta import check_recorded
@@ -25,11 +26,12 @@ class OrtCodec:
     samples_per_token = SAMPLES_PER_TOKEN
     can_encode = False
 
-    def __init__(self, folder: str | Path, meta: dict | None = None, providers: list[str] | None = None,
+    def __init__(self, folder: str | Path, meta: dict | None = None, threads: int | None = None,
                  force: bool = False):
-        from pcgtts.runtime.lm.onnxruntime import import_onnxruntime
+        """threads: onnxruntime's intra-op threads (None: its default), as the LM's sessions get
+        (`runtime/config.py: cpu_threads`); its pool does not spin between windows."""
+        from pcgtts.runtime.lm.onnxruntime import open_session
 
-        ort = import_onnxruntime()
         folder = Path(folder)
         if meta is None:
             path = folder / CODEC_META
@@ -41,7 +43,10 @@ class OrtCodec:
         if meta.get("format") != "pcgtts-codec" or meta.get("samples_per_token") != SAMPLES_PER_TOKEN:
             raise ValueError(f"{folder}: not a pcgtts X-codec2 decoder export ({meta.get('format')!r})")
         self.source_dir = folder
-        self.session = ort.InferenceSession(str(folder / meta["graph"]), providers=providers or ["CPUExecutionProvider"])
+        source = Path(meta["source"]) if meta.get("source") else None
+        # The Hugging Face checkpoint it was exported from, if still there: what can encode references.
+        self.checkpoint_dir = source if source is not None and (source / "config.json").is_file() else None
+        self.session = open_session(folder / meta["graph"], torch.device("cpu"), threads)
 
     def decode(self, codes) -> np.ndarray:
         """codes: int [T] in [0, 65536) -> float32 [320 T] at 16 kHz."""
