@@ -15,14 +15,24 @@ from pcgtts.runtime.lm.protocol import PREFILL_BLOCK
 from pcgtts.runtime.lm.torch_lm import TorchLM
 
 
-def _prompts(lm, shared: int, tails: tuple[int, ...], seed: int = 0):
-    """Prompts that share their first `shared` tokens, then differ (one per tail length)."""
+def _prompts(lm, shared: int, tails: tuple[int, ...], seed: int = 0, head_end: int | None = None):
+    """Prompts that share their first `shared` tokens, then differ (one per tail length); text
+    tokens, with <|TEXT_UNDERSTANDING_START|> (where the chat template's head ends) only at
+    position `head_end` - 1 if given."""
     gen = torch.Generator().manual_seed(seed)
-    head = torch.randint(0, lm.vocab.speech_offset, (shared,), generator=gen)
+    text_start = lm.vocab.text_start_id
+
+    def text(n):
+        ids = torch.randint(0, lm.vocab.speech_offset - 1, (n,), generator=gen)
+        return ids + (ids >= text_start).long()  # never the marker
+
+    head = text(shared)
+    if head_end is not None:
+        head[head_end - 1] = text_start
     out = []
     for i, n in enumerate(tails):
-        tail = torch.randint(0, lm.vocab.speech_offset, (n,), generator=gen)
-        tail[0] = (head[-1] + 1 + i) % lm.vocab.speech_offset  # the tails differ from their first token on
+        tail = text(n)
+        tail[0] = head[-1] + 1 + i if head[-1] + 1 + i != text_start else head[-1] + 2 + i  # differ from here on
         out.append(torch.cat([head, tail]))
     return out
 
@@ -56,6 +66,21 @@ def test_a_shared_prefix_is_reused_and_gives_a_fresh_prefills_logits_bit_for_bit
     # sampled utterance can follow those bits (a seeded demo stream did, on CI).
     assert torch.equal(got, fresh.prefill(b))
     assert torch.equal(lm.forward(speech), fresh.forward(speech))  # ... and the sequence continues alike
+
+
+def test_blocks_restart_where_the_template_head_ends_and_reuse_reaches_it(tiny_lms):
+    """With <|TEXT_UNDERSTANDING_START|> at 44, blocks start at 0 and 32 and then at 45, the end of
+    the head every utterance shares; what follows runs as one block. Reuse reaches 45 exactly, bit for bit."""
+    lm = TorchLM.load(tiny_lms["target"], max_length=256)
+    fresh = TorchLM.load(tiny_lms["target"], max_length=256, tokenizer=lm.tokenizer)
+    fresh.reuse_prefix = False
+    a, b = _prompts(lm, shared=70, tails=(7, 12), head_end=45)
+    assert lm.block_starts(a) == [0, 32, 45] and lm.block_starts(a[:40]) == [0, 32]
+    fed = _counting(lm)
+    lm.prefill(a)
+    assert lm.reusable_prefix(b) == 45  # shares 70, keeps the blocks it shares whole
+    assert torch.equal(lm.prefill(b), fresh.prefill(b))
+    assert fed == [32, 13, 77 - 45, 82 - 45]
 
 
 def test_the_same_prompt_again_runs_only_its_last_block(tiny_lms):

@@ -15,12 +15,13 @@ prompt whose KV the cache still holds, and runs only the rest. Prompts share a l
 (the chat template up to the user's text: 111 of the built-in voice's ~140 tokens; a cloned
 voice's transcript follows it), so the next utterance's prefill, most of its time to first audio,
 shrinks to its own words. Decoding writes only past the prompt, so those slots survive an
-utterance; a rollback below them or `release()` forgets them. A prefill always runs in blocks of
-`PREFILL_BLOCK` tokens aligned to absolute positions, and reuse keeps whole blocks, so a reused
-slot holds bit for bit what a fresh prefill computes: the kernels see the same batch for it
-either way (a recomputed row in a differently sized batch sums in another order, and dynamic
-int8 quantization scales activations per batch; a seeded utterance would then depend on what
-came before it). `reuse_prefix = False` turns reuse off.
+utterance; a rollback below them or `release()` forgets them. A prefill runs in blocks that
+depend on the prompt alone (`block_starts`: `PREFILL_BLOCK` tokens at a time up to the end of the
+chat template's head, then the rest), and reuse keeps whole blocks, so a reused slot holds bit for bit what
+a fresh prefill computes: the kernels see the same batch for it either way (a row recomputed in a
+differently sized batch sums in another order, and dynamic int8 quantization scales activations
+per batch; a seeded utterance would then depend on what came before it). `reuse_prefix = False`
+turns reuse off.
 
 Optional, torch backend only: `forward_hidden(ids)` (logits and final-normed hidden states, for
 multi-token heads and EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a
@@ -36,7 +37,7 @@ import torch
 
 from pcgtts.runtime.text.vocab import SpeechVocab
 
-PREFILL_BLOCK = 32  # tokens per prefill block (and the granularity of prefix reuse); positions 0, 32, 64, ...
+PREFILL_BLOCK = 32  # tokens per prefill block within the template's head (the granularity of prefix reuse)
 
 
 @runtime_checkable
@@ -94,18 +95,29 @@ class SequenceMixin:
             raise ValueError("empty prompt")
         ids = ids.view(-1)
         self.length = self.reusable_prefix(ids)
-        for start in range(self.length, len(ids), PREFILL_BLOCK):  # reuse ends on a block boundary
-            logits = self._run(ids[start:start + PREFILL_BLOCK], last_only=True)
+        starts = [self.length] + [b for b in self.block_starts(ids) if b > self.length]  # reuse ends at a block start
+        for start, end in zip(starts, starts[1:] + [len(ids)]):
+            logits = self._run(ids[start:end], last_only=True)
         self._prompt, self._kept = ids.to("cpu", copy=True), len(ids)
         return logits[-1]
 
+    def block_starts(self, ids: torch.Tensor) -> list[int]:
+        """Where a prefill of `ids` [T] starts its blocks: every `PREFILL_BLOCK` tokens up to the
+        end of the chat template's head (the first <|TEXT_UNDERSTANDING_START|>, which every
+        utterance shares), then the rest in one block (what follows differs from utterance to
+        utterance: splitting it would only add calls). Whether a position starts a block depends
+        only on the tokens before it, so two prompts that share a prefix split it alike."""
+        found = (ids == self.vocab.text_start_id).nonzero()
+        anchor = int(found[0, 0]) + 1 if len(found) else len(ids)
+        return list(range(0, anchor, PREFILL_BLOCK)) + ([anchor] if anchor < len(ids) else [])
+
     def reusable_prefix(self, ids: torch.Tensor) -> int:
         """How many leading tokens of the prompt `ids` [T] the cache holds as a fresh prefill would
-        leave them: whole `PREFILL_BLOCK`s of the shared prefix, short of the last token (which
+        leave them: the shared prefix cut back to a block start, short of the last token (which
         always runs, for its logits); 0 when `reuse_prefix` is off."""
         n = min(self._kept, len(ids) - 1) if self.reuse_prefix and self._prompt is not None else 0
         shared = common_prefix(self._prompt[:n], ids[:n].cpu()) if n > 0 else 0
-        return shared - shared % PREFILL_BLOCK
+        return max(b for b in self.block_starts(ids) if b <= shared)
 
     def forget_prefix(self) -> None:
         """The cache no longer holds the last prompt (it was freed or overwritten)."""
