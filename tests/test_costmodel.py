@@ -148,3 +148,28 @@ def test_policy_learns_step_costs_from_the_loop():
     assert best > 1.25 / NEAR_BREAK_EVEN.ar_step
     assert simulated_rate(NEAR_BREAK_EVEN, 0.8, seed=0, planned=planned) < 1.02 / NEAR_BREAK_EVEN.ar_step
     assert simulated_rate(NEAR_BREAK_EVEN, 0.8, seed=0, planned=planned, measured=True) > 0.93 * best
+
+
+def test_speculation_switches_on_only_for_a_gain_beyond_the_margin_and_then_stays_on():
+    """From AR, a predicted gain within `margin` is not worth switching on for (the model leaves out
+    the draft's catch-up, and costs measured at load are noisy); a larger one is; once on, the
+    policy keeps speculating at a gain a policy that is off would not switch on for (hysteresis)."""
+    costs = StepCosts(target_forward=(1.0, 1.4), draft_forward=(0.4, 0.5), rule=0.0, sample=0.0)
+
+    def sure(rate: float, weight: float = 1e6) -> AcceptanceCounter:
+        return AcceptanceCounter(1, prior_rate=rate, prior_weight=weight)
+
+    for rate, on in ((0.9, False), (1.0, True)):  # L = 1: +0.5 % and +5.3 % over AR
+        gain = predict(costs, [rate], 1)[1] / predict(costs, [rate], 1)[0] - 1
+        assert 0 < gain and (gain >= 0.05) == on, (rate, gain)
+        assert DraftLengthPolicy(costs, 1, counter=sure(rate)).choose() == (1 if on else 0)
+        assert DraftLengthPolicy(costs, 1, counter=sure(rate), margin=0.0).choose() == 1
+    policy = DraftLengthPolicy(costs, 1, counter=sure(1.0, weight=50))
+    assert policy.choose() == 1
+    for _ in range(5):  # acceptance falls to ~0.91: a gain under the margin, still a gain
+        policy.record(1, 0)
+    rate = policy.counter.rates()[0]
+    assert 0.88 < rate < 0.95 and policy.choose() == 1
+    assert DraftLengthPolicy(costs, 1, counter=sure(rate)).choose() == 0  # off, it would not switch on
+    with pytest.raises(ValueError, match="margin"):
+        DraftLengthPolicy(costs, 1, margin=1.0)
