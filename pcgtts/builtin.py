@@ -5,9 +5,10 @@ expanded once into the released layouts in the user's cache by `train/package.py
 the random-weight demo pair (`tools/demo.py`), whose every use says that its audio is not speech.
 
 On a CPU with the backend left at "auto", the voice's target and draft run on onnxruntime as
-weight-only int8 graphs (and its codec decoder as a float32 graph), the fastest CPU route (BENCHMARKS.md §18-19; its quality cost is within
-noise, QUALITY.md): exported once beside the voice's checkpoints on first use (about 40 s on a
-2-core CPU, each graph checked against PyTorch). Without onnxruntime's export tools installed, or
+weight-only int8 graphs (and its codec decoder as a float32 graph), the fastest CPU route
+(BENCHMARKS.md §18-19, §22; its quality cost is within noise, QUALITY.md): exported once beside
+the voice's checkpoints on first use (about 40 s on a 2-core CPU, each graph checked against
+PyTorch). Without onnxruntime's export tools installed, or
 with `backend="torch"`, the torch checkpoints run.
 """
 

@@ -17,11 +17,11 @@ voice's transcript follows it), so the next utterance's prefill, most of its tim
 shrinks to its own words. Decoding writes only past the prompt, so those slots survive an
 utterance; a rollback below them or `release()` forgets them. A prefill runs in blocks that
 depend on the prompt alone (`block_starts`: `PREFILL_BLOCK` tokens at a time up to the end of the
-chat template's head, then the rest), and reuse keeps whole blocks, so a reused slot holds bit for bit what
-a fresh prefill computes: the kernels see the same batch for it either way (a row recomputed in a
-differently sized batch sums in another order, and dynamic int8 quantization scales activations
-per batch; a seeded utterance would then depend on what came before it). `reuse_prefix = False`
-turns reuse off.
+chat template's head, then the rest), and reuse keeps whole blocks, so a reused slot holds bit
+for bit what a fresh prefill computes: the kernels see the same batch for it either way (a row
+recomputed in a differently sized batch sums in another order, and dynamic int8 quantization
+scales activations per batch; a seeded utterance would then depend on what came before it).
+`reuse_prefix = False` turns reuse off.
 
 Optional, torch backend only: `forward_hidden(ids)` (logits and final-normed hidden states, for
 multi-token heads and EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a
