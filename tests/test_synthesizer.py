@@ -204,13 +204,13 @@ def test_a_worker_that_adopts_anothers_plan_repeats_its_seeded_audio(models, gro
         assert len(cached) == 1  # what the load measured, replaced
         cached[next(iter(cached))] = costs
     text = "Hello there, same seed."
-    assert synth_steps(a, text) == [0] and synth_steps(b, text) != [0]  # AR only / speculating
+    assert chosen_lengths(a, text) == [0] and chosen_lengths(b, text) != [0]  # AR only / speculating
     assert not np.array_equal(a.synthesize(text), b.synthesize(text))
     b.adopt_plan(a)
-    assert synth_steps(b, text) == [0] and np.array_equal(a.synthesize(text), b.synthesize(text))
+    assert chosen_lengths(b, text) == [0] and np.array_equal(a.synthesize(text), b.synthesize(text))
 
 
-def synth_steps(synth, text) -> list[int]:
+def chosen_lengths(synth, text) -> list[int]:
     """The draft lengths a stream chose, as the indices of its non-zero length counts."""
     stream = synth.stream(text)
     list(stream)
