@@ -34,7 +34,7 @@ from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES,
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.calibrate import adopt_costs
 from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
-from pcgtts.runtime.lm.protocol import LM
+from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.split import split_sentences
 from pcgtts.runtime.audio.voice import Voice
@@ -316,6 +316,7 @@ class Synthesizer:
                          "--out DIR` and --codec DIR avoid them", models.codec)
         synth = cls(target_lm, draft_lm, codec_model, table, config, heads, eagle)
         synth.plan(config)
+        synth.warm_prefix()
         return synth
 
     def plan(self, config: SynthesisConfig | None = None):
@@ -325,6 +326,17 @@ class Synthesizer:
         returns the kept costs). -> the `StepCosts`, or None (nothing to plan)."""
         decode_config = (config or self.config).decode
         return prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
+
+    def warm_prefix(self) -> None:
+        """Prefill the chat template's head, which every utterance and voice shares, into both
+        models' caches now (after `plan`, whose timings overwrite the caches), so that the first
+        utterance's prefill, like every later one's, runs only its own words (`protocol.py`:
+        prefix reuse, bit for bit what a full prefill computes). A no-op with prefix reuse off."""
+        prompt = build_prompt(self.tokenizer, self.target.vocab, "Warm.")
+        head = prompt[:template_head(prompt, self.target.vocab)]
+        for lm in (self.target, self.draft):
+            if lm is not None and lm.reuse_prefix and len(head) < min(len(prompt) - 1, lm.max_length):
+                lm.prefill(head)
 
     def adopt_plan(self, other: "Synthesizer") -> None:
         """Plan draft lengths with the step costs `other` (a copy of these models on this machine,

@@ -131,6 +131,25 @@ def test_synthesizer_utterances_equal_with_and_without_prefix_reuse(tiny_models,
         assert kept > 0 and not_kept == 0
 
 
+def test_a_loaded_synthesizer_has_the_template_head_cached_for_its_first_utterance(tiny_models, tiny_groups_file):
+    """`Synthesizer.load` prefills the chat template's head (`warm_prefix`), so the first utterance's
+    prefill runs only its own words, as later ones do; with prefix reuse off it runs them all."""
+    from pcgtts.runtime.lm.protocol import template_head
+    from pcgtts.runtime.synthesizer import Synthesizer
+
+    for prefix_cache in (True, False):
+        synth = Synthesizer.from_pretrained(tiny_models["target"], draft=tiny_models["draft"],
+                                            codec=tiny_models["codec"], groups=tiny_groups_file, seed=1,
+                                            max_new_tokens=10, prefix_cache=prefix_cache)
+        prompt = synth._fit(["First words."], None, synth.config)[0][0]
+        head = template_head(prompt, synth.target.vocab)
+        assert 100 < head < len(prompt) - 1
+        fed = _counting(synth.target)
+        synth.synthesize("First words.")
+        first = len(prompt) - 1 - head if prefix_cache else 32  # the prefill's first block
+        assert fed[0] == first, (prefix_cache, fed[:3])
+
+
 @pytest.mark.slow
 @pytest.mark.builtin_onnx
 def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, tiny_groups_file, tmp_path,

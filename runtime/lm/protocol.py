@@ -71,6 +71,13 @@ def check_fits(length: int, new: int, max_length: int) -> None:
         )
 
 
+def template_head(ids: torch.Tensor, vocab: SpeechVocab) -> int:
+    """How many leading tokens of the prompt `ids` [T] are the chat template's head, which every
+    utterance and voice shares: through the first <|TEXT_UNDERSTANDING_START|> (T if none)."""
+    found = (ids == vocab.text_start_id).nonzero()
+    return int(found[0, 0]) + 1 if len(found) else len(ids)
+
+
 def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     """How many leading entries two 1-D id tensors share."""
     n = min(len(a), len(b))
@@ -107,8 +114,7 @@ class SequenceMixin:
         utterance shares), then the rest in one block (what follows differs from utterance to
         utterance: splitting it would only add calls). Whether a position starts a block depends
         only on the tokens before it, so two prompts that share a prefix split it alike."""
-        found = (ids == self.vocab.text_start_id).nonzero()
-        anchor = int(found[0, 0]) + 1 if len(found) else len(ids)
+        anchor = template_head(ids, self.vocab)
         return list(range(0, anchor, PREFILL_BLOCK)) + ([anchor] if anchor < len(ids) else [])
 
     def reusable_prefix(self, ids: torch.Tensor) -> int:
