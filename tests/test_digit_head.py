@@ -5,10 +5,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from pcgtts.runtime.lm.digit_head import (code_digits, digit_count, expand_digit_scores, find_digit_table,
+from pcgtts.runtime.lm.digit_head import (code_digits, digit_count, digit_kl, digit_log_probs, expand_digit_scores,
+                                         draw_digit_code, find_digit_table, host_digit_log_probs, host_sample_digit_codes,
                                          sample_digit_codes)
 
 
@@ -61,6 +63,43 @@ def test_digit_sampling_draws_the_expanded_distribution():
     for temperature, fits in ((0.7, True), (1.0, False)):
         expected = torch.softmax(expand_digit_scores(scores, n).double() / temperature, -1) * draws
         assert (chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-4) == fits
+
+
+def test_host_digit_functions_equal_the_tensor_ones():
+    """The NumPy and plain-Python twins the CPU lane uses: the same factored log-probabilities, and
+    the same draws for the same uniforms (20,000 draws from 8-digit scores; a float-rounding tie
+    is ~1e-12 likely)."""
+    n, draws = 8, 20_000
+    gen = torch.Generator().manual_seed(5)
+    scores = torch.randn(3, 1 + n * 4 + 1, generator=gen) * 2
+    for tensor_part, host_part in zip(digit_log_probs(scores, n, 0.8), host_digit_log_probs(scores.numpy(), n, 0.8)):
+        np.testing.assert_allclose(tensor_part.numpy(), host_part, rtol=1e-12, atol=1e-12)
+    _, speech, stop = digit_log_probs(scores[0], n, 1.0)
+    scores[0, -1] += float(speech - stop) - 1.0  # this row stops about a third of the time
+    rows = scores[torch.arange(draws) % 3]
+    uniforms = torch.rand(draws, n + 1, generator=gen)
+    expected = sample_digit_codes(rows, n, 0.8, uniforms).numpy()
+    assert (expected == 4 ** n).sum() > 1000 and len(np.unique(expected)) > 1000
+    np.testing.assert_array_equal(host_sample_digit_codes(rows.numpy(), n, 0.8, uniforms.numpy()), expected)
+    one_by_one = [draw_digit_code(row, n, 0.8, u) for row, u in zip(rows.tolist(), uniforms.tolist())]
+    np.testing.assert_array_equal(np.array(one_by_one), expected)
+
+
+def test_digit_kl_equals_the_kl_of_the_expanded_rows_and_its_gradient():
+    """The closed form against KL computed over all 4**5 + 1 expanded entries, value and gradient."""
+    n = 5
+    gen = torch.Generator().manual_seed(6)
+    p_scores = torch.randn(7, 1 + n * 4 + 1, generator=gen, dtype=torch.float64) * 2
+    q_scores = (p_scores + torch.randn(p_scores.shape, generator=gen, dtype=torch.float64)).requires_grad_()
+    p_scores[0, -1] = 6.0  # a row where stopping is likely
+    closed = digit_kl(p_scores, q_scores, n)
+    log_p = torch.log_softmax(expand_digit_scores(p_scores, n), -1)
+    expanded = (log_p.exp() * (log_p - torch.log_softmax(expand_digit_scores(q_scores, n), -1))).sum(-1)
+    torch.testing.assert_close(closed, expanded, rtol=1e-10, atol=1e-12)
+    assert (closed > 0.01).all()
+    torch.testing.assert_close(torch.autograd.grad(closed.sum(), q_scores)[0],
+                               torch.autograd.grad(expanded.sum(), q_scores)[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(digit_kl(p_scores, p_scores, n), torch.zeros(7, dtype=torch.float64), atol=1e-12, rtol=0)
 
 
 def test_a_factorised_checkpoint_loads_with_the_digit_table_and_gives_the_same_logits(factorised_target, tiny_lms):

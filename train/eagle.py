@@ -8,13 +8,15 @@ The draft reads (h_j, x_{j+1}) and must give the target's distribution of x_{j+2
 
     loss = KL(p_target(. | h_{j+1}) || q(. | f_j))                    pass 1: true states in
          + KL(p_target(. | h_{j+1}) || q(. | f'_j))                   pass 2: f_{j-1} replaces h_j
+         + ...                                                        pass k: pass k-1's f replaces h
          + regression * SmoothL1(f_j, h_{j+1})
 
-Pass 2 is what the draft meets from its second proposal on (its own prediction in place of the
-target's state); the KL is taken on a random subset of rows (the 65,537-way distributions are
-the cost), the block runs over whole sequences. Reported on held-out sequences, before and after:
-the SD acceptance 1 - TV(p, q) at temperature 1 and top-1 agreement, for pass 1 (first proposal)
-and pass 2 (later proposals).
+Pass k is what the draft meets at its k-th proposal (its own predictions in place of the
+target's states). With a digit-factorised target head the KL of every row is taken in closed
+form (`digit_head.digit_kl`, 34 scores a row); with any other head on a random subset of rows
+(the 65,537-way distributions are the cost). The block runs over whole sequences. Reported on
+held-out sequences, before and after: the SD acceptance 1 - TV(p, q) at temperature 1 and top-1
+agreement, per pass.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pcgtts.runtime.lm.digit_head import digit_kl
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.train.on_policy import OnPolicyConfig, fit, frozen_target_and_pairs
 
@@ -35,14 +38,16 @@ class EagleTrainConfig(OnPolicyConfig):
     steps: int = 600
     lr: float = 1e-3
     batch_sequences: int = 4
-    kl_rows: int = 192  # rows per pass whose full distributions enter the loss
+    kl_rows: int = 192  # rows per pass whose full distributions enter the loss (heads without a digit table)
+    figure_rows: int = 32  # rows per pass whose acceptance is logged while training
+    passes: int = 2  # pass k trains the k-th proposal (k - 1 of the draft's own states fed back)
     regression: float = 0.1
     intermediate_size: int | None = None  # the block's MLP width (default: the target's)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.batch_sequences < 1 or self.kl_rows < 1 or self.regression < 0:
-            raise ValueError("batch_sequences and kl_rows must be >= 1, regression >= 0")
+        if min(self.batch_sequences, self.kl_rows, self.figure_rows, self.passes) < 1 or self.regression < 0:
+            raise ValueError("batch_sequences, kl_rows, figure_rows and passes must be >= 1, regression >= 0")
 
 
 @dataclass
@@ -77,45 +82,69 @@ def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> S
     return StateSequences(states, embeds)
 
 
-def _kl_and_figures(p_logits: torch.Tensor, q_logits: torch.Tensor) -> tuple[torch.Tensor, float, float]:
-    """KL(p || q) mean over rows, and (no grad) SD acceptance 1 - TV and top-1 agreement."""
-    p = torch.softmax(p_logits, -1)
-    log_q = torch.log_softmax(q_logits, -1)
-    kl = torch.where(p > 0, p * (torch.log(p.clamp_min(1e-30)) - log_q), 0.0).sum(-1).mean()
-    with torch.no_grad():
-        q = log_q.exp()
-        accept = float(1.0 - 0.5 * (p - q).abs().sum(-1).mean())
-        agree = float((q.argmax(-1) == p.argmax(-1)).float().mean())
-    return kl, accept, agree
+class TargetHead:
+    """The frozen target's head as the loss reads it. With a digit table (`Llama.samples_digits`)
+    the KL of every row is exact and cheap (`digit_head.digit_kl`: 34 scores a row, no 65,537-way
+    expansion); any other head expands rows, so only `kl_rows` random rows a batch enter the loss."""
+
+    def __init__(self, model):
+        self.model = model
+        self.digits = model.digits if model.samples_digits else 0
+
+    def kl(self, p_states: torch.Tensor, q_states: torch.Tensor) -> torch.Tensor:
+        """KL(target(. | p_states) || target head(. | q_states)) per row: [R, D] x 2 -> [R]."""
+        model = self.model
+        if self.digits:
+            with torch.no_grad():
+                p_scores = model.head_scores(p_states)
+            return digit_kl(p_scores, model.head_scores(q_states), self.digits).float()
+        with torch.no_grad():
+            p = torch.softmax(model.logits(p_states), -1)
+        log_q = torch.log_softmax(model.logits(q_states), -1)
+        return torch.where(p > 0, p * (torch.log(p.clamp_min(1e-30)) - log_q), 0.0).sum(-1)
+
+    @torch.no_grad()
+    def figures(self, p_states: torch.Tensor, q_states: torch.Tensor) -> tuple[float, float]:
+        """(SD acceptance 1 - TV at temperature 1, top-1 agreement), mean over rows (expanded)."""
+        p = torch.softmax(self.model.logits(p_states), -1)
+        q = torch.softmax(self.model.logits(q_states), -1)
+        return float(1.0 - 0.5 * (p - q).abs().sum(-1).mean()), float((q.argmax(-1) == p.argmax(-1)).float().mean())
 
 
-def eagle_losses(draft: EagleDraft, to_logits, data: StateSequences, index: list[int], kl_rows: int,
-                 regression: float, rng: random.Random) -> tuple[torch.Tensor, dict]:
-    """The training loss on sequences `index`, with per-pass acceptance / agreement figures."""
+def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, index: list[int], kl_rows: int,
+                 regression: float, rng: random.Random, passes: int = 2,
+                 figure_rows: int | None = None) -> tuple[torch.Tensor, dict]:
+    """The training loss on sequences `index`, with per-pass acceptance / agreement figures
+    (on `figure_rows` random rows, default `kl_rows`)."""
     states, embeds, valid = data.batch(index)
     inputs, nexts = states[:, :-1], states[:, 1:]
-    f1 = draft.train_features(inputs, embeds[:, :-1])
-    # Pass 2: at j >= 1 the draft's own f_{j-1} stands in for h_j (what later proposals see).
-    f2 = draft.train_features(torch.cat([inputs[:, :1], f1[:, :-1]], dim=1), embeds[:, :-1])
+    features, fed = [], inputs
+    for _ in range(passes):  # pass k + 1 reads pass k's predictions where the target's states were
+        features.append(draft.train_features(fed, embeds[:, :-1]))
+        fed = torch.cat([inputs[:, :1], features[-1][:, :-1]], dim=1)
     rows = valid.nonzero()
-    pick = rows[torch.tensor(rng.sample(range(len(rows)), min(kl_rows, len(rows))))]
-    b, j = pick[:, 0], pick[:, 1]
-    with torch.no_grad():
-        p_logits = to_logits(nexts[b, j])
-    kl1, acc1, agree1 = _kl_and_figures(p_logits, to_logits(f1[b, j]))
-    kl2, acc2, agree2 = _kl_and_figures(p_logits, to_logits(f2[b, j]))
-    reg = torch.nn.functional.smooth_l1_loss(f1[valid], nexts[valid])
-    loss = kl1 + kl2 + regression * reg
-    return loss, {"accept": [acc1, acc2], "agree": [agree1, agree2], "regression": float(reg.detach())}
+
+    def pick(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen = rows[torch.tensor(rng.sample(range(len(rows)), min(count, len(rows))))]
+        return chosen[:, 0], chosen[:, 1]
+
+    b, j = (rows[:, 0], rows[:, 1]) if head.digits else pick(kl_rows)
+    loss = sum(head.kl(nexts[b, j], f[b, j]).mean() for f in features)
+    reg = torch.nn.functional.smooth_l1_loss(features[0][valid], nexts[valid])
+    fb, fj = pick(figure_rows or kl_rows)
+    accept, agree = zip(*(head.figures(nexts[fb, fj], f[fb, fj]) for f in features))
+    return loss + regression * reg, {"accept": list(accept), "agree": list(agree), "regression": float(reg.detach())}
 
 
-def evaluate_eagle(draft: EagleDraft, to_logits, data: StateSequences, kl_rows: int = 512) -> dict:
-    """Held-out acceptance (1 - TV at temperature 1) and agreement for pass 1 and pass 2, per sequence pooled."""
-    sums, count = {"accept": [0.0, 0.0], "agree": [0.0, 0.0]}, 0
+def evaluate_eagle(draft: EagleDraft, head: TargetHead, data: StateSequences, kl_rows: int = 512,
+                   passes: int = 2) -> dict:
+    """Held-out acceptance (1 - TV at temperature 1) and agreement per pass (pass 1: the first
+    proposal, pass k: the k-th), per sequence pooled."""
+    sums, count = {"accept": [0.0] * passes, "agree": [0.0] * passes}, 0
     rng = random.Random(0)
     with torch.no_grad():
         for i in range(len(data.states)):
-            _, figures = eagle_losses(draft, to_logits, data, [i], kl_rows, 0.0, rng)
+            _, figures = eagle_losses(draft, head, data, [i], kl_rows, 0.0, rng, passes)
             for key in sums:
                 sums[key] = [s + v for s, v in zip(sums[key], figures[key])]
             count += 1
@@ -126,7 +155,7 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     """Generate (or reuse) on-policy sequences, train the draft (resumable), write `cfg.out`."""
     target, train_pairs, heldout_pairs = frozen_target_and_pairs(cfg, generation_progress)
     data, heldout = state_sequences(target, train_pairs), state_sequences(target, heldout_pairs)
-    to_logits = target.model.logits
+    head = TargetHead(target.model)
     draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
         m = draft.args.intermediate_size  # (a narrower MLP keeps the first m hidden units)
@@ -137,16 +166,17 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
         d = target.model.args.hidden_size
         draft.fc.weight.zero_()
         draft.fc.weight[:, :d] = torch.eye(d)  # e_j = h_j at first
-    before = evaluate_eagle(draft, to_logits, heldout)
+    before = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
 
     def loss_step(rng: random.Random):
         index = [rng.randrange(len(data.states)) for _ in range(cfg.batch_sequences)]
-        loss, figures = eagle_losses(draft, to_logits, data, index, cfg.kl_rows, cfg.regression, rng)
-        return loss, {"accept1": figures["accept"][0], "accept2": figures["accept"][1]}
+        loss, figures = eagle_losses(draft, head, data, index, cfg.kl_rows, cfg.regression, rng, cfg.passes,
+                                     cfg.figure_rows)
+        return loss, {f"accept{k + 1}": accept for k, accept in enumerate(figures["accept"])}
 
     step = fit(draft, loss_step, cfg, "eagle_", "EAGLE draft: KL to the target",
                {"intermediate_size": draft.args.intermediate_size}, progress, clip=1.0)
-    after = evaluate_eagle(draft, to_logits, heldout)
+    after = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
     draft.acceptance = sum(after["accept"]) / len(after["accept"])
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     draft.save(cfg.out)
@@ -157,5 +187,5 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
             "loss_png": str(cfg.work_dir / "eagle_loss.png")}
 
 
-__all__ = ["EagleTrainConfig", "StateSequences", "state_sequences", "eagle_losses", "evaluate_eagle",
+__all__ = ["EagleTrainConfig", "StateSequences", "TargetHead", "state_sequences", "eagle_losses", "evaluate_eagle",
            "train_eagle"]

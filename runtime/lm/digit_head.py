@@ -14,6 +14,9 @@ Table layout, [1 + digits * levels + 1, hidden]: the base row (code 0), then for
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 LEVELS = 4  # X-codec2's FSQ: 4 levels per digit
@@ -33,13 +36,13 @@ def code_digits(codes: torch.Tensor, digits: int, levels: int = LEVELS) -> torch
     return (codes.unsqueeze(-1) // powers) % levels
 
 
-def digit_sums(per_digit: torch.Tensor) -> torch.Tensor:
+def digit_sums(per_digit: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
     """Every combination of per-digit values summed: [..., n, L] -> [..., L**n], indexed by the
-    code whose digits pick the terms (digit 0 least significant)."""
+    code whose digits pick the terms (digit 0 least significant). Tensors or NumPy arrays."""
     n = per_digit.shape[-2]
     sums = per_digit[..., n - 1, :]
     for d in range(n - 2, -1, -1):  # append less significant digits: index = high * L + low
-        sums = (sums.unsqueeze(-1) + per_digit[..., d, None, :]).flatten(-2)
+        sums = (sums[..., :, None] + per_digit[..., d, None, :]).reshape(*sums.shape[:-1], -1)
     return sums
 
 
@@ -84,7 +87,7 @@ def expand_digit_scores(scores: torch.Tensor, digits: int, levels: int = LEVELS)
     return torch.cat([speech, scores[..., -1:]], dim=-1)
 
 
-def digit_halves(per_digit: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def digit_halves(per_digit: torch.Tensor | np.ndarray, base: torch.Tensor | np.ndarray):
     """Per-digit values [..., n, L] and a base [...] -> the sums over a code's high digits with the
     base folded in [..., L**(n - n//2)] and over its low digits [..., L**(n//2)]: code
     high * L**(n//2) + low is their sum."""
@@ -104,6 +107,70 @@ def digit_log_probs(scores: torch.Tensor, digits: int, temperature: float,
     speech = z[..., 0] + norms.sum(-1)  # log of the summed exp over all codes
     total = torch.logaddexp(speech, z[..., -1])
     return per_digit - norms[..., None], speech - total, z[..., -1] - total
+
+
+def host_digit_log_probs(scores: np.ndarray, digits: int, temperature: float,
+                         levels: int = LEVELS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`digit_log_probs` in NumPy, for rows on the host (a decode step's few rows: each tensor op
+    has a fixed cost of microseconds, a NumPy op a fraction of one)."""
+    z = scores.astype(np.float64) / temperature
+    per_digit = z[..., 1:-1].reshape(*z.shape[:-1], digits, levels)
+    top = per_digit.max(-1, keepdims=True)
+    norms = np.log(np.exp(per_digit - top).sum(-1)) + top[..., 0]  # [..., n]
+    speech = z[..., 0] + norms.sum(-1)
+    total = np.logaddexp(speech, z[..., -1])
+    return per_digit - norms[..., None], speech - total, z[..., -1] - total
+
+
+def host_sample_digit_codes(scores: np.ndarray, digits: int, temperature: float, uniforms: np.ndarray,
+                            levels: int = LEVELS) -> np.ndarray:
+    """`sample_digit_codes` in NumPy (float64): scores [..., 1 + digits * levels + 1], uniforms
+    [..., digits + 1] -> restricted indices int64 [...]; the same draws up to float rounding."""
+    per_digit, _, stop = host_digit_log_probs(scores, digits, temperature, levels)
+    cdf = np.exp(per_digit).cumsum(-1)  # [..., n, L]
+    digit = np.minimum((cdf <= uniforms[..., 1:, None] * cdf[..., -1:]).sum(-1), levels - 1)
+    code = (digit * levels ** np.arange(digits)).sum(-1)
+    return np.where(uniforms[..., 0] < np.exp(stop), levels ** digits, code)
+
+
+def draw_digit_code(scores: list[float], digits: int, temperature: float, uniforms: list[float],
+                    levels: int = LEVELS) -> int:
+    """`sample_digit_codes` for one row in plain Python: scores [1 + digits * levels + 1] and
+    uniforms [digits + 1] as lists -> the restricted index. One draw a decode step: after a
+    forward has evicted the caches, ~40 float operations beat a dozen NumPy or tensor calls."""
+    z = [value / temperature for value in scores]
+    log_speech, code, place = z[0], 0, 1
+    for d in range(digits):
+        row = z[1 + d * levels:1 + (d + 1) * levels]
+        top = max(row)
+        weights = [math.exp(value - top) for value in row]
+        total = sum(weights)
+        log_speech += top + math.log(total)
+        bound, cdf, digit = uniforms[d + 1] * total, 0.0, 0
+        for weight in weights[:-1]:  # inverse CDF: the number of CDF entries <= the bound
+            cdf += weight
+            if cdf > bound:
+                break
+            digit += 1
+        code += digit * place
+        place *= levels
+    p_stop = 1.0 / (1.0 + math.exp(min(log_speech - z[-1], 700.0)))
+    return levels ** digits if uniforms[0] < p_stop else code
+
+
+def digit_kl(p_scores: torch.Tensor, q_scores: torch.Tensor, digits: int, levels: int = LEVELS) -> torch.Tensor:
+    """KL(P || Q) [...] between P = softmax(expand_digit_scores(p_scores)) and Q likewise, without
+    expanding a row (differentiable in both; float64).
+
+    Given "speech", a code's digits are independent under either distribution, so
+
+        KL = P(stop) log P(stop)/Q(stop) + P(speech) [log P(speech)/Q(speech) + sum_d KL(p_d || q_d)]
+
+    with p_d, q_d the per-digit softmaxes: O(digits * levels) per row instead of O(levels**digits)."""
+    p_digit, p_speech, p_stop = digit_log_probs(p_scores, digits, 1.0, levels)
+    q_digit, q_speech, q_stop = digit_log_probs(q_scores, digits, 1.0, levels)
+    per_digit = (p_digit.exp() * (p_digit - q_digit)).sum((-2, -1))
+    return p_stop.exp() * (p_stop - q_stop) + p_speech.exp() * (p_speech - q_speech + per_digit)
 
 
 def sample_digit_codes(scores: torch.Tensor, digits: int, temperature: float, uniforms: torch.Tensor,
