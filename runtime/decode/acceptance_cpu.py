@@ -29,7 +29,8 @@ from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance import outcome, verify
 from pcgtts.runtime.decode.sampling import cdf_of, draw, logits_to_probs, sample_from_weights
-from pcgtts.runtime.lm.digit_head import LEVELS, digit_halves, digit_log_probs, expand_digit_scores, sample_digit_codes
+from pcgtts.runtime.lm.digit_head import (LEVELS, digit_halves, expand_digit_scores, host_digit_log_probs,
+                                          host_sample_digit_codes)
 
 _TINY = np.finfo(np.float32).tiny
 _LANE_RULES = ("sd", "ssd", "pcg")
@@ -62,18 +63,18 @@ class DenseRows:
 
 class DigitRows:
     """Distributions given by digit-head scores [R, 1 + digits * 4 + 1] at `temperature` (plain
-    sampling: no top-p), in factored form (`digit_head.digit_log_probs`). A code's log-probability
+    sampling: no top-p), in factored form (`digit_head.host_digit_log_probs`). A code's log-probability
     is one entry of a table over its high digits plus one over its low digits (4**4 entries each
     for 8 digits), so `at` costs two lookups per token; the stop token is the high table's extra
     entry (less the low table's entry 0, which its low digits select)."""
 
     def __init__(self, scores: torch.Tensor, digits: int, temperature: float):
         self.scores, self.digits, self.temperature = scores, digits, temperature
-        per_digit, speech, stop = digit_log_probs(scores, digits, temperature)  # float64
+        self.values = scores.numpy()
+        per_digit, speech, stop = host_digit_log_probs(self.values, digits, temperature)  # float64
         self.low_bits = 2 * (digits // 2)  # log2 of the low table's size (4 levels: 2 bits per digit)
-        high, low = digit_halves(per_digit, speech)  # [R, 4**(n - n/2)], [R, 4**(n/2)]
-        self.low = low.numpy()
-        self.high = torch.cat([high, (stop - low[:, 0])[:, None]], dim=1).numpy()  # stop: high index 4**(n - n/2)
+        high, self.low = digit_halves(per_digit, speech)  # [R, 4**(n - n/2)], [R, 4**(n/2)]
+        self.high = np.concatenate([high, (stop - self.low[:, 0])[:, None]], axis=1)  # stop: high index 4**(n - n/2)
         self.size = LEVELS ** digits + 1
         self.mask = (1 << self.low_bits) - 1
 
@@ -82,8 +83,8 @@ class DigitRows:
         return np.exp(self.high[rows, tokens >> self.low_bits] + self.low[rows, tokens & self.mask])
 
     def draw(self, row: int, count: int, generator: torch.Generator) -> np.ndarray:
-        uniforms = torch.rand(count, self.digits + 1, generator=generator)
-        return sample_digit_codes(self.scores[row].expand(count, -1), self.digits, self.temperature, uniforms).numpy()
+        uniforms = torch.rand(count, self.digits + 1, generator=generator).numpy()
+        return host_sample_digit_codes(self.values[row], self.digits, self.temperature, uniforms)
 
     def row(self, row: int) -> torch.Tensor:
         return self.dense_rows(self.scores[row])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from pcgtts.runtime.config import SamplingConfig
-from pcgtts.runtime.lm.digit_head import sample_digit_codes
+from pcgtts.runtime.lm.digit_head import draw_digit_code, sample_digit_codes
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -62,8 +62,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 def sample_by_digits(scores: torch.Tensor, digits: int, temperature: float, generator: torch.Generator) -> torch.Tensor:
     """One token from a digit table's scores [1 + 4 * digits + 1] at plain `temperature`, digit by
-    digit (`digit_head.sample_digit_codes`) -> int64 []."""
+    digit (`digit_head.sample_digit_codes`; on a CPU its plain-Python twin, a third of the time in
+    a decode loop) -> int64 []."""
     uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
+    if scores.device.type == "cpu":
+        return torch.tensor(draw_digit_code(scores.tolist(), digits, temperature, uniforms.tolist()))
     return sample_digit_codes(scores, digits, temperature, uniforms)
 
 
