@@ -31,7 +31,7 @@ import math
 import torch
 from torch import nn
 
-from pcgtts.runtime.lm.llama import Llama
+from pcgtts.runtime.lm.llama import Llama, rope_cos_sin
 
 
 def cache_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_k: torch.Tensor,
@@ -75,7 +75,7 @@ class StepGraph(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, logits_index: torch.Tensor,
                 *past: torch.Tensor):
         m = self.model
-        cos, sin = m.rope(position_ids[0])
+        cos, sin = rope_cos_sin(m.inv_freq, position_ids[0], m.embed_tokens.weight.dtype)  # no table in a graph
         start = position_ids[:, :1]
         x = m.embed_tokens(input_ids)
         present = []

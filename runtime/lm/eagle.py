@@ -61,14 +61,16 @@ class EagleDraft(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(self.args), persistent=False)
 
     def features(self, states: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
-                 mask: torch.Tensor, end: int | None, cached: bool = True) -> torch.Tensor:
+                 mask: torch.Tensor, end: int | None, cached: bool = True,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """states, token_embeds: [B, T, D] -> predicted next states [B, T, D].
 
         Decoding (B = 1): `positions` [T] are this draft's cache slots, `mask` [T, S] and `end`
         as in `Llama.hidden`. `cached=False`: no cache, the T rows attend among themselves
-        (`mask` [T, T]; `positions` only place RoPE): see `train_features`."""
+        (`mask` [T, T]; `positions` only place RoPE): see `train_features`. `rope`: cos, sin of
+        `positions` when the caller has them (the target's table: the block shares its RoPE)."""
         x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
-        cos, sin = rope_cos_sin(self.inv_freq, positions, self.fc.weight.dtype)
+        cos, sin = rope if rope is not None else rope_cos_sin(self.inv_freq, positions, self.fc.weight.dtype)
         return self.norm(self.block(x, cos, sin, positions if cached else None, mask, end))
 
     def train_features(self, states: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
@@ -132,7 +134,8 @@ class TorchEagleStep:
         positions = torch.arange(start, end, device=states.device)
         embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
         # the target's causal mask (the draft's slots never exceed the target's)
-        f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end)[0, -1]
+        f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end,
+                                rope=model.rope(positions))[0, -1]
         return f, model.head_scores(f.to(model.dtype))
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:

@@ -229,6 +229,7 @@ class Llama(nn.Module):
         self.restricted_size = len(head_rows)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
         self.register_buffer("causal", torch.zeros(0, dtype=torch.bool), persistent=False)
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [max_length, head_dim]
         self.max_length = 0
 
     def setup_cache(self, max_length: int, batch_size: int = 1) -> None:
@@ -240,12 +241,14 @@ class Llama(nn.Module):
             layer.self_attn.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
         slots = torch.arange(max_length, device=p.device)
         self.causal = slots[None, :] <= slots[:, None]  # [S, S]: row = query position
+        self.rope_table = rope_cos_sin(self.inv_freq, slots, p.dtype)  # a step indexes it: 2 ops, not 7
         self.max_length = max_length
 
     def free_cache(self) -> None:
         for layer in self.layers:
             layer.self_attn.k_cache = layer.self_attn.v_cache = None
         self.causal = torch.zeros(0, dtype=torch.bool, device=self.causal.device)
+        self.rope_table = None
         self.max_length = 0
 
     @property
@@ -254,7 +257,11 @@ class Llama(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rope_cos_sin(self.inv_freq, positions, self.embed_tokens.weight.dtype)
+        """cos, sin [T, head_dim] of cache slots `positions` [T]: rows of the table `setup_cache` made."""
+        if self.rope_table is None:
+            return rope_cos_sin(self.inv_freq, positions, self.embed_tokens.weight.dtype)
+        cos, sin = self.rope_table
+        return cos[positions], sin[positions]
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
                last_only: bool = False) -> torch.Tensor:
