@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--max-tokens", type=positive(int), default=400, help="speech tokens per sequence at most")
     eagle.add_argument("--mlp-size", type=positive(int), help="the block's MLP width (default: the target's; "
                        "narrower = cheaper proposals)")
+    eagle.add_argument("--block", choices=["attention", "mlp"], default="attention",
+                       help="the draft's block: a LLaMA block with its own cache, or its MLP half alone "
+                            "(no attention, no cache: half the ops a proposal)")
     eagle.add_argument("--passes", type=positive(int), default=2,
                        help="proposal positions trained: pass k feeds the draft k - 1 of its own states")
     eagle.add_argument("--batch-sequences", type=positive(int), default=4, help="sequences per optimiser step")
@@ -104,7 +107,7 @@ def _eagle(args) -> int:
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
                            sequences=args.sequences, heldout=args.heldout, steps=args.steps,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
-                           intermediate_size=args.mlp_size, passes=args.passes,
+                           intermediate_size=args.mlp_size, block=args.block, passes=args.passes,
                            batch_sequences=args.batch_sequences)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")

@@ -125,22 +125,27 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
 def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, torch_dtype: torch.dtype,
                   check: bool, tolerance: float | None) -> GraphMeta:
     """Export the target's EAGLE draft beside its step graph and record it in the metadata."""
-    from pcgtts.export.proposer_graphs import INPUTS, OUTPUTS, EagleGraph
+    from pcgtts.export.proposer_graphs import INPUTS, MLP_INPUTS, MLP_OUTPUTS, OUTPUTS, EagleGraph, EagleMlpGraph
     from pcgtts.runtime.lm.eagle import EagleDraft
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16)
     model, vocab = lm.model, lm.vocab
     draft = EagleDraft.load(eagle, model, fingerprint=lm.fingerprint)
-    graph = EagleGraph(draft, model, vocab.restricted_to_token_ids(torch.arange(vocab.restricted_size))).eval()
+    graph = (EagleGraph if draft.attention else EagleMlpGraph)(
+        draft, model, vocab.restricted_to_token_ids(torch.arange(vocab.restricted_size))).eval()
     args, t, slots = draft.args, 3, 8
-    past = [torch.zeros(1, args.num_kv_heads, slots, args.head_dim, dtype=torch_dtype) for _ in range(2)]
-    example = (torch.zeros(1, t, args.hidden_size), torch.zeros(1, t, dtype=torch.long),
-               torch.arange(t).view(1, -1), *past)
     tokens, cache = torch.export.Dim("tokens", min=1), torch.export.Dim("cache", min=2)
-    dynamic = ({1: tokens}, {1: tokens}, {1: tokens}, {2: cache}, {2: cache})
-    export_graph(graph, example, stage / EAGLE_GRAPH_FILE, INPUTS, OUTPUTS, dynamic)
+    example = (torch.zeros(1, t, args.hidden_size), torch.zeros(1, t, dtype=torch.long))
+    if draft.attention:
+        past = [torch.zeros(1, args.num_kv_heads, slots, args.head_dim, dtype=torch_dtype) for _ in range(2)]
+        example = (*example, torch.arange(t).view(1, -1), *past)
+        dynamic = ({1: tokens}, {1: tokens}, {1: tokens}, {2: cache}, {2: cache})
+        export_graph(graph, example, stage / EAGLE_GRAPH_FILE, INPUTS, OUTPUTS, dynamic)
+    else:
+        export_graph(graph, example, stage / EAGLE_GRAPH_FILE, MLP_INPUTS, MLP_OUTPUTS, ({1: tokens}, {1: tokens}))
     record = {"graph": EAGLE_GRAPH_FILE, "source": str(eagle), "dtype": str(torch_dtype).removeprefix("torch."),
+              "block": draft.block_kind,
               "hidden_size": args.hidden_size, "num_kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
               "intermediate_size": args.intermediate_size, "head_width": model.head.out_features,
               "digits": model.digits if model.samples_digits else 0, "acceptance": draft.acceptance}

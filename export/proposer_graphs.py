@@ -14,7 +14,9 @@ EagleGraph does everything a proposal needs:
                                                     (W = V_r), or a digit head's 34 scores
     present.0.key / .value       [1, kv, T, D_h]    keys/values of the T new rows only
 
-Same cache contract as `lm_graph.py` (the runtime owns the buffer, rollback is O(1)). The graph
+Same cache contract as `lm_graph.py` (the runtime owns the buffer, rollback is O(1)). An
+attention-free draft (`block="mlp"`) has neither positions nor a cache: its graph reads
+hidden_states and restricted_ids and returns last_hidden_state and head_scores. The graph
 carries its own copy of the target's speech-token embedding rows and head (a digit head: 34
 rows; a full head: V_r rows, which doubles those two matrices' memory beside the target graph).
 
@@ -41,15 +43,29 @@ class EagleGraph(nn.Module):
         self.embed = nn.Embedding.from_pretrained(target.embed_tokens.weight[restricted_token_ids].clone())
         self.head = target.head
 
+    def inputs(self, hidden_states: torch.Tensor, restricted_ids: torch.Tensor) -> torch.Tensor:
+        d = self.draft
+        dtype = d.fc.weight.dtype
+        return d.fc(torch.cat([hidden_states.to(dtype), self.embed(restricted_ids).to(dtype)], dim=-1))
+
+    def outputs(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self.draft.norm(x[:, -1:])
+        return f.float(), self.head(f).float()
+
     def forward(self, hidden_states: torch.Tensor, restricted_ids: torch.Tensor, position_ids: torch.Tensor,
                 past_k: torch.Tensor, past_v: torch.Tensor):
         d = self.draft
-        dtype = d.fc.weight.dtype
-        x = d.fc(torch.cat([hidden_states.to(dtype), self.embed(restricted_ids).to(dtype)], dim=-1))
-        cos, sin = rope_cos_sin(d.inv_freq, position_ids[0], dtype)
-        x, k, v = block_step(d.block, x, cos, sin, past_k, past_v, position_ids[:, :1])
-        f = d.norm(x[:, -1:])
-        return f.float(), self.head(f).float(), k, v
+        cos, sin = rope_cos_sin(d.inv_freq, position_ids[0], d.fc.weight.dtype)
+        x, k, v = block_step(d.block, self.inputs(hidden_states, restricted_ids), cos, sin, past_k, past_v,
+                             position_ids[:, :1])
+        return (*self.outputs(x), k, v)
+
+
+class EagleMlpGraph(EagleGraph):
+    """An attention-free draft's step: the last row alone (rows are independent), no cache."""
+
+    def forward(self, hidden_states: torch.Tensor, restricted_ids: torch.Tensor):
+        return self.outputs(self.draft.block(self.inputs(hidden_states[:, -1:], restricted_ids[:, -1:])))
 
 
 class HeadsGraph(nn.Module):
@@ -65,3 +81,4 @@ class HeadsGraph(nn.Module):
 HEADS_INPUTS, HEADS_OUTPUTS = ["last_hidden_state"], ["logits"]
 INPUTS = ["hidden_states", "restricted_ids", "position_ids", "past_key_values.0.key", "past_key_values.0.value"]
 OUTPUTS = ["last_hidden_state", "head_scores", "present.0.key", "present.0.value"]
+MLP_INPUTS, MLP_OUTPUTS = INPUTS[:2], OUTPUTS[:2]

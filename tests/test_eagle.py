@@ -32,8 +32,8 @@ def prompt(target):
     return build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
 
 
-def random_draft(target, seed=0, scale=1.0) -> EagleDraft:
-    draft = EagleDraft(target.model.args, target.fingerprint)
+def random_draft(target, seed=0, scale=1.0, block="attention") -> EagleDraft:
+    draft = EagleDraft(target.model.args, target.fingerprint, block=block)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in draft.named_parameters():
@@ -45,6 +45,12 @@ def random_draft(target, seed=0, scale=1.0) -> EagleDraft:
 @pytest.fixture(scope="module")
 def proposer(target):
     return EagleProposer.from_draft(random_draft(target), target)
+
+
+@pytest.fixture(scope="module")
+def mlp_proposer(target):
+    """An attention-free draft (`block="mlp"`): no cache, a row reads only its own state."""
+    return EagleProposer.from_draft(random_draft(target, seed=7, block="mlp"), target)
 
 
 def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
@@ -65,6 +71,13 @@ def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
         EagleDraft.load(tmp_path / "bad.safetensors", target.model)
     with pytest.raises(FileNotFoundError, match="pcgtts heads eagle"):
         EagleDraft.load(tmp_path / "missing.safetensors", target.model)
+    mlp = random_draft(target, seed=1, block="mlp")
+    loaded = EagleDraft.load(mlp.save(tmp_path / "m.safetensors", dtype=torch.float32), target.model)
+    assert not loaded.attention and not hasattr(loaded.block, "self_attn") and loaded.block_kind == "mlp"
+    states, embeds = torch.randn(1, 5, target.model.args.hidden_size), torch.randn(1, 5, target.model.args.hidden_size)
+    torch.testing.assert_close(loaded.train_features(states, embeds), mlp.train_features(states, embeds))
+    with pytest.raises(ValueError, match="block must be one of"):
+        EagleDraft(target.model.args, block="conv")
 
 
 def test_proposer_cache_matches_a_whole_sequence_pass(target, prompt):
@@ -94,8 +107,25 @@ def test_proposer_cache_matches_a_whole_sequence_pass(target, prompt):
             torch.testing.assert_close(probs[0], expected, atol=1e-5, rtol=1e-4)
 
 
+def test_attention_free_proposals_read_only_the_last_row(target, prompt):
+    """An attention-free draft proposes from the last fed row alone: feeding a chunk of rows, or
+    that chunk's last row by itself, gives the same distribution, and it equals a cache-free pass."""
+    draft = random_draft(target, seed=9, block="mlp")
+    step = EagleProposer.from_draft(draft, target).step
+    states, tokens = torch.randn(4, target.model.args.hidden_size), torch.tensor([5, 17, 300, 2])
+    f_all, scores_all = step.run(states, tokens, 10)
+    f_last, scores_last = step.run(states[-1:], tokens[-1:], 0)
+    torch.testing.assert_close(f_all, f_last)
+    torch.testing.assert_close(scores_all, scores_last)
+    with torch.no_grad():
+        embeds = target.model.embed_tokens(target.vocab.restricted_to_token_ids(tokens))
+        torch.testing.assert_close(f_all, draft.train_features(states[None], embeds[None])[0, -1])
+
+
+@pytest.mark.parametrize("block", ["attention", "mlp"])
 @pytest.mark.parametrize("policy", ["eagle-sd", "eagle-pcg"])
-def test_greedy_eagle_equals_plain_greedy(target, proposer, prompt, tiny_groups, policy):
+def test_greedy_eagle_equals_plain_greedy(target, proposer, mlp_proposer, prompt, tiny_groups, policy, block):
+    proposer = proposer if block == "attention" else mlp_proposer
     reference, _ = run(target, proposer, prompt, "ar", GREEDY)
     output, stats = run(target, proposer, prompt, policy, GREEDY, groups=tiny_groups)
     assert output == reference
@@ -129,13 +159,13 @@ def test_adaptive_eagle_with_a_useless_draft_stays_within_five_percent_of_ar(tar
 
 
 @pytest.mark.slow  # 3,000 decodes per case
-@pytest.mark.parametrize("head", ["rows", "digits"])
-def test_eagle_sd_is_exact_in_distribution(head, target, proposer, prompt, factorised_target):
+@pytest.mark.parametrize("head", ["rows", "digits", "mlp"])
+def test_eagle_sd_is_exact_in_distribution(head, target, proposer, mlp_proposer, prompt, factorised_target):
     """The marginal of the 3rd generated code (proposed at draft position 2 after a proposal at
     position 1, both by the draft from its own state) under eagle-sd equals plain AR sampling's.
     Two-sample chi-square over the 8 most frequent codes + the rest pooled, 1,500 runs each, at
     significance 1e-3: false-alarm rate 0.1 % per case (seeds fixed: deterministic). "digits": a
-    digit-factorised target, whose proposals are sampled digit by digit."""
+    digit-factorised target, whose proposals are sampled digit by digit; "mlp": an attention-free draft."""
     from scipy.stats import chi2_contingency
 
     from pcgtts.runtime.lm.torch_lm import TorchLM
@@ -145,6 +175,8 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, prompt, facto
         assert target.model.samples_digits
         proposer = EagleProposer.from_draft(random_draft(target), target)
         prompt = build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
+    if head == "mlp":
+        proposer = mlp_proposer
     short = prompt[-6:]
 
     def third(policy):
@@ -167,25 +199,27 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, prompt, facto
     assert p_value > 1e-3, (p_value, table)
 
 
-@pytest.mark.parametrize("head", ["rows", "digits"])
+@pytest.mark.parametrize("head", ["rows", "digits", "digits-mlp"])
 def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, factorised_target):
     """A few optimiser steps on the target's own states lower the loss and raise the acceptance
     estimate on the training rows (the trainer's loss, on a tiny model), for three passes. "rows":
-    KL over sampled expanded rows; "digits": a digit-factorised target, every row's KL in closed form."""
+    KL over sampled expanded rows; "digits": a digit-factorised target, every row's KL in closed
+    form; "digits-mlp": the same with an attention-free draft."""
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.train.eagle import TargetHead, eagle_losses, state_sequences
 
-    if head == "digits":
+    if head.startswith("digits"):
         target = TorchLM.load(factorised_target, max_length=256)
         prompt = build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
     loss_head = TargetHead(target.model)
-    assert bool(loss_head.digits) == (head == "digits")
+    assert bool(loss_head.digits) == head.startswith("digits")
     pairs = []
     for seed in range(4):
         codes, _ = run(target, None, prompt, "ar", SamplingConfig(), tokens=40, seed=seed)
         pairs.append((prompt, torch.tensor(codes)))
     data = state_sequences(target, pairs)
-    draft = EagleDraft(target.model.args, target.fingerprint).requires_grad_(True)
+    draft = EagleDraft(target.model.args, target.fingerprint, block="mlp" if head.endswith("mlp") else "attention")
+    draft.requires_grad_(True)
     opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
     rng = random.Random(0)
 
@@ -290,14 +324,20 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
 
     ort = OrtLM.load(tmp_path / "onnx", max_length=256, tokenizer=target.tokenizer)
     assert ort.exposes_hidden and ort.has_eagle and ort.has_heads
-    cases = [("eagle", EagleProposer.for_target(ort), EagleProposer.from_draft(draft, target)),
-             ("mtp", HeadProposer(ort.heads_step()), HeadProposer.from_heads(heads, target))]
+    mlp = random_draft(target, seed=6, block="mlp")
+    meta, _ = export_lm(tiny_lms["target"], tmp_path / "onnx-mlp", max_length=256,
+                        eagle=mlp.save(tmp_path / "m.safetensors", dtype=torch.float32))
+    assert meta.extra["eagle"]["check"]["ok"] and meta.extra["eagle"]["block"] == "mlp"
+    ort_mlp = OrtLM.load(tmp_path / "onnx-mlp", max_length=256, tokenizer=target.tokenizer)
+    cases = [("eagle", ort, EagleProposer.for_target(ort), EagleProposer.from_draft(draft, target)),
+             ("eagle", ort_mlp, EagleProposer.for_target(ort_mlp), EagleProposer.from_draft(mlp, target)),
+             ("mtp", ort, HeadProposer(ort.heads_step()), HeadProposer.from_heads(heads, target))]
     reference, _ = run(target, None, prompt, "ar", GREEDY)
-    for kind, on_ort, on_torch in cases:
-        assert run(ort, on_ort, prompt, f"{kind}-pcg", GREEDY, groups=tiny_groups)[0] == reference, kind
+    for kind, lm, on_ort, on_torch in cases:
+        assert run(lm, on_ort, prompt, f"{kind}-pcg", GREEDY, groups=tiny_groups)[0] == reference, kind
         for policy in (f"{kind}-sd", f"{kind}-pcg"):
             a, sa = run(target, on_torch, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
-            b, sb = run(ort, on_ort, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
+            b, sb = run(lm, on_ort, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
             assert a == b and (sa.drafted, sa.accepted, sa.steps) == (sb.drafted, sb.accepted, sb.steps), policy
             assert sa.accepted > 0, policy  # the comparison covered accepted proposals
 

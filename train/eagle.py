@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from pcgtts.runtime.lm.digit_head import digit_kl
-from pcgtts.runtime.lm.eagle import EagleDraft
+from pcgtts.runtime.lm.eagle import BLOCKS, EagleDraft
 from pcgtts.train.on_policy import OnPolicyConfig, fit, frozen_target_and_pairs
 
 
@@ -43,9 +43,12 @@ class EagleTrainConfig(OnPolicyConfig):
     passes: int = 2  # pass k trains the k-th proposal (k - 1 of the draft's own states fed back)
     regression: float = 0.1
     intermediate_size: int | None = None  # the block's MLP width (default: the target's)
+    block: str = "attention"  # or "mlp": attention-free, half the ops a proposal (runtime/lm/eagle.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.block not in BLOCKS:
+            raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
         if min(self.batch_sequences, self.kl_rows, self.figure_rows, self.passes) < 1 or self.regression < 0:
             raise ValueError("batch_sequences, kl_rows, figure_rows and passes must be >= 1, regression >= 0")
 
@@ -156,12 +159,13 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     target, train_pairs, heldout_pairs = frozen_target_and_pairs(cfg, generation_progress)
     data, heldout = state_sequences(target, train_pairs), state_sequences(target, heldout_pairs)
     head = TargetHead(target.model)
-    draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size)
+    draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
         m = draft.args.intermediate_size  # (a narrower MLP keeps the first m hidden units)
+        wanted = draft.block.state_dict().keys()  # (an attention-free block: its MLP half)
         draft.block.load_state_dict({k: v[:m] if k.startswith("mlp.gate_proj") or k.startswith("mlp.up_proj")
                                      else v[:, :m] if k == "mlp.down_proj.weight" else v
-                                     for k, v in target.model.layers[-1].state_dict().items()})
+                                     for k, v in target.model.layers[-1].state_dict().items() if k in wanted})
         draft.norm.weight.copy_(target.model.norm.weight)
         d = target.model.args.hidden_size
         draft.fc.weight.zero_()
@@ -175,7 +179,7 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
         return loss, {f"accept{k + 1}": accept for k, accept in enumerate(figures["accept"])}
 
     step = fit(draft, loss_step, cfg, "eagle_", "EAGLE draft: KL to the target",
-               {"intermediate_size": draft.args.intermediate_size}, progress, clip=1.0)
+               {"intermediate_size": draft.args.intermediate_size, "block": cfg.block}, progress, clip=1.0)
     after = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
     draft.acceptance = sum(after["accept"]) / len(after["accept"])
     cfg.out.parent.mkdir(parents=True, exist_ok=True)

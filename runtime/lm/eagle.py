@@ -8,15 +8,21 @@ j + 1) and the token x_{j+1} actually chosen there, and predicts the next state:
     f_j = RMSNorm(Block(e_0 .. e_j))        one LLaMA block with its own static KV cache
     logits = the target's head (f_j)        predicts x_{j+2}; f_j stands in for h_{j+1}
 
+or, attention-free (`block="mlp"`), f_j = RMSNorm(e_j + MLP(RMSNorm(e_j))): a row reads only its own
+(h_j, x_{j+1}), so there is no cache, and a proposal costs about half the ops (on a CPU, where a
+proposal's cost is its ops' fixed costs, half the time).
+
 so proposing the token after next costs one small block plus the target's (digit-factorised)
 head. While drafting, f_j is fed back as the next step's h; after verification the target's true
 states overwrite the speculative positions (static cache, explicit positions). Any draft
 distribution keeps the SD and PCG rules exact, so this changes speed only, never the output law.
 
 File format: `eagle_draft.safetensors` next to the target checkpoint (or any path), tensors
-`fc.weight` [D, 2D], `block.*` (a `llama.Block`'s names), `norm.weight` [D], float16/bfloat16/float32,
-and safetensors metadata {"format": "pcgtts-eagle-draft", "version": "1", "target_fingerprint":
+`fc.weight` [D, 2D], `block.*` (a `llama.Block`'s names; an attention-free block has only its
+`post_attention_layernorm` and `mlp`), `norm.weight` [D], float16/bfloat16/float32, and
+safetensors metadata {"format": "pcgtts-eagle-draft", "version": "1", "target_fingerprint":
 <fingerprint of the target's speech embedding rows>, "intermediate_size": <the block's MLP width>,
+optionally "block": "attention" (the default) or "mlp",
 optionally "acceptance": <held-out SD acceptance measured by the trainer, the adaptive draft
 length's starting estimate>};
 the block's other dimensions (heads, head size, RoPE) are the target's, and a draft trained for
@@ -37,24 +43,42 @@ from torch import nn
 
 from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
-from pcgtts.runtime.lm.llama import Block, Llama, LlamaArgs, RMSNorm, rope_cos_sin, rope_inv_freq
+from pcgtts.runtime.lm.llama import MLP, Block, Llama, LlamaArgs, RMSNorm, rope_cos_sin, rope_inv_freq
 
 EAGLE_FILE = "eagle_draft.safetensors"
 FORMAT = "pcgtts-eagle-draft"
 VERSION = "1"
+BLOCKS = ("attention", "mlp")
+
+
+class ResidualMLP(nn.Module):
+    """A LLaMA block without its attention half (same names): x + MLP(RMSNorm(x))."""
+
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class EagleDraft(nn.Module):
-    """W_in + one LLaMA block + RMSNorm over the target's states; the target supplies E and the head."""
+    """W_in + one LLaMA block (or its MLP half) + RMSNorm over the target's states; the target
+    supplies E and the head."""
 
-    def __init__(self, args: LlamaArgs, target_fingerprint: str = "", intermediate_size: int | None = None):
+    def __init__(self, args: LlamaArgs, target_fingerprint: str = "", intermediate_size: int | None = None,
+                 block: str = "attention"):
         super().__init__()
         if intermediate_size is not None and intermediate_size < 1:
             raise ValueError(f"intermediate_size must be >= 1, got {intermediate_size}")
+        if block not in BLOCKS:
+            raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
         self.args = dataclasses.replace(args, num_layers=1, intermediate_size=intermediate_size or args.intermediate_size)
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)
-        self.block = Block(self.args)
+        self.attention = block == "attention"
+        self.block = Block(self.args) if self.attention else ResidualMLP(self.args)
         self.norm = RMSNorm(d, args.rms_norm_eps)
         self.target_fingerprint = target_fingerprint
         self.acceptance: float | None = None  # held-out SD acceptance recorded by the trainer
@@ -70,8 +94,14 @@ class EagleDraft(nn.Module):
         (`mask` [T, T]; `positions` only place RoPE): see `train_features`. `rope`: cos, sin of
         `positions` when the caller has them (the target's table: the block shares its RoPE)."""
         x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
+        if not self.attention:
+            return self.norm(self.block(x))
         cos, sin = rope if rope is not None else rope_cos_sin(self.inv_freq, positions, self.fc.weight.dtype)
         return self.norm(self.block(x, cos, sin, positions if cached else None, mask, end))
+
+    @property
+    def block_kind(self) -> str:
+        return "attention" if self.attention else "mlp"
 
     def train_features(self, states: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
         """Whole sequences at once without a cache (training): [B, T, D] -> [B, T, D], causal."""
@@ -86,7 +116,7 @@ class EagleDraft(nn.Module):
         path = Path(path)
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
         meta = {"format": FORMAT, "version": VERSION, "target_fingerprint": self.target_fingerprint,
-                "intermediate_size": str(self.args.intermediate_size)}
+                "intermediate_size": str(self.args.intermediate_size), "block": self.block_kind}
         if self.acceptance is not None:
             meta["acceptance"] = f"{self.acceptance:.4f}"
         with atomic_output(path) as tmp:
@@ -102,7 +132,10 @@ class EagleDraft(nn.Module):
         if fingerprint is not None and stored and stored != fingerprint:
             raise ValueError(f"{path}: this draft was trained for another target "
                              f"(speech embeddings {stored[:12]}..., this target {fingerprint[:12]}...)")
-        draft = cls(target.args, stored, int(meta.get("intermediate_size", target.args.intermediate_size)))
+        block = meta.get("block", "attention")
+        if block not in BLOCKS:
+            raise ValueError(f"{path}: unknown EAGLE block {block!r} (this version reads {', '.join(BLOCKS)})")
+        draft = cls(target.args, stored, int(meta.get("intermediate_size", target.args.intermediate_size)), block)
         draft.acceptance = float(meta["acceptance"]) if "acceptance" in meta else None
         try:
             draft.load_state_dict(tensors)
@@ -125,12 +158,18 @@ class TorchEagleStep:
         self.dtype, self.device = draft.fc.weight.dtype, draft.fc.weight.device
         self.hidden_size = draft.fc.weight.shape[0]
         self.digits = target.digits if target.samples_digits else 0  # > 0: scores can be drawn digit by digit
-        attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, max_length, draft.args.head_dim)
-        attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
-        attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
+        if draft.attention:
+            attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, max_length, draft.args.head_dim)
+            attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
+            attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        model, end = self.model, start + len(tokens)
+        model = self.model
+        if not self.draft.attention:  # rows are independent: only the last one is asked for
+            embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens[-1:]))
+            f = self.draft.features(states[-1:], embeds, None, None, None, cached=False)[-1]
+            return f, model.head_scores(f.to(model.dtype))
+        end = start + len(tokens)
         positions = torch.arange(start, end, device=states.device)
         embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
         # the target's causal mask (the draft's slots never exceed the target's)
@@ -142,4 +181,4 @@ class TorchEagleStep:
         return self.model.scores_to_logits(scores)
 
 
-__all__ = ["EagleDraft", "EAGLE_FILE", "TorchEagleStep"]
+__all__ = ["BLOCKS", "EagleDraft", "EAGLE_FILE", "ResidualMLP", "TorchEagleStep"]

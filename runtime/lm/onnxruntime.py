@@ -186,24 +186,30 @@ class OrtEagleStep:
         self.hidden_size, self.head_width = record["hidden_size"], record["head_width"]
         self.digits = record["digits"]  # > 0: the scores are a digit table's, drawn digit by digit
         self.dtype = torch.float32  # the graph's state inputs and outputs
+        self.attention = record.get("block", "attention") == "attention"  # else no positions, no cache
         cache_dtype = {"float32": torch.float32, "float16": torch.float16}[record["dtype"]]
         shape = (1, record["num_kv_heads"], min(INITIAL_CAPACITY, max_length), record["head_dim"])
-        self.cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(2)]  # grows as used
+        self.cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(2)] if self.attention else []
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.attention:  # rows are independent: the last one alone
+            states, tokens = states[-1:], tokens[-1:]
         k = len(tokens)
-        self.cache = grow_cache(self.cache, start, start + k, self.max_length)
         f = torch.empty(1, 1, self.hidden_size, dtype=torch.float32, device=self.device)
         scores = torch.empty(1, 1, self.head_width, dtype=torch.float32, device=self.device)
-        new = [torch.empty(1, *c.shape[1:2], k, c.shape[3], dtype=c.dtype, device=self.device) for c in self.cache]
         inputs = {"hidden_states": states.to(self.device, torch.float32).contiguous().view(1, k, -1),
-                  "restricted_ids": tokens.to(self.device, torch.long).contiguous().view(1, k),
-                  "position_ids": torch.arange(start, start + k, device=self.device).view(1, k),
-                  "past_key_values.0.key": self.cache[0], "past_key_values.0.value": self.cache[1]}
-        self._bound.run(inputs, {"last_hidden_state": f, "head_scores": scores, "present.0.key": new[0],
-                                 "present.0.value": new[1]})
-        for buf, entries in zip(self.cache, new):
-            buf[:, :, start:start + k] = entries
+                  "restricted_ids": tokens.to(self.device, torch.long).contiguous().view(1, k)}
+        outputs = {"last_hidden_state": f, "head_scores": scores}
+        if self.attention:
+            self.cache = grow_cache(self.cache, start, start + k, self.max_length)
+            new = [torch.empty(1, *c.shape[1:2], k, c.shape[3], dtype=c.dtype, device=self.device) for c in self.cache]
+            inputs |= {"position_ids": torch.arange(start, start + k, device=self.device).view(1, k),
+                       "past_key_values.0.key": self.cache[0], "past_key_values.0.value": self.cache[1]}
+            outputs |= {"present.0.key": new[0], "present.0.value": new[1]}
+        self._bound.run(inputs, outputs)
+        if self.attention:
+            for buf, entries in zip(self.cache, new):
+                buf[:, :, start:start + k] = entries
         return f[0, 0], scores[0, 0]
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
