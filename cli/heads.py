@@ -39,9 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--out", help="draft file (default: <target>/eagle_draft.safetensors, found there by the runtime)")
     eagle.add_argument("--work-dir", help="generated sequences, checkpoint, loss log (default: <out>.work)")
     eagle.add_argument("--sentences", help="training sentences, one per line (default: the lab's template sentences)")
-    eagle.add_argument("--sequences", type=positive(int), default=120, help="on-policy training sequences")
-    eagle.add_argument("--heldout", type=positive(int), default=12, help="sequences for the before/after figures")
-    eagle.add_argument("--steps", type=positive(int), default=600)
+    # None: train/eagle.py's EagleTrainConfig default (resolved there, not imported here: no torch at parse time)
+    eagle.add_argument("--sequences", type=positive(int), help="on-policy training sequences (default 500)")
+    eagle.add_argument("--heldout", type=positive(int), help="sequences for the before/after figures (default 12)")
+    eagle.add_argument("--steps", type=positive(int), help="optimiser steps (default 3,000)")
     eagle.add_argument("--temperature", type=positive(float), default=0.8, help="of the on-policy sampling")
     eagle.add_argument("--max-tokens", type=positive(int), default=400, help="speech tokens per sequence at most")
     eagle.add_argument("--mlp-size", type=positive(int), help="the block's MLP width (default: the target's; "
@@ -49,9 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--block", choices=["attention", "mlp"], default="attention",
                        help="the draft's block: a LLaMA block with its own cache, or its MLP half alone "
                             "(no attention, no cache: half the ops a proposal)")
-    eagle.add_argument("--passes", type=positive(int), default=2,
-                       help="proposal positions trained: pass k feeds the draft k - 1 of its own states")
-    eagle.add_argument("--batch-sequences", type=positive(int), default=4, help="sequences per optimiser step")
+    eagle.add_argument("--passes", type=positive(int),
+                       help="proposal positions trained: pass k feeds the draft k - 1 of its own states (default 3)")
+    eagle.add_argument("--batch-sequences", type=positive(int), help="sequences per optimiser step (default 8)")
     eagle.add_argument("--seed", type=int, default=0)
     eagle.set_defaults(func=_eagle)
 
@@ -104,11 +105,11 @@ def _eagle(args) -> int:
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, train_eagle
 
+    given = {name: getattr(args, name) for name in ("sequences", "heldout", "steps", "passes", "batch_sequences")
+             if getattr(args, name) is not None}
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
-                           sequences=args.sequences, heldout=args.heldout, steps=args.steps,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
-                           intermediate_size=args.mlp_size, block=args.block, passes=args.passes,
-                           batch_sequences=args.batch_sequences)
+                           intermediate_size=args.mlp_size, block=args.block, **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

@@ -377,3 +377,17 @@ def test_bench_checks_state_policies_on_the_backend_in_force(tiny_lms, target, t
         check_state_policies(["eagle-pcg"], parse())
     with pytest.raises(ValueError, match="exported with the target"):
         check_state_policies(["eagle-pcg"], parse("--backend", "onnxruntime"))
+
+
+def test_heads_eagle_help_states_the_trainers_defaults():
+    """The CLI leaves unset options to EagleTrainConfig (no torch at parse time); its help text
+    repeats those defaults, and must say what the trainer does."""
+    from pcgtts.cli import _build_parser
+    from pcgtts.train.eagle import EagleTrainConfig
+
+    heads = next(a for a in _build_parser()._subparsers._group_actions[0].choices["heads"]._subparsers._group_actions
+                 if a.choices).choices["eagle"]
+    helps = {a.dest: a.help for a in heads._actions}
+    for name in ("sequences", "heldout", "steps", "passes", "batch_sequences"):
+        assert f"(default {getattr(EagleTrainConfig, name):,})" in helps[name], name
+    assert heads.parse_args(["--target", "T"]).steps is None

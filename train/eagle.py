@@ -33,14 +33,14 @@ from pcgtts.train.on_policy import OnPolicyConfig, fit, frozen_target_and_pairs
 
 @dataclass(frozen=True)
 class EagleTrainConfig(OnPolicyConfig):
-    sequences: int = 120
+    sequences: int = 500  # lab-v1's draft (session 17): 2,000 sequences, 4,000 steps, 8 a batch, 3 passes
     heldout: int = 12
-    steps: int = 600
+    steps: int = 3000
     lr: float = 1e-3
-    batch_sequences: int = 4
+    batch_sequences: int = 8
     kl_rows: int = 192  # rows per pass whose full distributions enter the loss (heads without a digit table)
     figure_rows: int = 32  # rows per pass whose acceptance is logged while training
-    passes: int = 2  # pass k trains the k-th proposal (k - 1 of the draft's own states fed back)
+    passes: int = 3  # pass k trains the k-th proposal (k - 1 of the draft's own states fed back)
     regression: float = 0.1
     intermediate_size: int | None = None  # the block's MLP width (default: the target's)
     block: str = "attention"  # or "mlp": attention-free, half the ops a proposal (runtime/lm/eagle.py)
