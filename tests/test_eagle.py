@@ -263,7 +263,8 @@ def test_eagle_policies_need_their_draft(tiny_models, tmp_path, target, prompt):
 
 @pytest.mark.slow
 def test_eagle_cli_end_to_end(tiny_models, tmp_path):
-    """`pcgtts heads eagle` writes the draft next to the target; `pcgtts speak --policy eagle-sd` uses it."""
+    """`pcgtts heads eagle` writes the draft next to the target (here attention-free, two passes);
+    `pcgtts speak --policy eagle-sd` uses it."""
     import json
     import shutil
     import subprocess
@@ -278,10 +279,14 @@ def test_eagle_cli_end_to_end(tiny_models, tmp_path):
     bad = run_cli("heads", "eagle", "--target", str(tmp_path / "nope"))
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "no target checkpoint" in bad.stderr
     done = run_cli("heads", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--steps", "20",
-                   "--max-tokens", "60")
+                   "--max-tokens", "60", "--block", "mlp", "--passes", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(summary["accept_after"]) == 2 and (folder / "eagle_draft.safetensors").is_file()
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "eagle_draft.safetensors"), "pt") as f:
+        assert f.metadata()["block"] == "mlp"
     wav = tmp_path / "eagle.wav"
     done = run_cli("speak", "Hello there.", "--target", str(folder), "--codec", str(tiny_models["codec"]),
                    "--policy", "eagle-sd", "--max-tokens", "40", "--seed", "1", "--out", str(wav))
