@@ -134,11 +134,12 @@ def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, to
     draft = EagleDraft.load(eagle, model, fingerprint=lm.fingerprint)
     graph = (EagleGraph if draft.attention else EagleMlpGraph)(
         draft, model, vocab.restricted_to_token_ids(torch.arange(vocab.restricted_size))).eval()
-    args, t, slots = draft.args, 3, 8
-    tokens, cache = torch.export.Dim("tokens", min=1), torch.export.Dim("cache", min=2)
+    args, t = draft.args, 3
+    tokens = torch.export.Dim("tokens", min=1)
     example = (torch.zeros(1, t, args.hidden_size), torch.zeros(1, t, dtype=torch.long))
     if draft.attention:
-        past = [torch.zeros(1, args.num_kv_heads, slots, args.head_dim, dtype=torch_dtype) for _ in range(2)]
+        cache = torch.export.Dim("cache", min=2)
+        past = [torch.zeros(1, args.num_kv_heads, 8, args.head_dim, dtype=torch_dtype) for _ in range(2)]
         example = (*example, torch.arange(t).view(1, -1), *past)
         dynamic = ({1: tokens}, {1: tokens}, {1: tokens}, {2: cache}, {2: cache})
         export_graph(graph, example, stage / EAGLE_GRAPH_FILE, INPUTS, OUTPUTS, dynamic)

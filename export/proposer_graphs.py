@@ -62,10 +62,10 @@ class EagleGraph(nn.Module):
 
 
 class EagleMlpGraph(EagleGraph):
-    """An attention-free draft's step: the last row alone (rows are independent), no cache."""
+    """An attention-free draft's step: no cache; rows are independent, the last one's f is returned."""
 
     def forward(self, hidden_states: torch.Tensor, restricted_ids: torch.Tensor):
-        return self.outputs(self.draft.block(self.inputs(hidden_states[:, -1:], restricted_ids[:, -1:])))
+        return self.outputs(self.draft.block(self.inputs(hidden_states, restricted_ids)))
 
 
 class HeadsGraph(nn.Module):

@@ -94,24 +94,31 @@ class TargetHead:
         self.model = model
         self.digits = model.digits if model.samples_digits else 0
 
-    def kl(self, p_states: torch.Tensor, q_states: torch.Tensor) -> torch.Tensor:
-        """KL(target(. | p_states) || target head(. | q_states)) per row: [R, D] x 2 -> [R]."""
+    def kl(self, p_states: torch.Tensor, q_states: list[torch.Tensor]) -> list[torch.Tensor]:
+        """KL(target(. | p_states) || target head(. | q)) per row for each q in `q_states`
+        (the passes): [R, D], k x [R, D] -> k x [R]; the target's side is computed once."""
         model = self.model
         if self.digits:
             with torch.no_grad():
                 p_scores = model.head_scores(p_states)
-            return digit_kl(p_scores, model.head_scores(q_states), self.digits).float()
+            return [digit_kl(p_scores, model.head_scores(q), self.digits).float() for q in q_states]
         with torch.no_grad():
             p = torch.softmax(model.logits(p_states), -1)
-        log_q = torch.log_softmax(model.logits(q_states), -1)
-        return torch.where(p > 0, p * (torch.log(p.clamp_min(1e-30)) - log_q), 0.0).sum(-1)
+            log_p = torch.log(p.clamp_min(1e-30))
+        return [torch.where(p > 0, p * (log_p - torch.log_softmax(model.logits(q), -1)), 0.0).sum(-1)
+                for q in q_states]
 
     @torch.no_grad()
-    def figures(self, p_states: torch.Tensor, q_states: torch.Tensor) -> tuple[float, float]:
-        """(SD acceptance 1 - TV at temperature 1, top-1 agreement), mean over rows (expanded)."""
+    def figures(self, p_states: torch.Tensor, q_states: list[torch.Tensor]) -> list[tuple[float, float]]:
+        """(SD acceptance 1 - TV at temperature 1, top-1 agreement), mean over rows (expanded), for
+        each q in `q_states`; the target's rows are expanded once."""
         p = torch.softmax(self.model.logits(p_states), -1)
-        q = torch.softmax(self.model.logits(q_states), -1)
-        return float(1.0 - 0.5 * (p - q).abs().sum(-1).mean()), float((q.argmax(-1) == p.argmax(-1)).float().mean())
+        p_top = p.argmax(-1)
+        out = []
+        for q_states_k in q_states:
+            q = torch.softmax(self.model.logits(q_states_k), -1)
+            out.append((float(1.0 - 0.5 * (p - q).abs().sum(-1).mean()), float((q.argmax(-1) == p_top).float().mean())))
+        return out
 
 
 def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, index: list[int], kl_rows: int,
@@ -132,10 +139,10 @@ def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, inde
         return chosen[:, 0], chosen[:, 1]
 
     b, j = (rows[:, 0], rows[:, 1]) if head.digits else pick(kl_rows)
-    loss = sum(head.kl(nexts[b, j], f[b, j]).mean() for f in features)
+    loss = sum(kl.mean() for kl in head.kl(nexts[b, j], [f[b, j] for f in features]))
     reg = torch.nn.functional.smooth_l1_loss(features[0][valid], nexts[valid])
     fb, fj = pick(figure_rows or kl_rows)
-    accept, agree = zip(*(head.figures(nexts[fb, fj], f[fb, fj]) for f in features))
+    accept, agree = zip(*head.figures(nexts[fb, fj], [f[fb, fj] for f in features]))
     return loss + regression * reg, {"accept": list(accept), "agree": list(agree), "regression": float(reg.detach())}
 
 

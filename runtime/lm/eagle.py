@@ -166,15 +166,16 @@ class TorchEagleStep:
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
         if not self.draft.attention:  # rows are independent: only the last one is asked for
-            embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens[-1:]))
-            f = self.draft.features(states[-1:], embeds, None, None, None, cached=False)[-1]
-            return f, model.head_scores(f.to(model.dtype))
-        end = start + len(tokens)
-        positions = torch.arange(start, end, device=states.device)
+            states, tokens = states[-1:], tokens[-1:]
         embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
-        # the target's causal mask (the draft's slots never exceed the target's)
-        f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end,
-                                rope=model.rope(positions))[0, -1]
+        if self.draft.attention:
+            end = start + len(tokens)
+            positions = torch.arange(start, end, device=states.device)
+            # the target's causal mask (the draft's slots never exceed the target's)
+            f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end,
+                                    rope=model.rope(positions))[0, -1]
+        else:
+            f = self.draft.features(states, embeds, None, None, None, cached=False)[-1]
         return f, model.head_scores(f.to(model.dtype))
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
