@@ -74,3 +74,16 @@ def test_build_is_deterministic_cached_and_resumable(tmp_path):
     assert resumed["rendered"] == 3
     again_audio, _ = sf.read(str(tmp_path / "a" / records[0]["path"]))
     assert (again_audio == audio).all()
+
+
+def test_a_full_corpus_refuses_to_start_without_the_fortune_files(tmp_path, monkeypatch):
+    """Without Debian's fortune files the pool would silently shrink to the 160 template sentences
+    (a 20x smaller corpus): a full build refuses with the install line before rendering anything."""
+    import pcgtts.train.corpus as corpus
+
+    monkeypatch.setattr(corpus, "fortune_sentences", lambda: [])
+    monkeypatch.setattr(corpus, "missing_tools", lambda speakers: [])
+    cfg = CorpusConfig(out_dir=tmp_path / "c", speakers=(SLT,), heldout_speakers=())
+    with pytest.raises(RuntimeError, match="fortunes-min"):
+        build_corpus(cfg)
+    assert not (tmp_path / "c").exists()

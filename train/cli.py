@@ -77,6 +77,10 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="stop after this many minutes, checkpointed (run again to go on): a GPU lease's limit")
     p.add_argument("--voice-prompt-prob", type=float, default=0.5,
                    help="share of examples prompted with a same-speaker reference (voice cloning)")
+    p.add_argument("--align-weight", type=float, default=0.0,
+                   help="weight of the alignment prior (train/align.py: watched heads read the text near the "
+                        "diagonal); 0 (default): off")
+    p.add_argument("--align-heads", type=_positive_int, default=1, help="heads a watched layer (the middle two layers)")
     p.set_defaults(lab_func=_cmd_lm)
 
     p = sub.add_parser("draft", help="3-layer draft from the target's layers + brief fine-tune")
@@ -183,7 +187,7 @@ def _cmd_lm(args) -> dict:
                         batch_size=args.batch_size, threads=args.threads,
                         checkpoint_minutes=args.checkpoint_minutes, voice_prompt_prob=args.voice_prompt_prob,
                         init_from=args.init_from, device=args.device, lr=args.lr,
-                        max_minutes=args.max_minutes)
+                        max_minutes=args.max_minutes, align_weight=args.align_weight, align_heads=args.align_heads)
     return train_lm(cfg, progress=_Bar("lm", "step"))
 
 

@@ -385,6 +385,8 @@ def build_corpus(config: CorpusConfig, progress=None, manifest_every: int = 50) 
     import soundfile as sf
 
     missing = missing_tools(config.speakers)
+    if config.max_sentences is None and not fortune_sentences():  # else the pool is the templates alone
+        missing.append(f"apt-get install fortunes-min fortunes (no fortune files in {FORTUNE_DIR})")
     if missing:
         raise RuntimeError("corpus sources missing: " + "; ".join(missing))
     utts = plan(config)

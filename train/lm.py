@@ -34,6 +34,7 @@ import torch
 from pcgtts.runtime.lm.digit_head import code_digits
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SpeechVocab
+from pcgtts.train.align import alignment_prior, relative_positions, watch
 from pcgtts.train.corpus import read_manifest
 from pcgtts.train.progress import LossLog, load_checkpoint, lr_at, resume, rng_state, save_checkpoint
 
@@ -255,6 +256,11 @@ class LMTrainConfig:
     init_from: Path | None = None  # a committed voice folder (pcgtts/voice) whose target a fresh run starts from
     device: str = "cpu"  # "cuda": bf16 autocast on a GPU machine (weights and optimizer stay float32)
     max_minutes: float | None = None  # stop (checkpointed, resumable) after this long: a GPU lease's limit
+    # Alignment prior (train/align.py): weight (0: off), watched layers (None: the middle two), heads a layer, width g.
+    align_weight: float = 0.0
+    align_layers: tuple[int, ...] | None = None
+    align_heads: int = 1
+    align_width: float = 0.2
 
     def __post_init__(self) -> None:
         for name in ("corpus", "codec", "out_dir"):
@@ -269,6 +275,15 @@ class LMTrainConfig:
             raise ValueError("max_minutes must be > 0")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if self.align_weight < 0 or not self.align_width > 0 or self.align_heads < 1:
+            raise ValueError("align_weight must be >= 0, align_width > 0 and align_heads >= 1")
+
+    @property
+    def watched_layers(self) -> tuple[int, ...]:
+        if self.align_layers is not None:
+            return tuple(self.align_layers)
+        mid = self.model.num_layers // 2
+        return tuple(sorted({max(mid - 1, 0), mid}))
 
 
 class ExampleBuilder:
@@ -312,6 +327,7 @@ class ExampleBuilder:
         raise ValueError(f"no example fits max_tokens={self.cfg.max_tokens}")
 
     def batch(self, size: int, rng: random.Random):
+        """(ids, loss mask, attention mask), padded; + the alignment prior's places [B, 2, T] when it is on."""
         items = [self.sample(rng) for _ in range(size)]
         n = max(ids.numel() for ids, _ in items)
         pad = self.tok.pad_token_id
@@ -320,7 +336,13 @@ class ExampleBuilder:
         attn = torch.zeros(size, n, dtype=torch.long)
         for i, (x, m) in enumerate(items):
             ids[i, :x.numel()], mask[i, :x.numel()], attn[i, :x.numel()] = x, m, 1
-        return ids, mask, attn
+        if not getattr(self.cfg, "align_weight", 0):
+            return ids, mask, attn
+        v = self.vocab
+        rel = torch.full((size, 2, n), -1.0)
+        for i, (x, _) in enumerate(items):
+            rel[i, :, :x.numel()] = relative_positions(x, v.text_start_id, v.text_end_id, v.speech_offset)
+        return ids, mask, attn, rel
 
 
 def lm_loss(model: FactorisedLM, ids: torch.Tensor, mask: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -366,33 +388,45 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
         losses.plot(out / "loss.png", title=title, keys=("loss", "heldout"))
         log.info("checkpoint at step %d -> %s (export %s)", step, ckpt, out / "export")
 
+    align = getattr(cfg, "align_weight", 0.0)
+    if align:
+        watch(model.body, cfg.watched_layers, cfg.align_heads)
     model.train()
-    first, window, t_ckpt = step, [], time.monotonic()
+    first, window, priors, t_ckpt = step, [], [], time.monotonic()
     t_start = t_ckpt
     batches = _prefetched(builder, cfg.batch_size, rng, cfg.steps - step) if device.type == "cuda" else None
     while step < cfg.steps:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         batch = next(batches) if batches is not None else builder.batch(cfg.batch_size, rng)
+        batch = on_device(batch)
         with autocast():
-            loss = lm_loss(model, *on_device(batch))
+            loss = lm_loss(model, *batch[:3])
+            total = loss
+            if align:  # the input is ids[:, :-1]: its places are rel[..., :-1]
+                prior = alignment_prior(model.body, batch[3][..., :-1], cfg.align_width)
+                total = loss + align * prior
+                priors.append(float(prior.detach()))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         step += 1
         window.append(float(loss.detach()))
         if step % cfg.log_every == 0 or step == cfg.steps:
             rec = {"step": step, "loss": sum(window) / len(window), "lr": opt.param_groups[0]["lr"]}
+            if priors:
+                rec["align"] = sum(priors) / len(priors)
             if held_batch is not None and step % (cfg.log_every * 5) == 0:
                 model.eval()
                 with torch.no_grad(), autocast():
-                    rec["heldout"] = float(lm_loss(model, *held_batch))
+                    rec["heldout"] = float(lm_loss(model, *held_batch[:3]))
                 model.train()
             losses.append(rec)
-            window = []
-            log.info("step %d loss %.4f%s", step, rec["loss"],
-                     f" heldout {rec['heldout']:.4f}" if "heldout" in rec else "")
+            window, priors = [], []
+            log.info("step %d loss %.4f%s%s", step, rec["loss"],
+                     f" heldout {rec['heldout']:.4f}" if "heldout" in rec else "",
+                     f" align {rec['align']:.4f}" if "align" in rec else "")
             if progress is not None:
                 progress(step, cfg.steps, rec["loss"])
         if time.monotonic() - t_ckpt > cfg.checkpoint_minutes * 60:
