@@ -244,3 +244,34 @@ def test_training_with_the_alignment_prior_lowers_it(tiny_corpus, tmp_path):
     assert all(r["loss"] > 0 for r in logged)
     with pytest.raises(ValueError, match="align"):
         LMTrainConfig(corpus=corpus, codec=corpus, out_dir=tmp_path, align_weight=-1.0)
+
+
+def test_watching_attention_changes_nothing_and_stays_causal():
+    """The watched model computes what plain SDPA computes (padding included), a later input never
+    reaches an earlier position (a custom attention gets no mask unless one is registered: its
+    eager path once saw the future, and the NLL fell to 2.4 nats in 180 steps), and the kept weights
+    are causal rows of the watched heads."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from pcgtts.train.align import watch
+
+    cfg = LlamaConfig(vocab_size=10, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    plain = LlamaModel(cfg).eval()
+    watched = LlamaModel(cfg)
+    watched.load_state_dict(plain.state_dict())
+    watch(watched, (1,), 1)
+    watched.train()
+    x = torch.randn(2, 7, 64)
+    attn = torch.ones(2, 7, dtype=torch.long)
+    attn[1, 5:] = 0
+    want = plain(inputs_embeds=x, attention_mask=attn).last_hidden_state
+    got = watched(inputs_embeds=x, attention_mask=attn).last_hidden_state
+    assert (want[0] - got[0]).abs().max() < 1e-5 and (want[1, :5] - got[1, :5]).abs().max() < 1e-5
+    weights = watched.layers[1].self_attn.align_weights
+    assert weights.shape == (2, 1, 7, 7) and float(weights.triu(1).abs().max()) == 0.0
+    later = x.clone()
+    later[:, 6] += 1.0
+    moved = watched(inputs_embeds=later, attention_mask=attn).last_hidden_state
+    assert float((moved - got)[:, :6].abs().max()) == 0.0

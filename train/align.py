@@ -53,6 +53,7 @@ def watch(body, layers: tuple[int, ...], heads: int) -> None:
     """Route `body` (a transformers LlamaModel) through the watching attention; keep the weights of
     the first `heads` heads of `layers` on each training forward."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     n = len(body.layers)
     if not layers or any(not 0 <= i < n for i in layers):
@@ -60,6 +61,9 @@ def watch(body, layers: tuple[int, ...], heads: int) -> None:
     if not 1 <= heads <= body.config.num_attention_heads:
         raise ValueError(f"align heads must lie in [1, {body.config.num_attention_heads}], got {heads}")
     AttentionInterface.register(ATTENTION, _attention)
+    # A custom attention gets no mask unless one is registered with it: eager's (a full float causal +
+    # padding mask, never skipped) serves both paths; without it the eager path would see the future.
+    AttentionMaskInterface.register(ATTENTION, eager_mask)
     body.set_attn_implementation(ATTENTION)
     for i in layers:
         body.layers[i].self_attn.align_heads = heads
