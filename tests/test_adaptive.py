@@ -97,8 +97,18 @@ def test_adaptive_run_is_reproducible_given_costs(models):
     a, sa = run(target, useless, prompt, costs=CHEAP, seed=5)
     b, sb = run(target, useless, prompt, costs=CHEAP, seed=5)
     assert a == b and sa.length_counts == sb.length_counts
+    assert sa.learned_costs == CHEAP  # given costs are kept, and reported as the last plan's
     c, _ = run(target, useless, prompt, costs=CHEAP, seed=6)
     assert c != a
+
+
+def test_a_calibrated_run_reports_the_costs_its_loop_moved_them_to(models):
+    """Measured (not given) costs are moved by the loop's own timings; the utterance reports both."""
+    target, same, _, prompt = models
+    _, stats = run(target, same, prompt, costs=None, tokens=40)
+    assert isinstance(stats.learned_costs, StepCosts) and stats.costs is not None
+    assert stats.learned_costs != StepCosts(**stats.costs)
+    assert stats.as_dict()["learned_costs"] == stats.learned_costs.as_dict()
 
 
 def test_adaptive_setting_is_validated():

@@ -83,3 +83,24 @@ def test_codec_thread_both_runs_every_case_both_ways_against_its_own_ar():
                  for c, tps in zip(todo, (100.0, 120.0, 80.0, 100.0))]
     add_speedups(summaries)
     assert [s["speedup_vs_ar"] for s in summaries] == [1.0, 1.2, 1.0, 1.25]
+
+
+def test_an_adaptive_case_is_predicted_with_the_costs_its_loop_learned_and_with_those_measured_at_load():
+    """The prediction for an adaptive case uses the costs each utterance's loop had moved its plan to
+    (their mean over utterances); the load-time one is kept beside it. Hand-checked numbers: with
+    rates 0.5 and only L = 1 steps, tokens 1.5 a step; planned: 1.5 x 1.0 / (0.2 + 1.2 + 0.1) = 1.0,
+    learned (AR 1.3 + 0.1, verify 1.8, rule 0.2): 1.5 x 1.4 / (0.2 + 1.8 + 0.2) = 0.9545..."""
+    from pcgtts.tools.bench import _mean_costs, predicted_speedup
+
+    planned = {"target_forward": [1.0, 1.2], "draft_forward": [0.2, 0.2], "rule": 0.1, "sample": 0.0}
+    learned = [{"target_forward": [1.3, 1.7], "draft_forward": [0.2, 0.2], "rule": 0.1, "sample": 0.1},
+               {"target_forward": [1.3, 1.9], "draft_forward": [0.2, 0.2], "rule": 0.3, "sample": 0.1}]
+    mean = _mean_costs(learned)
+    assert mean["target_forward"] == pytest.approx([1.3, 1.8]) and mean["draft_forward"] == pytest.approx([0.2, 0.2])
+    assert (mean["rule"], mean["sample"]) == pytest.approx((0.2, 0.1))
+    assert _mean_costs([]) is None
+    summary = {"conditional_acceptance": [0.5], "length_counts": [0, 10], "planned_costs": planned,
+               "learned_costs": mean, "policy": "sd"}
+    assert predicted_speedup(summary, {}, at_load=True) == pytest.approx(1.0)
+    assert predicted_speedup(summary, {}) == pytest.approx(1.5 * 1.4 / 2.2)
+    assert predicted_speedup(dict(summary, learned_costs=None), {}) == pytest.approx(1.0)

@@ -149,6 +149,8 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
         "length_counts": length_counts,  # steps per draft length (index 0: AR steps of an adaptive run)
         "catchup_tokens": sum(sentence.catchup_tokens for sentence in s.sentences),
         "planned_costs": next((sentence.costs for sentence in s.sentences if sentence.costs), None),
+        "learned_costs": next((sentence.learned_costs.as_dict() for sentence in reversed(s.sentences)
+                               if sentence.learned_costs is not None), None),
         "time_draft": total.time_draft,
         "time_target": total.time_target,
         "time_verify": total.time_verify,
@@ -245,6 +247,7 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         "conditional_acceptance": conditional_acceptance(accepted_at, speculative_steps),
         "length_counts": length_counts,
         "planned_costs": next((r["planned_costs"] for r in records if r.get("planned_costs")), None),
+        "learned_costs": _mean_costs([r["learned_costs"] for r in records if r.get("learned_costs")]),
         # Share of wall time per phase: draft forwards, target forwards (verify passes or AR steps),
         # the rule (acceptance + sampling), other (prefill, the codec, the loop's Python, the player).
         "time_share": {name: seconds_in[key] / seconds if seconds else 0.0 for name, key in
@@ -264,15 +267,25 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
     }
 
 
-def predicted_speedup(summary: dict, ar: dict) -> float | None:
+def _mean_costs(costs: list[dict]) -> dict | None:
+    """Element-wise mean of `StepCosts.as_dict()`s (the utterances' learned costs)."""
+    if not costs:
+        return None
+    return {k: (np.mean([c[k] for c in costs], axis=0).tolist() if isinstance(costs[0][k], list)
+                else float(np.mean([c[k] for c in costs]))) for k in costs[0]}
+
+
+def predicted_speedup(summary: dict, ar: dict, at_load: bool = False) -> float | None:
     """Speed-up over `ar` the cost model predicts from this case's measured acceptance (per position)
     and step costs: tokens(L) t_ar / (L t_draft + t_verify). For an adaptive case, over the mix
-    of draft lengths it ran, with the costs it planned with."""
+    of draft lengths it ran, with the costs it planned with: as the loop's timings had moved them by
+    the end of each utterance (`learned_costs`), or as measured at load (`at_load`)."""
     from pcgtts.runtime.decode.cost_model import StepCosts, expected_tokens, step_seconds
 
     rates = summary["conditional_acceptance"]
-    if summary.get("planned_costs"):
-        costs = StepCosts(**summary["planned_costs"])
+    planned = summary.get("planned_costs") if at_load else summary.get("learned_costs") or summary.get("planned_costs")
+    if planned:
+        costs = StepCosts(**planned)
         counts = summary["length_counts"]
         tokens = sum(c * expected_tokens(rates, n) for n, c in enumerate(counts))
         seconds = sum(c * step_seconds(costs, rates, n) for n, c in enumerate(counts))
@@ -295,4 +308,6 @@ def add_speedups(summaries: list[dict]) -> None:
             continue
         predicted = predicted_speedup(s, base)
         s["predicted_speedup"] = predicted
+        if s.get("planned_costs"):
+            s["predicted_speedup_at_load"] = predicted_speedup(s, base, at_load=True)
         s["efficiency"] = s["speedup_vs_ar"] / predicted if s["speedup_vs_ar"] and predicted else None

@@ -4,8 +4,9 @@ Times real forwards of 1 .. L_max + 1 tokens on both models (at the start of the
 the decode loop's prefill then overwrites), the rule on the vocabulary's size, and one
 sampling step; the median of a few repeats. Each forward is timed in the state the loop leaves
 the caches in: a plain (AR) target step after a target step, a verify pass after draft steps, a
-draft step after a verify pass (on a CPU the other model's weights have just evicted its own:
-alone, a draft step of the built-in pair looks ~2x and a verify ~1.3x cheaper than in the loop).
+draft step after a verify pass, the rule and a sampling step after a forward (on a CPU the other
+work has just evicted their data from the caches: alone, a draft step of the built-in pair looks
+~2x and a verify ~1.3x cheaper than in the loop, lab-v1's PCG rule 1.5x, a draw 4x).
 Results are cached per (target, draft, rule, L_max) for the models' lifetime, so every utterance
 of a session plans with the same costs; `Synthesizer.load` measures them before the first
 utterance (`speculative.prepare`). Pass `costs=` to `decode` to pin them instead, or let another
@@ -100,7 +101,9 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
                            groups: DeviceGroupTable | None, repeats: int, sync,
                            draft_digits: int = 0) -> tuple[float, float]:
     """The rule at L = max_length and one AR sampling step, on random rows in the form the loop hands
-    them over: probabilities over the vocabulary, or a digit head's scores (`sampling.rule_digits`)."""
+    them over: probabilities over the vocabulary, or a digit head's scores (`sampling.rule_digits`).
+    Each is timed after an untimed target step, as in the loop: on lab-v1 (CPU) the rule costs
+    0.27 ms repeated back to back and 0.39-0.42 ms right after a forward, a draw 0.02 vs 0.08 ms."""
     device, vocab_size, digits = target.device, target.vocab.num_speech + 1, rule_digits(target, sampling)
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -117,7 +120,9 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
         verify_one(rule, tokens, draft_rows, target_rows, draw_uniforms(1, max_length, gen, device)[0], gen,
                    groups=groups)
 
-    rule_cost = _median_seconds(rule_step, repeats, sync) if rule != "pcg" or groups is not None else 0.0
+    after_step = _one_step(target)
+    rule_cost = (_median_seconds(rule_step, repeats, sync, setup=after_step)
+                 if rule != "pcg" or groups is not None else 0.0)
     plain_digits = digits_to_draw(target, sampling)
     if plain_digits:
         scores = torch.randn(1 + 4 * plain_digits + 1, generator=gen, device=device)
@@ -125,7 +130,9 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
     else:
         logits = torch.randn(vocab_size, generator=gen, device=device)
         draw_one = lambda: int(sample(logits_to_probs(logits, sampling), gen))  # noqa: E731
-    return rule_cost, _median_seconds(draw_one, repeats, sync)
+    sample_cost = _median_seconds(draw_one, repeats, sync, setup=after_step)
+    target.rollback(0)
+    return rule_cost, sample_cost
 
 
 def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
@@ -157,14 +164,17 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
                            groups: DeviceGroupTable | None = None, repeats: int = 3,
                            sync: Callable[[], None] | None = None) -> StepCosts:
     """Time the target with a proposer that reads its hidden states (`multi_token.HeadProposer` or
-    `EagleProposer`): target forwards of 1..max_length + 1 tokens, and one proposal after 1..max_length + 1
+    `EagleProposer`): target forwards of 1..max_length + 1 tokens (each after the proposals that
+    precede it in the loop), and one proposal after 1..max_length + 1
     rows as the 'draft' cost (flat for heads, which read one row). A proposal is timed right after
     a target step, as in the loop (the target's weights have just evicted the proposer's from the
     caches: timed alone it looks ~2x cheaper on a CPU), plus one sampling step."""
     started, counts = time.perf_counter(), range(1, max_length + 2)
     digits = rule_digits(target, sampling)
     proposer_digits = digits if getattr(getattr(proposer, "step", None), "digits", 0) else 0  # EAGLE: the target's head
-    target_costs = _forward_costs(target, counts, repeats, sync, scores=digits > 0)
+    # A verify of k tokens follows k - 1 proposals (an AR step follows the last step's proposal).
+    target_costs = _forward_costs(target, counts, repeats, sync, scores=digits > 0,
+                                  setup=lambda k: [proposer.probe(1) for _ in range(max(k - 1, 1))])
     rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync,
                                                     proposer_digits)
     target_step = _one_step(target)

@@ -300,6 +300,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         count = max_length
         if length_policy is not None:
             length_policy.record(l, n, timer.take())  # this verify, and the proposals it checked
+            stats.learned_costs = length_policy.costs
             count = length_policy.choose()
         proposals, proposal_probs = proposer.propose(policy, hidden[:n + 1], tokens, start, count, config, generator)
         stats.trace.append((timer("time_draft", t0), n + 1))

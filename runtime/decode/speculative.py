@@ -54,6 +54,7 @@ class DecodeStats:
     length_counts: list[int] = field(default_factory=list)  # [L_max + 1]: steps run with each draft length
     catchup_tokens: int = 0  # tokens the draft was fed late, after steps with speculation off
     costs: dict | None = None  # the StepCosts the adaptive draft length planned with
+    learned_costs: StepCosts | None = None  # the same, moved by this utterance's own timings (its last plan)
     trace: list[tuple[float, int]] = field(default_factory=list)  # per step: (perf_counter, tokens made)
 
     @property
@@ -66,6 +67,7 @@ class DecodeStats:
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "trace"}
+        out["learned_costs"] = self.learned_costs.as_dict() if self.learned_costs is not None else None
         out["acceptance_rate"] = self.acceptance_rate
         out["mean_accepted_length"] = self.mean_accepted_length
         return out
@@ -323,6 +325,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
         stats.length_counts[L] += 1
         if policy is not None:
             policy.record(L, n, timer.take())
+            stats.learned_costs = policy.costs
         last = vocab.restricted_to_token_ids(new)
 
         tokens = emitted(tokens, vocab.stop_index, config.max_new_tokens, stats)
