@@ -261,6 +261,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     else:
         pending = prompt_ids.to(device)
     missed = 0  # of them, those skipped by steps with speculation off
+    skipped: list[int] = []  # those tokens (restricted indices) not yet in `pending`: no tensor ops while off
     while True:
         if stats.emitted >= config.max_new_tokens:
             stats.finish = "max_tokens"
@@ -273,16 +274,19 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
 
         if L == 0:  # speculation off: one plain target step; the draft falls behind by one token
             token, _, t0 = _plain_step(target, last, sampling, digits, generator, timer, "time_target")
-            tokens = token.view(1).tolist()  # the step's one host sync
+            tokens = [int(token)]  # the step's one host sync
             stats.trace.append((timer("time_verify", t0), 1))
             n, new = 0, token.view(1)
-            pending = torch.cat([pending, vocab.restricted_to_token_ids(new)])
+            skipped.append(tokens[0])
             missed += 1
         else:
             # 1. Draft L proposals (catching up first on what it missed).
             t0 = time.perf_counter()
             stats.catchup_tokens += missed
             missed = 0
+            if skipped:
+                pending = torch.cat([pending, vocab.restricted_to_token_ids(torch.tensor(skipped, device=device))])
+                skipped = []
             if not draft_started:  # the first speculative step: prefill what the draft missed at once
                 _start(draft, pending)
                 pending, draft_started = pending[-1:], True

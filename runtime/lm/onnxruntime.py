@@ -66,20 +66,33 @@ def open_session(path: Path, device: torch.device, threads: int | None = None):
     return session
 
 
+_KEPT_PRESENT = 16  # token counts (steps, verifies) whose new-entry buffers are kept; prefills allocate theirs
+
+
 class _Bound:
-    """Runs a session with torch tensors bound by pointer (inputs and preallocated outputs)."""
+    """Runs a session with torch tensors bound by pointer (inputs and preallocated outputs).
+
+    One binding lives as long as the session; a name is bound again only when its tensor's
+    pointer, shape or dtype changed. A decode step's inputs are mostly the same KV buffers each
+    step: binding all 2 x layers + 2 x layers names anew cost ~0.35 ms of a 4.3 ms built-in-voice
+    step (53 bindings through onnxruntime's Python wrapper)."""
 
     def __init__(self, session, device: torch.device):
         self.session, self.device = session, device
         self._where = ("cuda" if device.type == "cuda" else "cpu", device.index or 0)
+        self._binding = session.io_binding()
+        self._bound: dict[str, tuple] = {}  # name -> (pointer, shape, dtype) it is bound to
 
     def run(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> None:
-        binding = self.session.io_binding()
+        binding = self._binding
         for output, tensors in ((False, inputs), (True, outputs)):
             for name, tensor in tensors.items():
-                args = (name, self._where[0], self._where[1], _NP_DTYPES[tensor.dtype], tuple(tensor.shape),
-                        tensor.data_ptr())
+                key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+                if self._bound.get(name) == key:
+                    continue
+                args = (name, self._where[0], self._where[1], _NP_DTYPES[tensor.dtype], key[1], key[0])
                 (binding.bind_output if output else binding.bind_input)(*args)
+                self._bound[name] = key
         if self.device.type == "cuda":
             binding.synchronize_inputs()
         self.session.run_with_iobinding(binding)
@@ -95,6 +108,7 @@ class OrtLM(BufferedLM):
         self.session = session
         super().__init__(meta, folder, device, max_length, tokenizer)
         self._bound = _Bound(session, device)
+        self._present: dict[int, list[torch.Tensor]] = {}  # token count -> the new-entry buffers it writes
         self.exposes_hidden = "last_hidden_state" in {o.name for o in session.get_outputs()}
         self.threads = threads
 
@@ -149,13 +163,16 @@ class OrtLM(BufferedLM):
         if self.exposes_hidden:
             hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)
             outputs["last_hidden_state"] = hidden
-        present = []
+        present = self._present.get(n)
+        if present is None:  # copied into the cache right after the run: reusable, so bound once per n
+            present = [torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
+                       for _ in range(2 * meta.num_layers)]
+            if n <= _KEPT_PRESENT:
+                self._present[n] = present
         for i in range(meta.num_layers):
             for j, part in enumerate(("key", "value")):
                 inputs[f"past_key_values.{i}.{part}"] = self.cache[2 * i + j]
-                new = torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
-                outputs[f"present.{i}.{part}"] = new
-                present.append(new)
+                outputs[f"present.{i}.{part}"] = present[2 * i + j]
         self._bound.run(inputs, outputs)
         return logits, hidden, present
 
