@@ -173,3 +173,41 @@ def test_speculation_switches_on_only_for_a_gain_beyond_the_margin_and_then_stay
     assert DraftLengthPolicy(costs, 1, counter=sure(rate)).choose() == 0  # off, it would not switch on
     with pytest.raises(ValueError, match="margin"):
         DraftLengthPolicy(costs, 1, margin=1.0)
+
+
+def test_parts_not_run_yet_follow_the_in_loop_ratio_of_those_that_run():
+    """The built-in voice's case: every part costs 1.2x its load-time value in the loop. With
+    speculation off only the AR step is timed; learning it alone makes the untimed L = 1 step look
+    like a 5 %+ gain at the prior rate 0.5 (checked below), and the policy used to switch on for it.
+    The untimed parts now follow the target's measured ratio, so it stays on AR (no probes: this
+    draft's catch-up is too dear to afford any)."""
+    loaded = StepCosts(target_forward=(3.27e-3, 3.79e-3, 4.37e-3, 4.97e-3),
+                       draft_forward=(1.30e-3, 1.59e-3, 1.60e-3, 1.82e-3), rule=0.51e-3, sample=0.30e-3)
+    policy = DraftLengthPolicy(loaded, 3)
+    assert policy.probe_interval is None
+    for _ in range(300):
+        assert policy.choose() == 0
+        policy.record(0, 0, {"time_target": 1.2 * loaded.target(1), "time_verify": 1.2 * loaded.sample})
+    learned = policy.costs
+    assert learned.ar_step == pytest.approx(1.2 * loaded.ar_step)
+    assert learned.rule == pytest.approx(1.2 * loaded.rule) and learned.draft(1) == pytest.approx(1.2 * loaded.draft(1))
+    ar_only = StepCosts(learned.target_forward[:1] + loaded.target_forward[1:], loaded.draft_forward, loaded.rule,
+                        learned.sample)
+    rates = policy.counter.rates()
+    assert predict(ar_only, rates, 3)[1] > 1.05 * predict(ar_only, rates, 3)[0]  # what the old learning saw
+
+
+def test_a_part_timed_once_takes_the_measurement_then_averages():
+    """A probe's first timing replaces the load-time value (a cost only probes measure would otherwise
+    need dozens of them to leave a wrong value); later ones average, then follow at the learning rate."""
+    policy = DraftLengthPolicy(CPU, 3)
+    policy.record(1, 0, {"time_draft": 0.9, "time_target": 3.0, "time_verify": 0.3})
+    assert policy.costs.draft(1) == pytest.approx(0.9) and policy.costs.target(2) == pytest.approx(3.0)
+    assert policy.costs.rule == pytest.approx(0.3)
+    policy.record(1, 0, {"time_draft": 0.5, "time_target": 2.0, "time_verify": 0.1})
+    assert policy.costs.draft(1) == pytest.approx(0.7) and policy.costs.target(2) == pytest.approx(2.5)
+    for _ in range(30):
+        policy.record(1, 0, {"time_draft": 0.5, "time_target": 2.0, "time_verify": 0.1})
+    before = policy.costs.target(2)
+    policy.record(1, 0, {"time_draft": 0.5, "time_target": 12.0, "time_verify": 0.1})
+    assert policy.costs.target(2) - before == pytest.approx(DraftLengthPolicy.LEARNING_RATE * (12.0 - before))

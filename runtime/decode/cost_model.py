@@ -154,20 +154,46 @@ def counted_seconds(costs: StepCosts, length_counts: Sequence[int], catchup_toke
     return steps + costs.catch_up(catchup_tokens)
 
 
-def _moved(costs: StepCosts, length: int, seconds: dict[str, float], rate: float) -> StepCosts:
-    """`costs` with the parts `seconds` measured for one step of draft length `length` moved by `rate`."""
-    def toward(old: float, new: float | None) -> float:
-        return old if new is None or not math.isfinite(new) or new < 0 else old + rate * (new - old)
+def _moved(costs: StepCosts, length: int, seconds: dict[str, float], timed: dict, rate: float) -> StepCosts:
+    """`costs` with the parts `seconds` measured for one step of draft length `length` moved toward
+    the measurements; `timed` counts the measurements of each entry (("target", k), ("draft", 0),
+    "rule", "sample") and is updated. An entry's n-th measurement moves it by max(1 / n, `rate`): the
+    first replaces the load-time value, the next ones average, then `rate` follows drift (a part
+    timed only by the rare probes would otherwise need dozens of probes to leave a wrong value)."""
+    def toward(key, old: float, new: float | None) -> float:
+        if new is None or not math.isfinite(new) or new < 0:
+            return old
+        timed[key] = timed.get(key, 0) + 1
+        return old + max(1.0 / timed[key], rate) * (new - old)
 
     target = list(costs.target_forward)
     if length < len(target) and seconds.get("time_target"):
-        target[length] = toward(target[length], seconds["time_target"])
+        target[length] = toward(("target", length), target[length], seconds["time_target"])
     if length == 0:
-        return StepCosts(target, costs.draft_forward, costs.rule, toward(costs.sample, seconds.get("time_verify")))
+        return StepCosts(target, costs.draft_forward, costs.rule,
+                         toward("sample", costs.sample, seconds.get("time_verify")))
     draft = list(costs.draft_forward)
     if seconds.get("time_draft"):
-        draft[0] = toward(draft[0], seconds["time_draft"] / length)
-    return StepCosts(target, draft, toward(costs.rule, seconds.get("time_verify")), costs.sample)
+        draft[0] = toward(("draft", 0), draft[0], seconds["time_draft"] / length)
+    return StepCosts(target, draft, toward("rule", costs.rule, seconds.get("time_verify")), costs.sample)
+
+
+def _scaled(costs: StepCosts, loaded: StepCosts, timed: dict) -> StepCosts:
+    """`costs` with every entry the loop has not timed yet set to its load-time value times the ratio
+    the loop measured for the target's forwards it did time (their median). In the loop every part
+    runs above its load-time cost (the other work evicts its data from the caches); learning only
+    the parts that run would make those that do not look cheap by comparison: on the built-in
+    voice, with speculation off, the AR step rose 20 % toward its in-loop cost while the untimed
+    speculative step kept its load-time cost, until the policy switched on for a gain that was not there."""
+    ratios = sorted(costs.target_forward[k] / loaded.target_forward[k]
+                    for k in range(len(loaded.target_forward)) if ("target", k) in timed)
+    if not ratios:
+        return costs
+    f = ratios[len(ratios) // 2]
+    target = [c if ("target", k) in timed else loaded.target_forward[k] * f for k, c in enumerate(costs.target_forward)]
+    draft = [c if ("draft", k) in timed else loaded.draft_forward[k] * f for k, c in enumerate(costs.draft_forward)]
+    return StepCosts(target, draft, costs.rule if "rule" in timed else loaded.rule * f,
+                     costs.sample if "sample" in timed else loaded.sample * f)
 
 
 class DraftLengthPolicy:
@@ -201,6 +227,7 @@ class DraftLengthPolicy:
         if not 0 <= margin < 1:
             raise ValueError(f"margin must lie in [0, 1), got {margin}")
         self.costs, self.max_length = costs, max_length
+        self._loaded, self._timed = costs, {}  # the load-time costs; how often the loop timed each entry
         self.counter = counter or AcceptanceCounter(max_length)
         self.probe_budget, self.optimism, self.learn, self.margin = probe_budget, optimism, learn, margin
         self.probe_interval = self._probe_interval(probe_budget)
@@ -242,13 +269,15 @@ class DraftLengthPolicy:
         """A finished step of draft length `length`; `seconds` (optional) are its measured parts,
         as the decode loop times them: "time_draft" (all its proposals), "time_target" (the
         target's forward of length + 1 tokens) and "time_verify" (the rule, or the AR sample).
-        With `learn`, each moves the cost it measures by `LEARNING_RATE` toward the measurement,
+        With `learn`, each moves the cost it measures toward the measurement (`_moved`),
         so costs calibrated on a quiet machine follow what the steps really cost inside the loop
-        (where the codec and the other model evict each other's weights from the caches)."""
+        (where the codec and the other model evict each other's weights from the caches); the costs
+        of parts not run yet follow the target's measured in-loop ratio (`_scaled`)."""
         if length > 0:
             self.counter.update(length, num_accepted)
         if seconds and self.learn:
-            self.costs = _moved(self.costs, length, seconds, self.LEARNING_RATE)
+            self.costs = _scaled(_moved(self.costs, length, seconds, self._timed, self.LEARNING_RATE),
+                                 self._loaded, self._timed)
             if self._probing:  # what a probe costs changed: so does how often to afford one
                 self.probe_interval = self._probe_interval(self.probe_budget)
         self._probing = False
