@@ -57,7 +57,11 @@ def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], N
     return statistics.median(times)
 
 
-_CONTEXT = 128  # cached tokens the forwards are timed after: a typical utterance's context, not an empty cache
+# Cached tokens the forwards are timed after: mid-utterance with a voice prompt (~150-250 reference
+# codes + text), not an empty cache. onnxruntime's buffer then has 512 slots, as in the loop: its
+# graph attends over the whole buffer, and at 128 (a 256-slot buffer) lab-v1's 4-token verify timed
+# 1.9 ms against 2.5 ms in the loop.
+_CONTEXT = 320
 
 
 def _forward_costs(lm: LM, counts: range, repeats: int, sync, setup: Callable[[int], object] | None = None,
@@ -107,18 +111,21 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
     device, vocab_size, digits = target.device, target.vocab.num_speech + 1, rule_digits(target, sampling)
     gen = torch.Generator(device=device).manual_seed(0)
 
-    def random_rows(count: int, digit_count: int):
-        if digit_count:
-            return DigitRows(torch.randn(count, 1 + 4 * digit_count + 1, generator=gen, device=device), digit_count,
-                             sampling.temperature)
-        return DenseRows(logits_to_probs(torch.randn(count, vocab_size, generator=gen, device=device), sampling))
+    def random_output(count: int, digit_count: int) -> torch.Tensor:  # a forward's scores or logits
+        return torch.randn(count, 1 + 4 * digit_count + 1 if digit_count else vocab_size, generator=gen, device=device)
 
-    target_rows, draft_rows = random_rows(max_length + 1, digits), random_rows(max_length, draft_digits)
+    def rows(output: torch.Tensor, digit_count: int):  # as the loop makes the rules' rows from it
+        if digit_count:
+            return DigitRows(output, digit_count, sampling.temperature)
+        return DenseRows(logits_to_probs(output, sampling))
+
+    target_output, draft_rows = random_output(max_length + 1, digits), rows(random_output(max_length, draft_digits),
+                                                                          draft_digits)
     tokens = draft_rows.dense().argmax(-1)
 
-    def rule_step() -> None:
-        verify_one(rule, tokens, draft_rows, target_rows, draw_uniforms(1, max_length, gen, device)[0], gen,
-                   groups=groups)
+    def rule_step() -> None:  # the target's rows are made in the verify phase: timed with the rule
+        verify_one(rule, tokens, draft_rows, rows(target_output, digits), draw_uniforms(1, max_length, gen, device)[0],
+                   gen, groups=groups)
 
     after_step = _one_step(target)
     rule_cost = (_median_seconds(rule_step, repeats, sync, setup=after_step)
@@ -166,20 +173,21 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     """Time the target with a proposer that reads its hidden states (`multi_token.HeadProposer` or
     `EagleProposer`): target forwards of 1..max_length + 1 tokens (each after the proposals that
     precede it in the loop), and one proposal after 1..max_length + 1
-    rows as the 'draft' cost (flat for heads, which read one row). A proposal is timed right after
-    a target step, as in the loop (the target's weights have just evicted the proposer's from the
-    caches: timed alone it looks ~2x cheaper on a CPU), plus one sampling step."""
+    rows, its draw included, as the 'draft' cost (flat for heads, which read one row). A proposal is
+    timed right after a target step, as in the loop (the target's weights have just evicted the
+    proposer's from the caches: timed alone it looks ~2x cheaper on a CPU)."""
     started, counts = time.perf_counter(), range(1, max_length + 2)
     digits = rule_digits(target, sampling)
     proposer_digits = digits if getattr(getattr(proposer, "step", None), "digits", 0) else 0  # EAGLE: the target's head
+    gen = torch.Generator(device=target.device).manual_seed(0)
     # A verify of k tokens follows k - 1 proposals (an AR step follows the last step's proposal).
     target_costs = _forward_costs(target, counts, repeats, sync, scores=digits > 0,
-                                  setup=lambda k: [proposer.probe(1) for _ in range(max(k - 1, 1))])
+                                  setup=lambda k: [proposer.probe(1, sampling, gen) for _ in range(max(k - 1, 1))])
     rule_cost, sample_cost = _rule_and_sample_costs(target, max_length, rule, sampling, groups, repeats, sync,
                                                     proposer_digits)
     target_step = _one_step(target)
-    draft_costs = tuple(_median_seconds(lambda: proposer.probe(k), 2 * repeats + 1, sync, setup=target_step)
-                        + sample_cost for k in counts)
+    draft_costs = tuple(_median_seconds(lambda: proposer.probe(k, sampling, gen), 2 * repeats + 1, sync,
+                                        setup=target_step) for k in counts)
     target.rollback(0)
     costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost)
     log.info("calibrated proposer costs (rule %s, L_max %d) in %.2f s: %s", rule, max_length,
