@@ -7,7 +7,11 @@ Inputs and outputs follow optimum's names, with one deliberate change to what `p
     logits_index                 [1, K]            int64   which of the T tokens need logits
     past_key_values.{i}.key      [1, kv, S, D]             the whole preallocated cache buffer
     past_key_values.{i}.value    [1, kv, S, D]             (S = its capacity, dynamic)
- -> logits                       [1, K, V_r]       float32 restricted vocabulary (speech + stop)
+ -> logits                       [1, K, V_r]       float32 restricted vocabulary (speech + stop), or
+    head_scores                  [1, K, 34]        float32 for a digit-factorised head (`runtime/lm/
+                                                           digit_head.py`): its raw scores, which the
+                                                           runtime draws from digit by digit and expands
+                                                           to logits only where a whole row is needed
     last_hidden_state            [1, K, D]         float32 the final-normed states the head read (the
                                                            EAGLE draft's input, `runtime/lm/eagle.py`)
     present.{i}.key / .value     [1, kv, T, D]             keys/values of the T new tokens only
@@ -83,12 +87,14 @@ class StepGraph(nn.Module):
             x, k, v = block_step(layer, x, cos, sin, past[2 * i], past[2 * i + 1], start)
             present += [k, v]
         hidden = m.norm(x.index_select(1, logits_index[0]))
-        return (m.logits(hidden), hidden.float(), *present)
+        head = m.head_scores(hidden) if m.samples_digits else m.logits(hidden)
+        return (head, hidden.float(), *present)
 
 
-def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+def io_names(num_layers: int, scores: bool = False) -> tuple[list[str], list[str]]:
+    """Input and output names; `scores`: the model has a digit head (its first output is head_scores)."""
     inputs = ["input_ids", "position_ids", "logits_index"]
-    outputs = ["logits", "last_hidden_state"]
+    outputs = ["head_scores" if scores else "logits", "last_hidden_state"]
     for i in range(num_layers):
         inputs += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
         outputs += [f"present.{i}.key", f"present.{i}.value"]

@@ -97,7 +97,7 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
     past = [torch.zeros(1, args.num_kv_heads, slots, args.head_dim, dtype=torch_dtype)
             for _ in range(2 * args.num_layers)]
     example = (torch.zeros(1, t, dtype=torch.long), torch.arange(t).view(1, -1), torch.arange(t).view(1, -1), *past)
-    inputs, outputs = io_names(args.num_layers)
+    inputs, outputs = io_names(args.num_layers, scores=model.samples_digits)
     tokens, keep, cache = torch.export.Dim("tokens", min=1), torch.export.Dim("logits", min=1), torch.export.Dim("cache", min=2)
     # *past is one variadic argument: its shapes go in as one tuple.
     dynamic = ({1: tokens}, {1: tokens}, {1: keep}, tuple({2: cache} for _ in past))
@@ -108,7 +108,8 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
         graph=GRAPH_FILE, kind="onnx", dtype=str(torch_dtype).removeprefix("torch."), num_layers=args.num_layers,
         num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim, vocab=vocab,
         max_length=max_length, opset=OPSET, fingerprint=lm.fingerprint, source=str(model_dir),
-        extra={"hidden_size": args.hidden_size, "torch": torch.__version__},
+        extra={"hidden_size": args.hidden_size, "torch": torch.__version__,
+               "head_digits": model.digits if model.samples_digits else 0},
     )
     meta.save(stage)
     result = None

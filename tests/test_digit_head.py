@@ -167,13 +167,43 @@ def test_the_digit_head_and_a_used_codes_mask_export_to_onnx(factorised_target, 
     shutil.copytree(factorised_target, draft)
     write_head_codes(draft, [3, 40, 41, 500], num_speech=1024)
     meta, check = export_lm(draft, tmp_path / "onnx", max_length=64)
-    assert check.ok and check.max_abs_diff < 2e-3
+    assert check.ok and check.max_abs_diff < 2e-3 and meta.extra["head_digits"] == 0
     torch_lm, ort_lm = TorchLM.load(draft, max_length=64), OrtLM.load(tmp_path / "onnx", max_length=64)
     assert torch_lm.model.digits == 5
     ids = torch.tensor([1, 2, 3, 4, 5])
     a, b = torch_lm.prefill(ids), ort_lm.prefill(ids)
     assert torch.equal(torch.isinf(a), torch.isinf(b)) and int(torch.isfinite(b).sum()) == 5
     torch.testing.assert_close(b[torch.isfinite(b)], a[torch.isfinite(a)], rtol=1e-3, atol=1e-3)
+
+
+def test_an_exported_digit_head_returns_its_scores_and_draws_digit_by_digit(factorised_target, tmp_path):
+    """A digit head's graph returns its 34 scores, not 65,537 logits (recorded as head_digits): the
+    onnxruntime LM gives torch's scores and, expanded, torch's logits; its plain steps draw by digit
+    and its rules read digit rows (`drawable_digits`); greedy AR gives torch's tokens. (A used-codes
+    head keeps the logits output: the test above.)"""
+    from pcgtts.export.onnx_lm import export_lm
+    from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+    from pcgtts.runtime.decode.sampling import rule_digits
+    from pcgtts.runtime.decode.speculative import decode
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    meta, check = export_lm(factorised_target, tmp_path / "onnx", max_length=64)
+    assert check.ok and meta.extra["head_digits"] == 5
+    torch_lm = TorchLM.load(factorised_target, max_length=64)
+    ort_lm = OrtLM.load(tmp_path / "onnx", max_length=64, tokenizer=torch_lm.tokenizer)
+    assert ort_lm.drawable_digits == 5 and rule_digits(ort_lm, SamplingConfig(temperature=0.8)) == 5
+    ids = torch.tensor([1, 2, 3, 4, 5])
+    torch.testing.assert_close(ort_lm.prefill(ids), torch_lm.prefill(ids), rtol=1e-4, atol=1e-4)
+    (a, ha), (b, hb) = torch_lm.forward_scores(ids[:3]), ort_lm.forward_scores(ids[:3])
+    assert b.shape == (3, 2 + 4 * 5) and ort_lm.length == torch_lm.length == 8
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(hb, ha, rtol=1e-4, atol=1e-4)
+    prompt = torch.tensor(torch_lm.tokenizer("<|begin_of_text|>hello there")["input_ids"])
+    greedy = DecodeConfig(policy="ar", sampling=SamplingConfig(temperature=0.0), max_new_tokens=12)
+    runs = [[t for burst in decode(lm, None, prompt, greedy, torch.Generator().manual_seed(0)) for t in burst]
+            for lm in (torch_lm, ort_lm)]
+    assert runs[0] == runs[1] and len(runs[0]) == 12
 
 
 @pytest.mark.slow  # 2,000 one-token decodes

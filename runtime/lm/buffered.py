@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from pcgtts.runtime.lm.digit_head import expand_digit_scores
 from pcgtts.runtime.lm.graph_meta import GraphMeta
 from pcgtts.runtime.lm.checkpoint import load_tokenizer, resolve_dtype
 from pcgtts.runtime.lm.protocol import SequenceMixin, check_fits
@@ -64,6 +65,10 @@ class BufferedLM(SequenceMixin):
         self.cache_dtype = resolve_dtype(meta.dtype)
         self.length = 0
         self.exposes_hidden = False  # set by a backend whose graph returns last_hidden_state
+        # > 0: the graph returns a digit head's scores (head_scores), not logits (export/lm_graph.py)
+        self.head_digits = int(meta.extra.get("head_digits", 0))
+        self.head_output = "head_scores" if self.head_digits else "logits"
+        self.head_width = 2 + 4 * self.head_digits if self.head_digits else meta.vocab.restricted_size
         self._hidden: torch.Tensor | None = None  # [T, D] of the last _run, when exposed
         self.cache: list[torch.Tensor] = []  # [2 * layers] of [1, kv, max_length, D]: k0, v0, k1, ...
         self.ensure_cache()
@@ -82,10 +87,23 @@ class BufferedLM(SequenceMixin):
 
     def _execute(self, ids: torch.Tensor, positions: torch.Tensor, logits_index: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
-        """ids, positions: [1, T]; logits_index: [1, K] (int64, on `device`). Returns logits
-        [1, K, V_r] float32, the hidden states [1, K, D] (None when the graph has none) and the
-        new entries [2 * layers] of [1, kv, T, D]."""
+        """ids, positions: [1, T]; logits_index: [1, K] (int64, on `device`). Returns the head's
+        output [1, K, head_width] float32 (logits, or a digit head's scores: `head_output`), the
+        hidden states [1, K, D] (None when the graph has none) and the new entries [2 * layers]
+        of [1, kv, T, D]."""
         raise NotImplementedError
+
+    @property
+    def drawable_digits(self) -> int:
+        """n > 0 when the graph returns a digit head's scores: `forward_scores` gives them, and a
+        plain step draws digit by digit (as `TorchLM.drawable_digits`)."""
+        return self.head_digits
+
+    def forward_scores(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """As `TorchLM.forward_scores`: ids [T] -> (digit scores [T, 34], hidden [T, D] or None)."""
+        if not self.head_digits:
+            raise ValueError(f"{self.model_dir}: this graph returns logits, not a digit head's scores")
+        return self._step(ids, last_only=False), self._hidden
 
     def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """As `TorchLM.forward_hidden`: ids [T] -> (logits [T, V_r], hidden [T, D])."""
@@ -97,6 +115,12 @@ class BufferedLM(SequenceMixin):
 
     @torch.inference_mode()
     def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        head = self._step(ids, last_only)
+        return expand_digit_scores(head, self.head_digits) if self.head_digits else head
+
+    @torch.inference_mode()
+    def _step(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        """Run the graph on `ids`, append them to the cache -> the head's output rows [K, head_width]."""
         ids = ids.to(self.device, torch.long).view(1, -1)
         n = ids.shape[1]
         check_fits(self.length, n, self.max_length)

@@ -109,7 +109,10 @@ class OrtLM(BufferedLM):
         super().__init__(meta, folder, device, max_length, tokenizer)
         self._bound = _Bound(session, device)
         self._present: dict[int, list[torch.Tensor]] = {}  # token count -> the new-entry buffers it writes
-        self.exposes_hidden = "last_hidden_state" in {o.name for o in session.get_outputs()}
+        names = {o.name for o in session.get_outputs()}
+        if self.head_output not in names:
+            raise ValueError(f"{folder}: pcgtts-lm.json says the graph returns {self.head_output}, it does not")
+        self.exposes_hidden = "last_hidden_state" in names
         self.threads = threads
 
     @classmethod
@@ -156,9 +159,9 @@ class OrtLM(BufferedLM):
     def _execute(self, ids, positions, logits_index):
         meta = self.meta
         n, k = ids.shape[1], logits_index.shape[1]
-        logits = torch.empty(1, k, meta.vocab.restricted_size, dtype=torch.float32, device=self.device)
+        logits = torch.empty(1, k, self.head_width, dtype=torch.float32, device=self.device)
         inputs = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index}
-        outputs = {"logits": logits}
+        outputs = {self.head_output: logits}
         hidden = None
         if self.exposes_hidden:
             hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)

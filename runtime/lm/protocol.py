@@ -23,9 +23,10 @@ recomputed in a differently sized batch sums in another order, and dynamic int8 
 scales activations per batch; a seeded utterance would then depend on what came before it).
 `reuse_prefix = False` turns reuse off.
 
-Optional, torch backend only: `forward_hidden(ids)` (logits and final-normed hidden states, for
-multi-token heads and EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a
-digit-factorised head's raw scores, which plain-temperature decoding samples digit by digit).
+Optional: `forward_hidden(ids)` (logits and final-normed hidden states, for multi-token heads and
+EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a digit-factorised head's raw
+scores, which plain-temperature decoding samples digit by digit): torch, and exported graphs of a
+digit head (`export/lm_graph.py`).
 """
 
 from __future__ import annotations

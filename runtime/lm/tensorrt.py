@@ -105,10 +105,11 @@ class TrtLM(BufferedLM):
         meta = self.meta
         n, k = ids.shape[1], logits_index.shape[1]
         context = self.contexts[choose_profile(n, k, self.step_max)]
-        logits = torch.empty(1, k, meta.vocab.restricted_size, dtype=torch.float32, device=self.device)
+        logits = torch.empty(1, k, self.head_width, dtype=torch.float32, device=self.device)
         present = [torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
                    for _ in self.cache]
-        tensors = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index, "logits": logits}
+        tensors = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index,
+                   self.head_output: logits}
         hidden = None
         if self.exposes_hidden:  # every output of the engine must have an address
             hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)
@@ -118,7 +119,7 @@ class TrtLM(BufferedLM):
                 tensors[f"past_key_values.{i}.{part}"] = self.cache[2 * i + j]
                 tensors[f"present.{i}.{part}"] = present[2 * i + j]
         for name, tensor in tensors.items():
-            if not (name in ("logits", "last_hidden_state") or name.startswith("present.")):
+            if not (name in (self.head_output, "last_hidden_state") or name.startswith("present.")):
                 context.set_input_shape(name, tuple(tensor.shape))
             context.set_tensor_address(name, tensor.data_ptr())
         if not context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
