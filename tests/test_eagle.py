@@ -396,3 +396,25 @@ def test_heads_eagle_help_states_the_trainers_defaults():
     for name in ("sequences", "heldout", "steps", "passes", "batch_sequences"):
         assert f"(default {getattr(EagleTrainConfig, name):,})" in helps[name], name
     assert heads.parse_args(["--target", "T"]).steps is None
+
+
+def test_an_attention_free_draft_steps_on_the_host_as_torch_does(target):
+    """On a CPU an attention-free float32 draft runs as NumPy (`HostEagleStep`): its features and
+    the target head's scores equal `TorchEagleStep`'s to float32 rounding, for target states and for
+    its own fed-back features, stop token included; an attention draft keeps the torch step."""
+    from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
+
+    draft = random_draft(target, seed=11, block="mlp")
+    host = EagleProposer.from_draft(draft, target).step
+    assert isinstance(host, HostEagleStep)
+    assert isinstance(EagleProposer.from_draft(random_draft(target), target).step, TorchEagleStep)
+    ref = TorchEagleStep(draft, target.model, target.vocab, target.max_length)
+    gen = torch.Generator().manual_seed(3)
+    states = torch.randn(3, target.model.args.hidden_size, generator=gen)
+    for tokens in (torch.tensor([5, 17, 300]), torch.tensor([2, 9, target.vocab.stop_index])):
+        (f_ref, s_ref), (f, s) = ref.run(states, tokens, 0), host.run(states, tokens, 0)
+        torch.testing.assert_close(f, f_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(host.run(f[None], tokens[:1], 0)[1], ref.run(f_ref[None], tokens[:1], 0)[1],
+                                   rtol=1e-5, atol=1e-5)
+    assert host.scores_to_logits(s).shape == (target.vocab.restricted_size,)

@@ -140,10 +140,14 @@ class EagleProposer:
 
     @classmethod
     def from_draft(cls, draft, target) -> "EagleProposer":
-        """A loaded `EagleDraft` on its torch target."""
-        from pcgtts.runtime.lm.eagle import TorchEagleStep
+        """A loaded `EagleDraft` on its torch target (an attention-free float32 draft on a CPU steps in
+        NumPy: `eagle.HostEagleStep`, half the cost of a proposal)."""
+        from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
 
-        return cls(TorchEagleStep(draft, _state_model(target, "an EAGLE draft"), target.vocab, target.max_length))
+        model = _state_model(target, "an EAGLE draft")
+        if HostEagleStep.suits(draft, model):
+            return cls(HostEagleStep(draft, model, target.vocab, target.max_length))
+        return cls(TorchEagleStep(draft, model, target.vocab, target.max_length))
 
     def start(self, first_slot: int) -> None:
         self.first_slot, self.length = first_slot, 0
