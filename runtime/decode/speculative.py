@@ -260,8 +260,9 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
         pending = last
     else:
         pending = prompt_ids.to(device)
-    missed = 0  # of them, those skipped by steps with speculation off
-    skipped: list[int] = []  # those tokens (restricted indices) not yet in `pending`: no tensor ops while off
+    # The plain steps' tokens (restricted indices) made while speculation was off: the draft's
+    # catch-up, appended to `pending` only when it speculates again (no tensor ops while off).
+    skipped: list[int] = []
     while True:
         if stats.emitted >= config.max_new_tokens:
             stats.finish = "max_tokens"
@@ -278,12 +279,10 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
             stats.trace.append((timer("time_verify", t0), 1))
             n, new = 0, token.view(1)
             skipped.append(tokens[0])
-            missed += 1
         else:
             # 1. Draft L proposals (catching up first on what it missed).
             t0 = time.perf_counter()
-            stats.catchup_tokens += missed
-            missed = 0
+            stats.catchup_tokens += len(skipped)
             if skipped:
                 pending = torch.cat([pending, vocab.restricted_to_token_ids(torch.tensor(skipped, device=device))])
                 skipped = []

@@ -159,9 +159,9 @@ class OrtLM(BufferedLM):
     def _execute(self, ids, positions, logits_index):
         meta = self.meta
         n, k = ids.shape[1], logits_index.shape[1]
-        logits = torch.empty(1, k, self.head_width, dtype=torch.float32, device=self.device)
+        head = torch.empty(1, k, self.head_width, dtype=torch.float32, device=self.device)
         inputs = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index}
-        outputs = {self.head_output: logits}
+        outputs = {self.head_output: head}
         hidden = None
         if self.exposes_hidden:
             hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)
@@ -177,7 +177,7 @@ class OrtLM(BufferedLM):
                 inputs[f"past_key_values.{i}.{part}"] = self.cache[2 * i + j]
                 outputs[f"present.{i}.{part}"] = present[2 * i + j]
         self._bound.run(inputs, outputs)
-        return logits, hidden, present
+        return head, hidden, present
 
 
 class OrtHeads:

@@ -105,11 +105,11 @@ class TrtLM(BufferedLM):
         meta = self.meta
         n, k = ids.shape[1], logits_index.shape[1]
         context = self.contexts[choose_profile(n, k, self.step_max)]
-        logits = torch.empty(1, k, self.head_width, dtype=torch.float32, device=self.device)
+        head = torch.empty(1, k, self.head_width, dtype=torch.float32, device=self.device)
         present = [torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
                    for _ in self.cache]
         tensors = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index,
-                   self.head_output: logits}
+                   self.head_output: head}
         hidden = None
         if self.exposes_hidden:  # every output of the engine must have an address
             hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)
@@ -124,4 +124,4 @@ class TrtLM(BufferedLM):
             context.set_tensor_address(name, tensor.data_ptr())
         if not context.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
             raise RuntimeError("TensorRT execution failed")
-        return logits, hidden, present
+        return head, hidden, present
