@@ -11,6 +11,7 @@ models' forward passes.
     python benchmarks/bench_lm.py --model demo [--adaptive]     # CPU, built-in demo pair (+ adaptive L rows)
     python benchmarks/bench_lm.py --model wide                  # CPU, hidden 1024 x 8 layers
     python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16   # GPU
+    python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16 --steps-per-sync 0,8  # + whole steps graphed
     python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf  # ORT vs torch
     python benchmarks/bench_lm.py --target LAB/v0/target --draft LAB/v0/draft --groups LAB/v0/groups.pcg \
         --backends torch,torch-full-head       # a trained pair; its digit head vs the same head row by row
@@ -30,7 +31,7 @@ import torch
 
 from pcgtts.groups.build import build_groups
 from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
-from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.config import DEVICE_STEP_POLICIES, DecodeConfig, SamplingConfig
 from pcgtts.tools.demo import DemoLMConfig, build_demo_tokenizer, confuse_draft_head, write_demo_lm
 from pcgtts.runtime.lm.draft import make_layer_subset_draft
 from pcgtts.runtime.lm.torch_lm import TorchLM
@@ -78,11 +79,12 @@ def sync_fn(device: str):
 
 
 def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length, proposer=None,
-             adaptive=False):
+             adaptive=False, steps_per_sync=0):
     """One decode; a fixed draft length unless `adaptive` (then L <= draft_length per step, the
-    runtime's default; HF's assisted generation also adapts its number of proposals)."""
+    runtime's default; HF's assisted generation also adapts its number of proposals).
+    steps_per_sync > 0: whole steps on the device (runtime/decode/device_loop.py)."""
     config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens, adaptive_draft=adaptive,
-                          sampling=SamplingConfig(temperature=0.8))
+                          sampling=SamplingConfig(temperature=0.8), steps_per_sync=steps_per_sync)
     gen = torch.Generator(device=device).manual_seed(seed)
     stats = DecodeStats()
     sync = sync_fn(device)
@@ -131,6 +133,9 @@ def main() -> int:
     ap.add_argument("--adaptive", action="store_true",
                     help="also run each speculative policy with the adaptive draft length (the runtime's default)")
     ap.add_argument("--cuda-graphs", choices=("on", "off", "both"), default="on")
+    ap.add_argument("--steps-per-sync", default="0",
+                    help="comma list; K > 0 adds rows of whole steps on the device (ar/sd/ssd/pcg, torch backend, "
+                         "CUDA graphs of the whole step on a GPU), K queued per host read")
     ap.add_argument("--backends", default="torch",
                     help="comma list: torch, torch-full-head (a digit-factorised head computed row by row), "
                          "torch-int8 (int8 linear layers, CPU), onnxruntime (exported once, cached)")
@@ -184,17 +189,20 @@ def main() -> int:
 
             # onnxruntime: the draft was exported with the target (load_onnx_pair passes it on)
             proposer = EagleProposer.for_target(target, None if backend == "onnxruntime" else args.eagle)
-        cases = [(policy, False) for policy in args.policies.split(",")]
+        policies = args.policies.split(",")
+        per_sync = [int(k) for k in args.steps_per_sync.split(",")]
+        cases = [(policy, False, k) for k in per_sync for policy in policies
+                 if not k or (policy in DEVICE_STEP_POLICIES and backend.startswith("torch"))]
         if args.adaptive:
-            cases += [(policy, True) for policy in args.policies.split(",") if policy not in ("ar", "draft")]
-        for policy, adaptive in cases:
+            cases += [(policy, True, 0) for policy in policies if policy not in ("ar", "draft")]
+        for policy, adaptive, k in cases:
             if policy.startswith("eagle") and proposer is None:
                 continue  # the EAGLE draft reads the torch target's hidden states
             run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length,
-                     proposer, adaptive)  # warm-up (an adaptive case measures its step costs here)
+                     proposer, adaptive, k)  # warm-up (an adaptive case measures its step costs here)
             results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
-                                args.draft_length, proposer, adaptive) for seed in range(1, args.runs + 1)]
-            policy = f"{policy} auto" if adaptive else policy
+                                args.draft_length, proposer, adaptive, k) for seed in range(1, args.runs + 1)]
+            policy = f"{policy} auto" if adaptive else f"{policy} k{k}" if k else policy
             n = sum(r[0] for r in results)
             secs = sum(r[1] for r in results)
             st = [r[2] for r in results]

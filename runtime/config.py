@@ -34,6 +34,7 @@ MTP_POLICIES = ("mtp-sd", "mtp-pcg", "mtp-strict", "mtp-topm", "mtp-threshold", 
 EAGLE_POLICIES = ("eagle-sd", "eagle-pcg")
 STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the target's hidden states
 POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
+DEVICE_STEP_POLICIES = ("ar", "sd", "ssd", "pcg")  # what whole steps on the device run (steps_per_sync)
 PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
 # auto: the backend an export folder was made for (onnxruntime / tensorrt), torch for a checkpoint;
 # the built-in voice on a CPU runs on onnxruntime, exported once on first use (pcgtts/builtin.py)
@@ -79,6 +80,10 @@ class DecodeConfig:
     mtp_top_m: int = 2  # mtp-topm / mtp-viterbi: a proposal passes when among the target's M best (Speech-LLaMA: 2)
     mtp_threshold: float = 0.1  # mtp-threshold: a proposal passes when the target gives it at least this probability
     viterbi_top_k: int = 4  # mtp-viterbi: candidates per head entering the Viterbi search
+    # steps_per_sync > 0: whole steps on the device (runtime/decode/device_loop.py; CUDA graphs on a GPU),
+    # this many queued between host reads; policies ar/sd/ssd/pcg on the torch backend, a fixed draft length.
+    # 0: the host loop (every step's count read back), which every policy and backend runs.
+    steps_per_sync: int = 0
     sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self) -> None:
@@ -98,6 +103,14 @@ class DecodeConfig:
             raise ValueError(f"mtp_top_m and viterbi_top_k must be >= 1, got {self.mtp_top_m}, {self.viterbi_top_k}")
         if not 0.0 < self.mtp_threshold <= 1.0:
             raise ValueError(f"mtp_threshold must lie in (0, 1], got {self.mtp_threshold}")
+        if self.steps_per_sync < 0:
+            raise ValueError(f"steps_per_sync must be >= 0, got {self.steps_per_sync}")
+        if self.steps_per_sync and self.policy not in DEVICE_STEP_POLICIES:
+            raise ValueError(f"steps_per_sync (whole steps on the device) runs policies {', '.join(DEVICE_STEP_POLICIES)}, "
+                             f"not {self.policy!r}")
+        if self.steps_per_sync and self.adaptive_draft and self.policy != "ar":
+            raise ValueError("steps_per_sync (whole steps on the device) needs a fixed draft length: "
+                             "set adaptive_draft false")
 
 
 @dataclass(frozen=True)

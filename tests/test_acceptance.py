@@ -257,9 +257,10 @@ def test_group_picks_and_member_lists_through_the_stop_folded_spans():
         for i, expected in enumerate(memberships):
             u = torch.tensor([(i + 0.5) / len(memberships)], dtype=torch.float64)
             assert int(acceptance._pick_group(view, torch.tensor([token]), u)) == expected
-    members, valid = acceptance._members(view, torch.tensor([0, 1, 2, 3, 4]))
-    lists = [m[v].tolist() for m, v in zip(members, valid)]
-    assert lists == [*groups, [5]]
+    for sync_free, width in ((False, 3), (True, table.max_group_size)):  # the fixed width needs no host read
+        members, valid = acceptance._members(view, torch.tensor([0, 1, 2, 3, 4]), sync_free)
+        assert members.shape == (5, width)
+        assert [m[v].tolist() for m, v in zip(members, valid)] == [*groups, [5]]
     with pytest.raises(TypeError, match="float64"):
         acceptance._pick_group(view, torch.tensor([0]), torch.tensor([0.5]))
 

@@ -140,8 +140,7 @@ def _fits(counts: torch.Tensor, expected: torch.Tensor, wrong: torch.Tensor) -> 
 
 @pytest.mark.slow  # ~15 s for pcg on the shared CPU
 @pytest.mark.parametrize("rule", ["sd", "pcg"])
-def test_sync_free_path_is_exact(monkeypatch, rule):
-    monkeypatch.setattr(acceptance, "_rejected_rows", lambda all_accepted: None)
+def test_sync_free_path_is_exact(rule):
     g = torch.Generator().manual_seed(4)
     draft = torch.softmax(1.5 * torch.randn(V, generator=g), -1)
     target = torch.softmax(1.5 * torch.randn(V, generator=g), -1)
@@ -149,7 +148,7 @@ def test_sync_free_path_is_exact(monkeypatch, rule):
     tokens = torch.multinomial(draft, n, replacement=True, generator=g).view(n, 1)
     verdict = acceptance.verify(rule, tokens, draft.expand(n, 1, V), target.expand(n, 2, V),
                                 acceptance.draw_uniforms(n, 1, g, "cpu"), g,
-                                groups=DeviceGroupTable.from_groups(GROUPS, num_tokens=8))
+                                groups=DeviceGroupTable.from_groups(GROUPS, num_tokens=8), sync_free=True)
     if rule == "sd":
         _fits(torch.bincount(verdict.tokens[:, 0], minlength=V), target.double(), draft.double())
     else:

@@ -32,7 +32,8 @@ Randomness is injected: `uniforms[B, L]` decide accept/reject (tests force outco
 them) and `generator` draws everything else. The recovered token's residual is computed only
 where it is needed: on a CPU, where a host sync is free, only for the rows that rejected a
 proposal (`_rejected_rows`; a step that accepted everything samples just the bonus token);
-on other devices every row computes it and `torch.where` selects, so nothing syncs.
+with `sync_free` (the default on other devices, and what a captured CUDA graph needs) every row
+computes it with fixed shapes and `torch.where` selects, so the host never reads device data.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def _uniforms64(batch: int, length: int, generator: torch.Generator, device) -> 
     return torch.rand(batch, length, generator=generator, device=device, dtype=torch.float64)
 
 
+def _sync_free(sync_free: bool | None, like: torch.Tensor) -> bool:
+    return default_sync_free(like.device) if sync_free is None else sync_free
+
+
 def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
     """accept: [B, L] bool -> length of the all-True prefix [B]."""
     return accept.long().cumprod(-1).sum(-1)
@@ -96,20 +101,26 @@ def verify_greedy(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> Ver
     return Verdict(_assemble(draft_tokens, n, best.gather(1, n[:, None]).squeeze(1)), n)
 
 
-def _rejected_rows(all_accepted: torch.Tensor) -> torch.Tensor | None:
+def default_sync_free(device: torch.device) -> bool:
+    """Whether the rules avoid host reads by default: everywhere but on a CPU, where a sync is free."""
+    return device.type != "cpu"
+
+
+def _rejected_rows(all_accepted: torch.Tensor, sync_free: bool) -> torch.Tensor | None:
     """Rows that need a residual: [B] bool (True = every proposal accepted) -> row indices.
 
-    On a CPU a host sync is free, so only the rejected rows are computed (none on a step
-    that accepted everything). Elsewhere returns None: every row computes the residual and
-    `torch.where` selects, keeping the step free of host syncs.
+    Without `sync_free` only the rejected rows are computed (none on a step that accepted
+    everything). With it returns None: every row computes the residual and `torch.where`
+    selects, keeping the step free of host syncs.
     """
-    if all_accepted.device.type != "cpu":
+    if sync_free:
         return None
     return (~all_accepted).nonzero().squeeze(1)
 
 
 def verify_sd(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-              uniforms: torch.Tensor, generator: torch.Generator, beta: float = 0.0) -> Verdict:
+              uniforms: torch.Tensor, generator: torch.Generator, beta: float = 0.0,
+              sync_free: bool | None = None) -> Verdict:
     # draft_tokens: [B, L]; draft_probs: [B, L, V]; target_probs: [B, L + 1, V]; uniforms: [B, L]
     b, l = draft_tokens.shape
     on_draft = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, L]
@@ -119,7 +130,7 @@ def verify_sd(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_prob
     n = _accepted_prefix(uniforms < ratio.clamp(max=1.0) + beta)
     target_row = _row(target_probs, n)  # [B, V]: the bonus row, or the rejected position's
     all_accepted = n == l
-    rows = _rejected_rows(all_accepted)
+    rows = _rejected_rows(all_accepted, _sync_free(sync_free, n))
     if rows is None:
         weights = torch.where(all_accepted[:, None], target_row,
                               sd_residual(target_row, _row(draft_probs, n.clamp(max=l - 1))))
@@ -166,13 +177,13 @@ def _pick_group(view: _CoarseView, tokens: torch.Tensor, uniforms: torch.Tensor)
     return widen(t.token_groups[entry]) + spans.token_shift[tokens]
 
 
-def _members(view: _CoarseView, group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _members(view: _CoarseView, group: torch.Tensor, sync_free: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded member lists of groups [...] -> (tokens [..., W], valid [..., W]). W is the table's
-    largest group size (a fixed shape: no host sync) except on a CPU, where a sync is free and W
-    is the largest of these groups (about half the table's maximum on the trained voice)."""
+    largest group size with `sync_free` (a fixed shape); otherwise the host reads the largest of
+    these groups (about half the table's maximum on the trained voice)."""
     t, spans = view.table, view.table.spans
     start, size = spans.group[group].unbind(-1)
-    width = int(size.max()) if group.device.type == "cpu" and group.numel() else t.max_group_size
+    width = t.max_group_size if sync_free or not group.numel() else int(size.max())
     slot = torch.arange(width, device=group.device)
     last = (size - 1)[..., None]
     entry = start[..., None] + torch.minimum(slot, last)  # padding repeats the last member (the stop's shift fits it)
@@ -180,12 +191,12 @@ def _members(view: _CoarseView, group: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def _coarse_masses(view: _CoarseView, first: torch.Tensor, second: torch.Tensor,
-                   group: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   group: torch.Tensor, sync_free: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(P_c, Q_c) of `group` under two distributions, gathering only the groups' members.
 
     first, second: [B, R, V] (or [B, V]); group: [B, R, ...] of the same leading dims -> two [B, R, ...].
     """
-    members, valid = _members(view, group)
+    members, valid = _members(view, group, sync_free)
     weights = view.inv_n[members] * valid  # 1/N(t) on members, 0 on padding
     flat = members.reshape(*first.shape[:-1], -1)
     shape = members.shape
@@ -211,7 +222,7 @@ def _all_coarse_masses(view: _CoarseView, probs: torch.Tensor) -> torch.Tensor:
 
 
 def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor, target_cdf: torch.Tensor,
-             y: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+             y: torch.Tensor, generator: torch.Generator, sync_free: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The recovered group K ~ [Q_c - P_c]_+ (normalised) and its token t in G_K ~ target(t)/N(t),
     for each row. draft_row, target_row: [B, V]; target_cdf: cdf_of(target_row); y: [B, T]
     independent draws from it (thinning candidates) -> (groups [B], tokens [B]).
@@ -222,15 +233,15 @@ def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tenso
     target(t)/N(t) on G_K, which is the token PCG emits. `trials` candidates are drawn at once
     and the first kept one wins; when none is kept the residual is sampled exactly from all
     groups' masses and the token from the group. That fallback is a sparse mat-vec: cheap on a
-    GPU, so there it is always computed and selected with `where` (no host sync); on a CPU a sync
-    is free and it is computed only for the rows that need it.
+    GPU, so with `sync_free` it is always computed and selected with `where` (no host sync); on a
+    CPU a sync is free and it is computed only for the rows that need it.
     """
     (b, trials), device = y.shape, draft_row.device
 
     def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         count = candidates_y.shape[1]
         cand = _pick_group(view, candidates_y, _uniforms64(b, count, generator, device))  # [B, T]
-        p_c, q_c = _coarse_masses(view, draft_row, target_row, cand)
+        p_c, q_c = _coarse_masses(view, draft_row, target_row, cand, sync_free)
         keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
         kept = torch.rand(b, count, generator=generator, device=device) < keep_prob
         first = kept.long().argmax(-1)[:, None]
@@ -238,10 +249,10 @@ def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tenso
 
     def exact(rows_draft: torch.Tensor, rows_target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         group = _exact_residual_group(view, rows_draft, rows_target, generator)
-        return group, _token_in_group(view, rows_target, group, generator)
+        return group, _token_in_group(view, rows_target, group, generator, sync_free)
 
     any_kept, group, token = thin(y)
-    if device.type != "cpu":
+    if sync_free:
         # Sync-free: the exact residual over all groups is a cheap sparse mat-vec on a GPU.
         exact_group, exact_token = exact(draft_row, target_row)
         return torch.where(any_kept, group, exact_group), torch.where(any_kept, token, exact_token)
@@ -277,9 +288,9 @@ def _exact_residual_group(view: _CoarseView, draft_row: torch.Tensor, target_row
 
 
 def _token_in_group(view: _CoarseView, target_row: torch.Tensor, group: torch.Tensor,
-                    generator: torch.Generator) -> torch.Tensor:
+                    generator: torch.Generator, sync_free: bool = False) -> torch.Tensor:
     """t in G_K with probability proportional to target(t)/N(t). target_row [B, V], group [B] -> [B]."""
-    members, valid = _members(view, group)
+    members, valid = _members(view, group, sync_free)
     weights = target_row.gather(1, members) * view.inv_n[members] * valid
     pick = sample_from_weights(weights, torch.rand(group.shape[0], generator=generator, device=group.device))
     return members.gather(1, pick[:, None]).squeeze(1)
@@ -287,13 +298,14 @@ def _token_in_group(view: _CoarseView, target_row: torch.Tensor, group: torch.Te
 
 def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                uniforms: torch.Tensor, generator: torch.Generator, groups: DeviceGroupTable,
-               thinning_trials: int = 16) -> Verdict:
+               thinning_trials: int = 16, sync_free: bool | None = None) -> Verdict:
     # draft_tokens: [B, L]; draft_probs: [B, L, V]; target_probs: [B, L + 1, V]; uniforms: [B, L]
     b, l = draft_tokens.shape
     device = draft_tokens.device
     view = _coarse_view(groups, draft_probs.shape[-1])
+    sync_free = _sync_free(sync_free, draft_tokens)
     proposed = _pick_group(view, draft_tokens, _uniforms64(b, l, generator, device))  # [B, L]
-    p_c, q_c = _coarse_masses(view, draft_probs, target_probs[:, :l], proposed)
+    p_c, q_c = _coarse_masses(view, draft_probs, target_probs[:, :l], proposed, sync_free)
     # P_c(K) > 0 because the draft sampled a member of K; the clamp only avoids a NaN.
     ratio = q_c / p_c.clamp_min(torch.finfo(p_c.dtype).tiny)
     n = _accepted_prefix(uniforms < ratio.clamp(max=1.0))
@@ -305,21 +317,22 @@ def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_pro
     draws = draw(target_cdf, torch.rand(b, 1 + thinning_trials, generator=generator, device=device))
     bonus = draws[:, 0]
     all_accepted = n == l
-    rows = _rejected_rows(all_accepted)
+    rows = _rejected_rows(all_accepted, sync_free)
     if rows is None:  # sync-free: every row computes the residual, `where` keeps the rejected ones
         draft_row = _row(draft_probs, n.clamp(max=l - 1))
-        residual_group, recovered = _recover(view, draft_row, target_row, target_cdf, draws[:, 1:], generator)
+        residual_group, recovered = _recover(view, draft_row, target_row, target_cdf, draws[:, 1:], generator,
+                                             sync_free)
         next_token = torch.where(all_accepted, bonus, recovered)
         next_group = torch.where(all_accepted, torch.full_like(residual_group, PLACEHOLDER), residual_group)
     else:  # CPU: the residual only where a proposal was rejected
         next_token, next_group = bonus, torch.full_like(bonus, PLACEHOLDER)
         if rows.numel() == b:  # every row rejected (always, at B = 1): no row copies
             next_group, next_token = _recover(view, _row(draft_probs, n), target_row, target_cdf, draws[:, 1:],
-                                              generator)
+                                              generator, sync_free)
         elif rows.numel():
             next_token, next_group = bonus.clone(), next_group.clone()
             next_group[rows], next_token[rows] = _recover(view, draft_probs[rows, n[rows]], target_row[rows],
-                                                          target_cdf[rows], draws[rows, 1:], generator)
+                                                          target_cdf[rows], draws[rows, 1:], generator, sync_free)
     tokens = _assemble(draft_tokens, n, next_token)
     group_ids = _assemble(proposed, n, next_group)
     return Verdict(tokens, n, group_ids)
@@ -353,9 +366,10 @@ def verify_threshold(draft_tokens: torch.Tensor, target_probs: torch.Tensor, tau
 
 def verify(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
            uniforms: torch.Tensor, generator: torch.Generator, *, groups: DeviceGroupTable | None = None,
-           ssd_beta: float = 0.0, thinning_trials: int = 16) -> Verdict:
+           ssd_beta: float = 0.0, thinning_trials: int = 16, sync_free: bool | None = None) -> Verdict:
     """Dispatch to one rule. Shapes: draft_tokens [B, L], draft_probs [B, L, V],
-    target_probs [B, L + 1, V], uniforms [B, L]."""
+    target_probs [B, L + 1, V], uniforms [B, L]. `sync_free` (default: off on a CPU, on elsewhere)
+    keeps every shape fixed and every branch on the device, as a captured CUDA graph needs."""
     if draft_tokens.dim() != 2 or draft_probs.dim() != 3 or target_probs.dim() != 3:
         raise ValueError("expected draft_tokens [B, L], draft_probs [B, L, V], target_probs [B, L+1, V]")
     if target_probs.shape[1] != draft_tokens.shape[1] + 1:
@@ -363,11 +377,13 @@ def verify(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor, tar
     if rule == "greedy":
         return verify_greedy(draft_tokens, target_probs)
     if rule == "sd":
-        return verify_sd(draft_tokens, draft_probs, target_probs, uniforms, generator)
+        return verify_sd(draft_tokens, draft_probs, target_probs, uniforms, generator, sync_free=sync_free)
     if rule == "ssd":
-        return verify_sd(draft_tokens, draft_probs, target_probs, uniforms, generator, beta=ssd_beta)
+        return verify_sd(draft_tokens, draft_probs, target_probs, uniforms, generator, beta=ssd_beta,
+                         sync_free=sync_free)
     if rule == "pcg":
         if groups is None:
             raise ValueError("the pcg rule needs a group table")
-        return verify_pcg(draft_tokens, draft_probs, target_probs, uniforms, generator, groups, thinning_trials)
+        return verify_pcg(draft_tokens, draft_probs, target_probs, uniforms, generator, groups, thinning_trials,
+                          sync_free)
     raise ValueError(f"unknown rule {rule!r}; expected one of {RULES}")

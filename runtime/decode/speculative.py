@@ -107,6 +107,10 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
     policies propose with `proposer` (a `multi_token.HeadProposer` or `EagleProposer`) reading the target's states.
     """
     stats = stats if stats is not None else DecodeStats()
+    if config.steps_per_sync:
+        from pcgtts.runtime.decode.device_loop import decode_on_device
+
+        return decode_on_device(target, draft, prompt_ids, config, generator, groups, stats)
     if config.policy in STATE_POLICIES:
         from pcgtts.runtime.decode.multi_token import decode_multi_token
 
