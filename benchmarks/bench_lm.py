@@ -192,7 +192,8 @@ def main() -> int:
         policies = args.policies.split(",")
         per_sync = [int(k) for k in args.steps_per_sync.split(",")]
         cases = [(policy, False, k) for k in per_sync for policy in policies
-                 if not k or (policy in DEVICE_STEP_POLICIES and backend.startswith("torch"))]
+                 if not k or (policy in DEVICE_STEP_POLICIES and backend.startswith("torch")
+                              and graphs == args.device.startswith("cuda"))]  # whole steps: graphed on CUDA anyway
         if args.adaptive:
             cases += [(policy, True, 0) for policy in policies if policy not in ("ar", "draft")]
         for policy, adaptive, k in cases:

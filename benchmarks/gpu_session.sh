@@ -16,13 +16,15 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
 step=${1:-all}
 if [ "$step" = all ] || [ "$step" = tests ]; then
     python3 -m pytest -q -m "requires_cuda or not requires_cuda" tests/test_lm.py tests/test_acceptance.py \
-        tests/test_features.py -k "cuda or torchaudio or transformers_feature" -rs 2>&1 | tee "$OUT/tests.log" | tail -15
+        tests/test_features.py tests/test_device_loop.py -k "cuda or torchaudio or transformers_feature" -rs 2>&1 | tee "$OUT/tests.log" | tail -15
 fi
 if [ "$step" = all ] || [ "$step" = verify ]; then
     python3 benchmarks/bench_verify.py --device cuda 2>&1 | tee "$OUT/verify.log" | tail -9
     python3 benchmarks/bench_groups.py --device cuda 2>"$OUT/groups.err" | tee "$OUT/groups.log" | tail -3
 fi
 if [ "$step" = all ] || [ "$step" = lm ]; then
+    # rows: host loop without / with per-forward graphs, then whole steps graphed (1 and 8 per host read)
     python3 benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16 --cuda-graphs both \
-        --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lm.err" | tee "$OUT/lm.log" | tail -14
+        --policies ar,sd,pcg --steps-per-sync 0,1,8 \
+        --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lm.err" | tee "$OUT/lm.log" | tail -16
 fi

@@ -34,16 +34,16 @@ def run(target, draft, prompt, policy, sampling, *, tokens=40, seed=0, groups=No
     config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling,
                           adaptive_draft=False, steps_per_sync=per_sync)
     stats = DecodeStats()
-    out = [t for burst in decode(target, draft, prompt, config, torch.Generator().manual_seed(seed), groups, stats)
-           for t in burst]
-    return out, stats
+    generator = torch.Generator(getattr(target, "device", "cpu")).manual_seed(seed)
+    return [t for burst in decode(target, draft, prompt, config, generator, groups, stats) for t in burst], stats
 
 
 def host_greedy(target, prompt, tokens=40, draft=None, policy="ar", groups=None, draft_length=3):
     config = DecodeConfig(policy=policy, max_new_tokens=tokens, sampling=GREEDY, draft_length=draft_length,
                           adaptive_draft=False)
     stats = DecodeStats()
-    return [t for b in decode(target, draft, prompt, config, torch.Generator(), groups, stats) for t in b], stats
+    generator = torch.Generator(target.device)
+    return [t for b in decode(target, draft, prompt, config, generator, groups, stats) for t in b], stats
 
 
 @pytest.mark.parametrize("policy", ["ar", "sd", "ssd", "pcg"])
@@ -147,3 +147,29 @@ def test_refusals(tiny_pair, prompt):
         run(target, None, prompt, "sd", GREEDY)
     with pytest.raises(ValueError, match="torch backend"):
         run(object(), None, prompt, "ar", GREEDY)
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("policy", ["ar", "sd", "pcg"])
+def test_captured_steps_on_cuda(tiny_lms, tiny_groups, policy):
+    """The CUDA graphs of whole steps: greedy tokens equal the eager host loop's on the same GPU,
+    a twin draft accepts everything, and a seeded run repeats (the generator is reseeded after capture)."""
+    from pcgtts.runtime.lm.checkpoint import load_tokenizer
+
+    tok = load_tokenizer(tiny_lms["target"])
+    target, draft, twin = (TorchLM.load(tiny_lms[name], device="cuda", max_length=512, tokenizer=tok, cuda_graphs=False)
+                           for name in ("target", "draft", "target"))
+    groups = tiny_groups.to("cuda")
+    prompt = build_prompt(tok, target.vocab, "Whole steps on the device.")
+    reference, _ = host_greedy(target, prompt)
+    output, _ = run(target, draft, prompt, policy, GREEDY, groups=groups)
+    assert output == reference
+    if policy == "sd":
+        _, stats = run(target, twin, prompt, "sd", SamplingConfig(), tokens=60)
+        assert stats.acceptance_rate == 1.0
+    config = DecodeConfig(policy=policy, sampling=SamplingConfig(), adaptive_draft=False, steps_per_sync=8,
+                          max_new_tokens=40)
+    a, b = ([t for burst in decode(target, draft, prompt, config, torch.Generator("cuda").manual_seed(9), groups)
+             for t in burst] for _ in range(2))
+    assert a == b and len(a) == 40

@@ -155,12 +155,8 @@ def _capture(body, state: DeviceState, generator: torch.Generator, pool, warm_po
             state.count.zero_()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    if generator is not torch.cuda.default_generators[state.position.device.index or 0]:
-        register = getattr(graph, "register_generator_state", None)
-        if register is None:
-            raise RuntimeError("this torch cannot capture a user generator in a CUDA graph; "
-                               "pass torch.cuda.default_generators[i] or upgrade torch")
-        register(generator)
+    if generator not in torch.cuda.default_generators:  # see `_loop_generator`
+        graph.register_generator_state(generator)
     with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
         body()  # recorded, not run
     for live, kept in zip((state.position, state.last, state.prev, state.count, state.accepted), saved):
@@ -183,7 +179,7 @@ class DeviceLoop:
 
     def __init__(self, target, draft, groups: DeviceGroupTable | None):
         self.target, self.draft, self.groups = target, draft, groups
-        self.generator = torch.Generator(target.device)  # bound into the graphs; seeded per sequence
+        self.generator = _loop_generator(target.device)  # bound into the graphs; seeded per sequence
         self.state = DeviceState.start(torch.zeros(2, dtype=torch.long), target.max_length, 16, target.device)
         self.steps: dict[StepSpec, DeviceStep] = {}
         self.pool = torch.cuda.graph_pool_handle() if target.device.type == "cuda" else None
@@ -209,6 +205,14 @@ class DeviceLoop:
         s.prev.copy_(ids[-2:-1])
         s.count.zero_()
         s.accepted.zero_()
+
+
+def _loop_generator(device: torch.device) -> torch.Generator:
+    """A generator of the loop's own, or on CUDA without `register_generator_state` (older torch)
+    the device's default one, the only generator such a torch lets a graph capture."""
+    if device.type == "cuda" and not hasattr(torch.cuda.CUDAGraph, "register_generator_state"):
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.Generator(device)
 
 
 def _loop_key(target, draft, groups) -> tuple:
