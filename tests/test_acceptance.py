@@ -9,6 +9,7 @@ vacuous test cannot pass.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -369,3 +370,23 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     assert p_value(factored, reference) > ALPHA
     assert p_value(factored, shifted) < ALPHA
     assert torch.allclose(dense(target_scores), torch.softmax(expand_digit_scores(target_scores, 2) / temperature, -1))
+
+
+def test_digit_rows_give_the_expanded_rows_probabilities():
+    """`DigitRows.at` (two half-table lookups per code, the stop token through the extra high entry)
+    equals the dense softmax of the expanded scores for every token, whether the rows were factored
+    alone or together with another row set (`DigitRows.factor`, as a verify step does)."""
+    from pcgtts.runtime.decode.acceptance_cpu import DigitRows
+    from pcgtts.runtime.lm.digit_head import expand_digit_scores
+
+    g = torch.Generator().manual_seed(3)
+    scores, other = (2 * torch.randn(rows, 1 + 3 * 4 + 1, generator=g) for rows in (3, 2))
+    dense = torch.softmax(expand_digit_scores(scores, 3).double() / 0.7, -1)
+    tokens = np.arange(4 ** 3 + 1)
+    alone = DigitRows(scores, 3, 0.7)
+    together, first = DigitRows(scores, 3, 0.7), DigitRows(other, 3, 0.7)
+    DigitRows.factor(first, together)
+    for rows in (alone, together):
+        probs = rows.at(np.arange(3)[:, None], tokens[None, :])
+        np.testing.assert_allclose(probs, dense.numpy(), rtol=1e-5)  # the expansion sums in float32
+        assert rows.at(2, tokens[-1:])[0] == pytest.approx(float(dense[2, -1]), rel=1e-5)

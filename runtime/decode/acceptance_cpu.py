@@ -11,7 +11,7 @@ row, the dense row itself):
              for draw (tests/test_acceptance.py), so their statistical tests cover it.
   DigitRows  a digit head's scores [R, 34] (runtime/lm/digit_head.py): each row is a product of
              per-digit softmaxes, so probabilities and exact draws cost O(8) per token and no
-             65,537-wide row is built. The recovered token is drawn by thinning (draw y from the
+             65,537-wide row is built (a step's draft and target rows are factored in one pass). The recovered token is drawn by thinning (draw y from the
              target, keep it with probability (1 - p(y)/q(y))+ for SD: exactly the normalised
              residual; PCG as acceptance._recover), with the dense residual as the rare last resort.
 
@@ -30,7 +30,7 @@ from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance import outcome, verify
 from pcgtts.runtime.decode.sampling import cdf_of, draw, logits_to_probs, sample_from_weights
 from pcgtts.runtime.lm.digit_head import (LEVELS, digit_halves, expand_digit_scores, host_digit_log_probs,
-                                          host_sample_digit_codes)
+                                          host_draw_digit_codes)
 
 _TINY = np.finfo(np.float32).tiny
 _LANE_RULES = ("sd", "ssd", "pcg")
@@ -63,28 +63,59 @@ class DenseRows:
 
 class DigitRows:
     """Distributions given by digit-head scores [R, 1 + digits * 4 + 1] at `temperature` (plain
-    sampling: no top-p), in factored form (`digit_head.host_digit_log_probs`). A code's log-probability
-    is one entry of a table over its high digits plus one over its low digits (4**4 entries each
-    for 8 digits), so `at` costs two lookups per token; the stop token is the high table's extra
-    entry (less the low table's entry 0, which its low digits select)."""
+    sampling: no top-p), in factored form (`digit_head.host_digit_log_probs`), computed on first
+    use (`factor` does several row sets in one pass: a verify step's draft and target rows). A
+    code's log-probability is one entry of a table over its high digits plus one over its low
+    digits (4**4 entries each for 8 digits), so `at` costs two lookups per token; the stop token
+    is the high table's extra entry (less the low table's entry 0, which its low digits select)."""
 
     def __init__(self, scores: torch.Tensor, digits: int, temperature: float):
         self.scores, self.digits, self.temperature = scores, digits, temperature
         self.values = scores.numpy()
-        per_digit, speech, stop = host_digit_log_probs(self.values, digits, temperature)  # float64
-        self.low_bits = 2 * (digits // 2)  # log2 of the low table's size (4 levels: 2 bits per digit)
-        high, self.low = digit_halves(per_digit, speech)  # [R, 4**(n - n/2)], [R, 4**(n/2)]
-        self.high = np.concatenate([high, (stop - self.low[:, 0])[:, None]], axis=1)  # stop: high index 4**(n - n/2)
         self.size = LEVELS ** digits + 1
+        self.low_bits = 2 * (digits // 2)  # log2 of the low table's size (4 levels: 2 bits per digit)
         self.mask = (1 << self.low_bits) - 1
+        # (per-digit log-softmaxes [R, n, 4], log P(stop) [R], high table [R, 4**(n - n/2) + 1],
+        # low table [R, 4**(n/2)]), float64
+        self._factors: tuple[np.ndarray, ...] | None = None
+
+    @staticmethod
+    def factor(*row_sets: "DigitRows") -> None:
+        """Factor every unfactored row set, in one pass when they share digits and temperature, so
+        the dozen NumPy calls are paid once a step rather than once per row set."""
+        todo = [rows for rows in row_sets if rows._factors is None]
+        if len({(rows.digits, rows.temperature) for rows in todo}) > 1:
+            for rows in todo:
+                DigitRows.factor(rows)
+            return
+        if not todo:
+            return
+        first = todo[0]
+        values = np.concatenate([rows.values for rows in todo]) if len(todo) > 1 else first.values
+        per_digit, speech, stop = host_digit_log_probs(values, first.digits, first.temperature)  # float64
+        high, low = digit_halves(per_digit, speech)  # [R, 4**(n - n/2)], [R, 4**(n/2)]
+        high = np.concatenate([high, (stop - low[:, 0])[:, None]], axis=1)  # stop: high index 4**(n - n/2)
+        start = 0
+        for rows in todo:
+            end = start + len(rows.values)
+            rows._factors = (per_digit[start:end], stop[start:end], high[start:end], low[start:end])
+            start = end
+
+    @property
+    def factors(self) -> tuple[np.ndarray, ...]:
+        if self._factors is None:
+            DigitRows.factor(self)
+        return self._factors
 
     def at(self, rows: np.ndarray | int, tokens: np.ndarray) -> np.ndarray:
         """Probabilities of `tokens` under `rows` (broadcast together)."""
-        return np.exp(self.high[rows, tokens >> self.low_bits] + self.low[rows, tokens & self.mask])
+        _, _, high, low = self.factors
+        return np.exp(high[rows, tokens >> self.low_bits] + low[rows, tokens & self.mask])
 
     def draw(self, row: int, count: int, generator: torch.Generator) -> np.ndarray:
         uniforms = torch.rand(count, self.digits + 1, generator=generator).numpy()
-        return host_sample_digit_codes(self.values[row], self.digits, self.temperature, uniforms)
+        per_digit, stop, _, _ = self.factors
+        return host_draw_digit_codes(per_digit[row], stop[row], uniforms)
 
     def row(self, row: int) -> torch.Tensor:
         return self.dense_rows(self.scores[row])
@@ -113,6 +144,8 @@ def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     rows or `DenseRows` / `DigitRows`: `verify`'s arguments without the batch dimension. With
     dense rows, the same outcome as `verify` for the same generator state."""
     draft, target = rows_of(draft_probs), rows_of(target_probs)
+    if isinstance(draft, DigitRows) and isinstance(target, DigitRows):
+        DigitRows.factor(draft, target)
     if draft_tokens.device.type != "cpu" or rule not in _LANE_RULES:
         return outcome(verify(rule, draft_tokens[None], draft.dense()[None], target.dense()[None], uniforms[None],
                               generator, groups=groups, ssd_beta=ssd_beta, thinning_trials=thinning_trials))

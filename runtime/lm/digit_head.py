@@ -127,10 +127,17 @@ def host_sample_digit_codes(scores: np.ndarray, digits: int, temperature: float,
     """`sample_digit_codes` in NumPy (float64): scores [..., 1 + digits * levels + 1], uniforms
     [..., digits + 1] -> restricted indices int64 [...]; the same draws up to float rounding."""
     per_digit, _, stop = host_digit_log_probs(scores, digits, temperature, levels)
+    return host_draw_digit_codes(per_digit, stop, uniforms)
+
+
+def host_draw_digit_codes(per_digit: np.ndarray, log_stop: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """Draws from a distribution in `host_digit_log_probs`' factored form: per-digit log-softmaxes
+    [..., n, L] and log P(stop) [...], uniforms [..., n + 1] (the stop coin first) -> restricted indices [...]."""
+    digits, levels = per_digit.shape[-2:]
     cdf = np.exp(per_digit).cumsum(-1)  # [..., n, L]
     digit = np.minimum((cdf <= uniforms[..., 1:, None] * cdf[..., -1:]).sum(-1), levels - 1)
     code = (digit * levels ** np.arange(digits)).sum(-1)
-    return np.where(uniforms[..., 0] < np.exp(stop), levels ** digits, code)
+    return np.where(uniforms[..., 0] < np.exp(log_stop), levels ** digits, code)
 
 
 def draw_digit_code(scores: list[float], digits: int, temperature: float, uniforms: list[float],
