@@ -173,3 +173,19 @@ def test_captured_steps_on_cuda(tiny_lms, tiny_groups, policy):
     a, b = ([t for burst in decode(target, draft, prompt, config, torch.Generator("cuda").manual_seed(9), groups)
              for t in burst] for _ in range(2))
     assert a == b and len(a) == 40
+
+
+def test_the_synthesizer_streams_whole_steps(tiny_models, tiny_groups_file):
+    """`steps_per_sync` reaches the decode loop from a setting (a keyword here; a TOML key alike): the
+    streamed greedy audio equals the host loop's, sample for sample."""
+    import numpy as np
+
+    from pcgtts.runtime.synthesizer import Synthesizer
+
+    audio = []
+    for per_sync in (0, 4):
+        synth = Synthesizer.from_pretrained(tiny_models["target"], tiny_models["draft"], tiny_models["codec"],
+                                            tiny_groups_file, max_length=512, policy="sd", temperature=0.0,
+                                            adaptive_draft=False, steps_per_sync=per_sync, max_new_tokens=30)
+        audio.append(np.concatenate([chunk.samples for chunk in synth.stream("Hello whole steps.")]))
+    assert len(audio[0]) > 0 and np.array_equal(audio[0], audio[1])
