@@ -6,7 +6,7 @@
       synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
                                   abandon_after_s
         decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
-                                  mtp_top_m, mtp_threshold, viterbi_top_k
+                                  mtp_top_m, mtp_threshold, viterbi_top_k, steps_per_sync
           sampling SamplingConfig temperature, top_p
         stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
                                   first_chunk_lookahead, crossfade_samples
