@@ -79,12 +79,14 @@ def sync_fn(device: str):
 
 
 def run_ours(target, draft, prompt, policy, tokens, groups, seed, device, draft_length, proposer=None,
-             adaptive=False, steps_per_sync=0):
+             adaptive=False, steps_per_sync=0, compile_steps=False):
     """One decode; a fixed draft length unless `adaptive` (then L <= draft_length per step, the
     runtime's default; HF's assisted generation also adapts its number of proposals).
-    steps_per_sync > 0: whole steps on the device (runtime/decode/device_loop.py)."""
+    steps_per_sync > 0: whole steps on the device (runtime/decode/device_loop.py), their forwards
+    compiled first with `compile_steps`."""
     config = DecodeConfig(policy=policy, draft_length=draft_length, max_new_tokens=tokens, adaptive_draft=adaptive,
-                          sampling=SamplingConfig(temperature=0.8), steps_per_sync=steps_per_sync)
+                          sampling=SamplingConfig(temperature=0.8), steps_per_sync=steps_per_sync,
+                          compile_steps=compile_steps)
     gen = torch.Generator(device=device).manual_seed(seed)
     stats = DecodeStats()
     sync = sync_fn(device)
@@ -136,6 +138,8 @@ def main() -> int:
     ap.add_argument("--steps-per-sync", default="0",
                     help="comma list; K > 0 adds rows of whole steps on the device (ar/sd/ssd/pcg, torch backend, "
                          "CUDA graphs of the whole step on a GPU), K queued per host read")
+    ap.add_argument("--compile-steps", action="store_true",
+                    help="also run each whole-step row with its forwards through torch.compile (inductor) first")
     ap.add_argument("--backends", default="torch",
                     help="comma list: torch, torch-full-head (a digit-factorised head computed row by row), "
                          "torch-int8 (int8 linear layers, CPU), onnxruntime (exported once, cached)")
@@ -191,19 +195,21 @@ def main() -> int:
             proposer = EagleProposer.for_target(target, None if backend == "onnxruntime" else args.eagle)
         policies = args.policies.split(",")
         per_sync = [int(k) for k in args.steps_per_sync.split(",")]
-        cases = [(policy, False, k) for k in per_sync for policy in policies
+        cases = [(policy, False, k, False) for k in per_sync for policy in policies
                  if not k or (policy in DEVICE_STEP_POLICIES and backend.startswith("torch")
                               and graphs == args.device.startswith("cuda"))]  # whole steps: graphed on CUDA anyway
+        if args.compile_steps:
+            cases += [(policy, False, k, True) for policy, _, k, _ in cases if k]
         if args.adaptive:
-            cases += [(policy, True, 0) for policy in policies if policy not in ("ar", "draft")]
-        for policy, adaptive, k in cases:
+            cases += [(policy, True, 0, False) for policy in policies if policy not in ("ar", "draft")]
+        for policy, adaptive, k, compiled in cases:
             if policy.startswith("eagle") and proposer is None:
                 continue  # the EAGLE draft reads the torch target's hidden states
             run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length,
-                     proposer, adaptive, k)  # warm-up (an adaptive case measures its step costs here)
+                     proposer, adaptive, k, compiled)  # warm-up (an adaptive case measures its step costs here)
             results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
-                                args.draft_length, proposer, adaptive, k) for seed in range(1, args.runs + 1)]
-            policy = f"{policy} auto" if adaptive else f"{policy} k{k}" if k else policy
+                                args.draft_length, proposer, adaptive, k, compiled) for seed in range(1, args.runs + 1)]
+            policy = f"{policy} auto" if adaptive else f"{policy} k{k}{'c' if compiled else ''}" if k else policy
             n = sum(r[0] for r in results)
             secs = sum(r[1] for r in results)
             st = [r[2] for r in results]

@@ -6,7 +6,8 @@
       synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
                                   abandon_after_s
         decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
-                                  mtp_top_m, mtp_threshold, viterbi_top_k, steps_per_sync
+                                  mtp_top_m, mtp_threshold, viterbi_top_k, steps_per_sync,
+                                  compile_steps
           sampling SamplingConfig temperature, top_p
         stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
                                   first_chunk_lookahead, crossfade_samples
@@ -84,6 +85,7 @@ class DecodeConfig:
     # this many queued between host reads; policies ar/sd/ssd/pcg on the torch backend, a fixed draft length.
     # 0: the host loop (every step's count read back), which every policy and backend runs.
     steps_per_sync: int = 0
+    compile_steps: bool = False  # with steps_per_sync: the forwards through torch.compile before capture (GPU)
     sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self) -> None:
@@ -108,6 +110,10 @@ class DecodeConfig:
         if self.steps_per_sync and self.policy not in DEVICE_STEP_POLICIES:
             raise ValueError(f"steps_per_sync (whole steps on the device) runs policies {', '.join(DEVICE_STEP_POLICIES)}, "
                              f"not {self.policy!r}")
+        if not isinstance(self.compile_steps, bool):
+            raise ValueError(f"compile_steps must be true or false, got {self.compile_steps!r}")
+        if self.compile_steps and not self.steps_per_sync:
+            raise ValueError("compile_steps compiles whole steps on the device: it needs steps_per_sync > 0")
         if self.steps_per_sync and self.adaptive_draft and self.policy != "ar":
             raise ValueError("steps_per_sync (whole steps on the device) needs a fixed draft length: "
                              "set adaptive_draft false")

@@ -189,3 +189,23 @@ def test_the_synthesizer_streams_whole_steps(tiny_models, tiny_groups_file):
                                             adaptive_draft=False, steps_per_sync=per_sync, max_new_tokens=30)
         audio.append(np.concatenate([chunk.samples for chunk in synth.stream("Hello whole steps.")]))
     assert len(audio[0]) > 0 and np.array_equal(audio[0], audio[1])
+
+
+@pytest.mark.parametrize("policy", ["ar", "sd"])
+def test_compiled_forwards_trace_whole_and_decode_alike(tiny_pair, prompt, policy, monkeypatch):
+    """`compile_steps`: the models' forwards pass through dynamo with `fullgraph=True` (a graph break
+    would raise) and greedy tokens are unchanged. Traced with the "eager" backend here (no code
+    generation: seconds, not minutes); inductor's kernels are the GPU's business."""
+    monkeypatch.setattr(device_loop, "COMPILE_BACKEND", "eager")
+    target, draft = tiny_pair
+    reference, _ = host_greedy(target, prompt, tokens=12)
+    config = DecodeConfig(policy=policy, max_new_tokens=12, sampling=GREEDY, adaptive_draft=False,
+                          steps_per_sync=4, compile_steps=True)
+    target._device_loop = None  # a loop of its own: its steps are built compiled
+    try:
+        out = [t for b in decode(target, draft, prompt, config, torch.Generator()) for t in b]
+    finally:
+        target._device_loop = None
+    assert out == reference
+    with pytest.raises(ValueError, match="steps_per_sync"):
+        DecodeConfig(compile_steps=True)

@@ -76,6 +76,7 @@ class StepSpec:
     sampling: SamplingConfig
     ssd_beta: float = 0.0
     thinning_trials: int = 16
+    compile: bool = False  # the models' forwards through torch.compile (fused kernels) before capture
 
 
 def plain_step(target: Llama, vocab: SpeechVocab, state: DeviceState, spec: StepSpec,
@@ -123,6 +124,8 @@ class DeviceStep:
 
     def __init__(self, target: Llama, draft: Llama | None, vocab: SpeechVocab, state: DeviceState, spec: StepSpec,
                  generator: torch.Generator, groups: DeviceGroupTable | None, pool=None, warm_position: int = 1):
+        if spec.compile:
+            target, draft = (_compiled(model) if model is not None else None for model in (target, draft))
         if spec.draft_length:
             self._body = lambda: speculative_step(target, draft, vocab, state, spec, generator, groups)
         else:
@@ -137,6 +140,15 @@ class DeviceStep:
             self.graph.replay()
         else:
             self._body()
+
+
+COMPILE_BACKEND = "inductor"  # tests trace with "eager" (dynamo alone: no graph break allowed, no codegen)
+
+
+def _compiled(model: Llama):
+    """`model`'s forward compiled for fixed shapes (one graph per token count it sees; the warm-up
+    before capture compiles them all) with no graph break, so a CUDA graph captures its kernels."""
+    return torch.compile(model, backend=COMPILE_BACKEND, dynamic=False, fullgraph=True)
 
 
 def _capture(body, state: DeviceState, generator: torch.Generator, pool, warm_position: int):
@@ -167,10 +179,10 @@ def _capture(body, state: DeviceState, generator: torch.Generator, pool, warm_po
 def step_spec(config: DecodeConfig) -> StepSpec:
     """The step `config` asks for (`DecodeConfig` has checked that the device loop runs it)."""
     if config.policy == "ar":
-        return StepSpec(0, "ar", config.sampling)
+        return StepSpec(0, "ar", config.sampling, compile=config.compile_steps)
     rule = "greedy" if config.sampling.greedy else config.policy
     return StepSpec(config.draft_length, rule, config.sampling, config.ssd_beta if rule == "ssd" else 0.0,
-                    config.pcg_thinning_trials)
+                    config.pcg_thinning_trials, config.compile_steps)
 
 
 class DeviceLoop:
