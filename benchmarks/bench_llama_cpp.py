@@ -91,7 +91,7 @@ def write_gguf(model_dir: Path, out: Path, kind: str) -> Path:
 
     base = 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float64) / args.head_dim))
     writer.add_tensor("rope_freqs.weight", (base / rope_inv_freq(args).double()).float().numpy())  # divisors of base
-    put("token_embd.weight", state["model.embed_tokens.weight"], keep_f32=True)
+    put("token_embd.weight", state["model.embed_tokens.weight"])
     put("output_norm.weight", state["model.norm.weight"])
     if "lm_head.weight" in state:
         put("output.weight", state["lm_head.weight"])
@@ -111,6 +111,26 @@ def write_gguf(model_dir: Path, out: Path, kind: str) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+OURS = {"torch": "f32", "torch-int8": "int8", "onnxruntime": "f32", "onnxruntime-int8": "int8"}  # backend -> weights
+
+
+def ours_lm(backend: str, target_dir: Path, torch_lm: TorchLM):
+    """Our LM on `backend`: the loaded torch one, torch with int8 layers, or an onnxruntime export
+    (fp32 or weight-only int8, made once beside the checkpoint as `pcgtts export onnx` would)."""
+    if backend == "torch":
+        return torch_lm
+    if backend == "torch-int8":
+        return TorchLM.load(target_dir, max_length=1024, tokenizer=torch_lm.tokenizer, quantize="int8")
+    from pcgtts.export.onnx_lm import export_lm
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+
+    quantize = "int8" if backend.endswith("int8") else "none"
+    onnx_dir = target_dir.with_name(f"{target_dir.name}-onnx-{quantize}")
+    if not (onnx_dir / "pcgtts-lm.json").exists():
+        export_lm(target_dir, onnx_dir, max_length=1024, quantize=quantize)
+    return OrtLM.load(onnx_dir, max_length=1024, tokenizer=torch_lm.tokenizer)
 
 
 def check_logits(llm, target: TorchLM, prompt: torch.Tensor) -> float:
@@ -140,7 +160,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="demo", help="a bench_lm.py shape (default demo)")
     ap.add_argument("--target", help="an existing target checkpoint instead of --model's")
-    ap.add_argument("--types", default="F32,Q8_0", help=f"GGUF weight types, from {GGUF_TYPES}")
+    ap.add_argument("--types", default="F32,F16,Q8_0", help=f"GGUF weight types, from {GGUF_TYPES}")
+    ap.add_argument("--ours", default="torch,torch-int8,onnxruntime-int8", help=f"our backends, from {sorted(OURS)}")
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true")
@@ -149,6 +170,8 @@ def main() -> int:
     types = args.types.split(",")
     if any(t not in GGUF_TYPES for t in types):
         ap.error(f"--types: choose from {GGUF_TYPES}")
+    if any(b not in OURS for b in args.ours.split(",")) or not args.ours.startswith("torch,") and args.ours != "torch":
+        ap.error(f"--ours: torch first (the reference), then any of {sorted(OURS)}")
     from llama_cpp import Llama  # optional: `pip install llama-cpp-python`
 
     target_dir = Path(args.target) if args.target else make_models(args.model, Path(args.cache))[0]
@@ -163,9 +186,12 @@ def main() -> int:
         results = [run(args.tokens, seed) for seed in range(1, args.runs + 1)]
         rows.append({"impl": engine, "weights": label,
                      "tokens_per_s": sum(r[0] for r in results) / sum(r[1] for r in results)})
-        print(f"  {engine:10s} {label:6s} {rows[-1]['tokens_per_s']:8.1f} tok/s", file=sys.stderr)
+        print(f"  {engine:16s} {label:6s} {rows[-1]['tokens_per_s']:8.1f} tok/s", file=sys.stderr)
 
-    timed("f32", "ours", lambda n, s: run_ours(target, None, prompt, "ar", n, None, s, "cpu", 3)[:2])
+    for backend in args.ours.split(","):
+        lm = ours_lm(backend, target_dir, target)
+        timed(OURS[backend], f"ours-{backend.split('-')[0]}",
+              lambda n, s: run_ours(lm, None, prompt, "ar", n, None, s, "cpu", 3)[:2])
     checks = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in types:
@@ -183,12 +209,12 @@ def main() -> int:
         hf = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
         timed("f32", "hf", lambda n, s: run_hf(hf, None, prompt, n, s, "cpu"))
 
-    ours = rows[0]["tokens_per_s"]
+    ours = rows[0]["tokens_per_s"]  # torch float32: the reference
     print(f"\n{name}, CPU, {threads} threads, {args.tokens} tokens x {args.runs} runs, plain AR at temperature 0.8")
-    print(f"{'impl':10s} {'weights':8s} {'tok/s':>8s} {'x ours':>7s} {'logits vs ours':>15s}")
+    print(f"{'impl':16s} {'weights':8s} {'tok/s':>8s} {'x ours':>7s} {'logits vs ours':>15s}")
     for r in rows:
         check = checks.get(r["weights"].upper()) if r["impl"] == "llama.cpp" else None
-        print(f"{r['impl']:10s} {r['weights']:8s} {r['tokens_per_s']:8.1f} {r['tokens_per_s'] / ours:7.2f} "
+        print(f"{r['impl']:16s} {r['weights']:8s} {r['tokens_per_s']:8.1f} {r['tokens_per_s'] / ours:7.2f} "
               f"{format(check, '15.1e') if check is not None else '-':>15s}")
     print(json.dumps({"model": name, "threads": threads, "tokens": args.tokens, "runs": args.runs,
                       "logit_checks": checks, "rows": rows}))
