@@ -272,11 +272,18 @@ KEYS = _key_paths()
 SECTIONS = ("models", "device", "synthesis", "decode", "sampling", "stream")
 
 
-def _set(settings: Settings, path: tuple[str, ...], value: Any) -> Settings:
-    head, *rest = path
-    if not rest:
-        return dataclasses.replace(settings, **{head: value})
-    return dataclasses.replace(settings, **{head: _set(getattr(settings, head), tuple(rest), value)})
+def _apply(config: Any, updates: Mapping[tuple[str, ...], Any]) -> Any:
+    """`config` with each (field path -> value) of `updates` set, every dataclass rebuilt once: its
+    checks see the final combination (`steps_per_sync` with `adaptive_draft` false, in either order)."""
+    fields: dict[str, Any] = {}
+    nested: dict[str, dict[tuple[str, ...], Any]] = {}
+    for (head, *rest), value in updates.items():
+        if rest:
+            nested.setdefault(head, {})[tuple(rest)] = value
+        else:
+            fields[head] = value
+    fields.update({head: _apply(getattr(config, head), inner) for head, inner in nested.items()})
+    return dataclasses.replace(config, **fields) if fields else config
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -308,18 +315,16 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
                      base: Settings | None = None) -> Settings:
     """The settings in force: `explicit` (None values count as not given) > `config_file` > `base`
     (the defaults when None). Unknown keys and invalid values raise ValueError."""
-    settings = base or Settings()
     layers = [read_config_file(config_file) if config_file is not None else {},
               {k: v for k, v in (explicit or {}).items() if v is not None}]
-    for layer in layers:
+    updates: dict[tuple[str, ...], Any] = {}
+    for layer in layers:  # later layers win
         for key, value in layer.items():
             if key not in KEYS:
                 raise ValueError(f"unknown setting {key!r}")
             path = KEYS[key]
-            if path[0] == "models" and value is not None:
-                value = str(value)
-            settings = _set(settings, path, value)
-    return settings
+            updates[path] = str(value) if path[0] == "models" and value is not None else value
+    return _apply(base or Settings(), updates)
 
 
 def check_compute_device(name: str) -> None:

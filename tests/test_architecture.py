@@ -114,6 +114,21 @@ def test_settings_precedence_explicit_over_file_over_default(tmp_path):
     assert resolve_settings({}).synthesis.decode.policy == defaults.synthesis.decode.policy == "pcg"
 
 
+def test_checks_across_fields_see_the_resolved_combination(tmp_path):
+    """A dataclass is rebuilt once with every key that reaches it, whichever layer or order they come
+    in: `steps_per_sync` needs `adaptive_draft` false, written before it in the file or given apart."""
+    from pcgtts.runtime.config import resolve_settings
+
+    config = tmp_path / "pcgtts.toml"
+    config.write_text("[decode]\nsteps_per_sync = 8\nadaptive_draft = false\npolicy = \"sd\"\n")
+    decode = resolve_settings({}, config).synthesis.decode
+    assert (decode.steps_per_sync, decode.adaptive_draft, decode.policy) == (8, False, "sd")
+    config.write_text("[decode]\nsteps_per_sync = 8\n")
+    assert resolve_settings({"adaptive_draft": False}, config).synthesis.decode.steps_per_sync == 8
+    with pytest.raises(ValueError, match="fixed draft length"):  # the final combination is still checked
+        resolve_settings({"policy": "sd"}, config)
+
+
 @pytest.mark.parametrize("text, message", [('polic = "sd"\n', "unknown setting 'polic'"),
                                            ('[stream]\npolicy = "sd"\n', r"belongs in \[decode\]"),
                                            ('[decode]\npolicy = "fast"\n', "policy must be one of"),
