@@ -16,3 +16,8 @@ run prefix_reuse  python benchmarks/bench_prefix_reuse.py
 run step_sizes    python benchmarks/bench_step_sizes.py --model demo,wide
 run groups        python benchmarks/bench_groups.py
 run streaming     python benchmarks/bench_streaming.py
+if python -c "import llama_cpp, gguf" 2>/dev/null; then  # the peer engine: pip install -e ".[peers]"
+    run llama_cpp python benchmarks/bench_llama_cpp.py --model demo
+else
+    echo "== llama_cpp: skipped (pip install -e \".[peers]\" for the llama.cpp rows)"
+fi

@@ -27,8 +27,9 @@ A plain step (policy `ar`) is one target forward and one draw.
 
 Steps keep running after the stop token (the host trims at it), so the host bounds how many it
 queues by the cache room and the token budget it knew at its last read. On a CPU the same step
-runs eagerly (`tests/test_device_loop.py` checks it against greedy decoding and for exactness);
-on CUDA it is captured once per (draft length, rule) and replayed.
+runs eagerly (`tests/test_device_loop.py` holds it to the host loop; the sync-free rules'
+exactness is tested in `tests/test_adaptive.py`); on CUDA it is captured once per `StepSpec` and
+replayed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 from pcgtts.runtime.decode.speculative import emitted
 from pcgtts.runtime.lm.llama import Llama
 from pcgtts.runtime.text.vocab import SpeechVocab
+
 
 @dataclass
 class DeviceState:
@@ -65,6 +67,10 @@ class DeviceState:
         return cls(position=zero + (len(ids) - 1), last=ids[-1:].clone(), prev=ids[-2:-1].clone(),
                    out=torch.zeros(capacity, dtype=torch.long, device=device), count=zero.clone(),
                    accepted=torch.zeros(max(draft_length, 1), dtype=torch.long, device=device))
+
+    def counters(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor a step advances but the output buffer (what a warm-up run must restore)."""
+        return self.position, self.last, self.prev, self.count, self.accepted
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,7 @@ def _capture(body, state: DeviceState, generator: torch.Generator, pool, warm_po
     """Warm `body` up on a side stream, then capture it. The warm-up runs at cache slot
     `warm_position` (the buffer's end: slots no live sequence holds yet) and the state it advanced
     is restored; the caller reseeds the generator afterwards."""
-    saved = [t.clone() for t in (state.position, state.last, state.prev, state.count, state.accepted)]
+    saved = [t.clone() for t in state.counters()]
     state.position.fill_(warm_position)
     state.count.zero_()
     stream = torch.cuda.Stream()
@@ -171,7 +177,7 @@ def _capture(body, state: DeviceState, generator: torch.Generator, pool, warm_po
         graph.register_generator_state(generator)
     with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
         body()  # recorded, not run
-    for live, kept in zip((state.position, state.last, state.prev, state.count, state.accepted), saved):
+    for live, kept in zip(state.counters(), saved):
         live.copy_(kept)
     return graph
 
