@@ -176,7 +176,7 @@ def main() -> int:
         variants.append(("torch-int8", False))
     if "onnxruntime" in args.backends.split(","):
         variants.append(("onnxruntime", False))
-    rows = []
+    rows, failed = [], []
     for backend, graphs in variants:
         if backend.startswith("torch"):
             common = dict(device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
@@ -205,11 +205,20 @@ def main() -> int:
         for policy, adaptive, k, compiled in cases:
             if policy.startswith("eagle") and proposer is None:
                 continue  # the EAGLE draft reads the torch target's hidden states
-            run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length,
-                     proposer, adaptive, k, compiled)  # warm-up (an adaptive case measures its step costs here)
-            results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
-                                args.draft_length, proposer, adaptive, k, compiled) for seed in range(1, args.runs + 1)]
-            policy = f"{policy} auto" if adaptive else f"{policy} k{k}{'c' if compiled else ''}" if k else policy
+            label = f"{policy} auto" if adaptive else f"{policy} k{k}{'c' if compiled else ''}" if k else policy
+            try:
+                run_ours(target, draft, prompt, policy, 20, device_groups, 0, args.device, args.draft_length,
+                         proposer, adaptive, k, compiled)  # warm-up (an adaptive case measures its step costs here)
+                results = [run_ours(target, draft, prompt, policy, args.tokens, device_groups, seed, args.device,
+                                    args.draft_length, proposer, adaptive, k, compiled)
+                           for seed in range(1, args.runs + 1)]
+            except Exception as err:  # noqa: BLE001 - whole steps on a GPU are new: one failing row must not cost the run
+                if not k:
+                    raise
+                print(f"  {label}: failed: {type(err).__name__}: {err}", file=sys.stderr)
+                failed.append({"policy": label, "error": f"{type(err).__name__}: {err}"})
+                continue
+            policy = label
             n = sum(r[0] for r in results)
             secs = sum(r[1] for r in results)
             st = [r[2] for r in results]
@@ -259,9 +268,11 @@ def main() -> int:
               f"{r['tokens_per_s'] / base['assisted'] if 'assisted' in base else float('nan'):9.2f} "
               f"{fmt('target_forwards_per_token', '11.3f')} {fmt('acceptance', '7.3f')} "
               f"{fmt('mean_accepted_length', '8.2f')} {fmt('ms_per_step', '8.2f')} {fmt('outside_forward_share', '8.1%')}")
+    for f in failed:
+        print(f"{'ours':13s} {f['policy']:8s} failed: {f['error']}")
     print(json.dumps({"model": args.model, "device": args.device, "dtype": args.dtype, "tokens": args.tokens,
                       "runs": args.runs, "draft_length": args.draft_length, "theta": groups.theta if args.groups else args.theta,
-                      "group_build_s": group_build_s, "rows": rows}))
+                      "group_build_s": group_build_s, "rows": rows, "failed": failed}))
     return 0
 
 
