@@ -147,6 +147,9 @@ def test_refusals(tiny_pair, prompt):
         run(target, None, prompt, "sd", GREEDY)
     with pytest.raises(ValueError, match="torch backend"):
         run(object(), None, prompt, "ar", GREEDY)
+    short_draft = TorchLM.load(tiny_pair[1].model_dir, max_length=256, tokenizer=target.tokenizer)
+    with pytest.raises(ValueError, match="as long as the target"):
+        run(target, short_draft, prompt, "sd", GREEDY)
 
 
 @pytest.mark.requires_cuda

@@ -129,7 +129,7 @@ class DeviceStep:
     """One step program bound to its models and state; on CUDA a captured graph, replayed by `run`."""
 
     def __init__(self, target: Llama, draft: Llama | None, vocab: SpeechVocab, state: DeviceState, spec: StepSpec,
-                 generator: torch.Generator, groups: DeviceGroupTable | None, pool=None, warm_position: int = 1):
+                 generator: torch.Generator, groups: DeviceGroupTable | None, warm_position: int = 1):
         if spec.compile:
             target, draft = (_compiled(model) if model is not None else None for model in (target, draft))
         if spec.draft_length:
@@ -138,7 +138,7 @@ class DeviceStep:
             self._body = lambda: plain_step(target, vocab, state, spec, generator)
         self.graph = None
         if state.position.device.type == "cuda":
-            self.graph = _capture(self._body, state, generator, pool, warm_position)
+            self.graph = _capture(self._body, state, generator, warm_position)
 
     @torch.inference_mode()
     def run(self) -> None:
@@ -157,7 +157,7 @@ def _compiled(model: Llama):
     return torch.compile(model, backend=COMPILE_BACKEND, dynamic=False, fullgraph=True)
 
 
-def _capture(body, state: DeviceState, generator: torch.Generator, pool, warm_position: int):
+def _capture(body, state: DeviceState, generator: torch.Generator, warm_position: int):
     """Warm `body` up on a side stream, then capture it. The warm-up runs at cache slot
     `warm_position` (the buffer's end: slots no live sequence holds yet) and the state it advanced
     is restored; the caller reseeds the generator afterwards."""
@@ -175,7 +175,7 @@ def _capture(body, state: DeviceState, generator: torch.Generator, pool, warm_po
     graph = torch.cuda.CUDAGraph()
     if generator not in torch.cuda.default_generators:  # see `_loop_generator`
         graph.register_generator_state(generator)
-    with torch.cuda.graph(graph, pool=pool), torch.inference_mode():
+    with torch.cuda.graph(graph), torch.inference_mode():  # a private memory pool: graphs replay in any order
         body()  # recorded, not run
     for live, kept in zip(state.counters(), saved):
         live.copy_(kept)
@@ -200,7 +200,6 @@ class DeviceLoop:
         self.generator = _loop_generator(target.device)  # bound into the graphs; seeded per sequence
         self.state = DeviceState.start(torch.zeros(2, dtype=torch.long), target.max_length, 16, target.device)
         self.steps: dict[StepSpec, DeviceStep] = {}
-        self.pool = torch.cuda.graph_pool_handle() if target.device.type == "cuda" else None
         self.key = _loop_key(target, draft, groups)
 
     def step(self, spec: StepSpec) -> DeviceStep:
@@ -208,7 +207,7 @@ class DeviceLoop:
             draft = self.draft.model if self.draft is not None else None
             warm = self.target.max_length - spec.draft_length - 2  # see `_capture`
             self.steps[spec] = DeviceStep(self.target.model, draft, self.target.vocab, self.state, spec,
-                                          self.generator, self.groups, self.pool, warm)
+                                          self.generator, self.groups, warm)
         return self.steps[spec]
 
     def reset(self, prompt_ids: torch.Tensor, generator: torch.Generator) -> None:
@@ -265,6 +264,9 @@ def decode_on_device(target, draft, prompt_ids: torch.Tensor, config: DecodeConf
         raise ValueError(f"policy {config.policy!r} needs a draft model")
     if spec.rule == "pcg" and groups is None:
         raise ValueError("policy 'pcg' needs a group table")
+    if spec.draft_length and draft.max_length < target.max_length:  # the loop bounds positions by the target's
+        raise ValueError(f"whole steps on the device need a draft cache as long as the target's "
+                         f"({draft.max_length} < {target.max_length} tokens)")
     models = (target, draft) if spec.draft_length else (target,)
     for lm in models:
         lm.prefill(prompt_ids[:-1].to(lm.device))
