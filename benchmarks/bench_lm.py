@@ -254,7 +254,7 @@ def main() -> int:
             print(f"  {name:12s} {rows[-1]['tokens_per_s']:8.1f} tok/s", file=sys.stderr)
 
     base = {r["policy"]: r["tokens_per_s"] for r in rows if r["impl"].startswith("hf")}
-    ar = next(r["tokens_per_s"] for r in rows if r["policy"] == "ar" and r["impl"].startswith("ours"))
+    ar = next((r["tokens_per_s"] for r in rows if r["policy"] == "ar" and r["impl"].startswith("ours")), float("nan"))
     print(f"\n{args.model} on {args.device} ({args.dtype}), {args.tokens} tokens x {args.runs} runs, "
           f"L={args.draft_length}, theta={groups.theta if args.groups else args.theta}: {groups.num_groups} groups, "
           f"mean size {groups.stats['mean_group_size']:.1f}")

@@ -31,6 +31,6 @@ fi
 if [ "$step" = all ] || [ "$step" = lmc ]; then
     # whole steps with their forwards compiled by inductor before capture ("k8c"; minutes of compiling)
     python3 benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16 --cuda-graphs on \
-        --policies ar,sd --steps-per-sync 8 --compile-steps --no-hf \
+        --policies ar,sd --steps-per-sync 0,8 --compile-steps --no-hf \
         --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lmc.err" | tee "$OUT/lmc.log" | tail -10
 fi
