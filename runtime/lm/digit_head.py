@@ -122,17 +122,10 @@ def host_digit_log_probs(scores: np.ndarray, digits: int, temperature: float,
     return per_digit - norms[..., None], speech - total, z[..., -1] - total
 
 
-def host_sample_digit_codes(scores: np.ndarray, digits: int, temperature: float, uniforms: np.ndarray,
-                            levels: int = LEVELS) -> np.ndarray:
-    """`sample_digit_codes` in NumPy (float64): scores [..., 1 + digits * levels + 1], uniforms
-    [..., digits + 1] -> restricted indices int64 [...]; the same draws up to float rounding."""
-    per_digit, _, stop = host_digit_log_probs(scores, digits, temperature, levels)
-    return host_draw_digit_codes(per_digit, stop, uniforms)
-
-
 def host_draw_digit_codes(per_digit: np.ndarray, log_stop: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
-    """Draws from a distribution in `host_digit_log_probs`' factored form: per-digit log-softmaxes
-    [..., n, L] and log P(stop) [...], uniforms [..., n + 1] (the stop coin first) -> restricted indices [...]."""
+    """`sample_digit_codes` in NumPy (float64) from `host_digit_log_probs`' factored form: per-digit
+    log-softmaxes [..., n, L] and log P(stop) [...], uniforms [..., n + 1] (the stop coin first) ->
+    restricted indices [...]; the same draws up to float rounding."""
     digits, levels = per_digit.shape[-2:]
     cdf = np.exp(per_digit).cumsum(-1)  # [..., n, L]
     digit = np.minimum((cdf <= uniforms[..., 1:, None] * cdf[..., -1:]).sum(-1), levels - 1)
