@@ -107,6 +107,29 @@ def test_onnxruntime_prefill_reuses_the_shared_prefix(exported_pair, lms, monkey
     assert ort.length == len(b) and ort.cache[0].shape[2] == 128  # grown from 64 during the second prefill
 
 
+def test_a_new_prompt_shrinks_a_grown_onnxruntime_buffer(exported_pair, monkeypatch):
+    """A long sequence grows the buffer; the next prompt's prefill puts it back to the size a fresh
+    prefill has (the graph attends over the whole buffer: a grown one slowed the built-in voice's
+    next utterance ~2x), keeping the reused prefix: its logits equal a fresh prefill's bit for bit."""
+    import pcgtts.runtime.lm.buffered as buffered
+    from pcgtts.runtime.lm.onnxruntime import OrtLM
+
+    monkeypatch.setattr(buffered, "INITIAL_CAPACITY", 4)
+    out, _ = exported_pair
+    ort = OrtLM.load(out / "target", max_length=256)
+    fresh = OrtLM.load(out / "target", max_length=256, tokenizer=ort.tokenizer)
+    fresh.reuse_prefix = False
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, ort.vocab.speech_offset, (40,), generator=gen)
+    prompt[prompt == ort.vocab.text_start_id] = 0  # no template head: blocks of 32 from 0
+    ort.prefill(prompt)
+    ort.forward(torch.randint(0, ort.vocab.num_speech, (150,), generator=gen) + ort.vocab.speech_offset)
+    assert ort.cache[0].shape[2] == 256
+    assert ort.reusable_prefix(prompt) == 32
+    assert torch.equal(ort.prefill(prompt), fresh.prefill(prompt))
+    assert ort.cache[0].shape[2] == fresh.cache[0].shape[2] == 64 and ort.length == 40
+
+
 def test_grow_cache_doubles_up_to_max_length_and_keeps_the_prefix():
     from pcgtts.runtime.lm.buffered import grow_cache
 
