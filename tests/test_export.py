@@ -82,22 +82,29 @@ def test_onnx_logits_match_torch_after_rollback(exported_pair, lms, monkeypatch)
     assert ort.cache[0].shape[2] == 32  # 4 -> 32 at the 20-token prefill, not the 128 of max_length
 
 
-@DEMO_ONLY
-def test_onnxruntime_prefill_reuses_the_shared_prefix(exported_pair, lms, monkeypatch):
-    """The exported step graph keeps the slots of a prompt's shared head (`protocol.py`): the next
-    prompt's logits equal a fresh prefill's bit for bit, across a cache that grows during the
-    second prefill."""
+def reuse_pair(exported_pair, monkeypatch, max_length: int, seed: int):
+    """An onnxruntime target that reuses prefixes and one that never does, both with 4-slot initial
+    buffers, and a 40-token prompt head without the template's anchor (blocks of 32 from 0)."""
     import pcgtts.runtime.lm.buffered as buffered
     from pcgtts.runtime.lm.onnxruntime import OrtLM
 
     monkeypatch.setattr(buffered, "INITIAL_CAPACITY", 4)
     out, _ = exported_pair
-    ort = OrtLM.load(out / "target", max_length=128)
-    fresh = OrtLM.load(out / "target", max_length=128, tokenizer=ort.tokenizer)
+    ort = OrtLM.load(out / "target", max_length=max_length)
+    fresh = OrtLM.load(out / "target", max_length=max_length, tokenizer=ort.tokenizer)
     fresh.reuse_prefix = False
-    gen = torch.Generator().manual_seed(4)
+    gen = torch.Generator().manual_seed(seed)
     head = torch.randint(0, ort.vocab.speech_offset, (40,), generator=gen)
-    head[head == ort.vocab.text_start_id] = 0  # no template head here: blocks of 32 from 0
+    head[head == ort.vocab.text_start_id] = 0
+    return ort, fresh, head, gen
+
+
+@DEMO_ONLY
+def test_onnxruntime_prefill_reuses_the_shared_prefix(exported_pair, lms, monkeypatch):
+    """The exported step graph keeps the slots of a prompt's shared head (`protocol.py`): the next
+    prompt's logits equal a fresh prefill's bit for bit, across a cache that grows during the
+    second prefill."""
+    ort, fresh, head, gen = reuse_pair(exported_pair, monkeypatch, 128, 4)
     a = torch.cat([head, torch.tensor([1, 2, 3])])
     b = torch.cat([head, torch.randint(4, ort.vocab.speech_offset, (40,), generator=gen)])
     ort.prefill(a)
@@ -111,17 +118,7 @@ def test_a_new_prompt_shrinks_a_grown_onnxruntime_buffer(exported_pair, monkeypa
     """A long sequence grows the buffer; the next prompt's prefill puts it back to the size a fresh
     prefill has (the graph attends over the whole buffer: a grown one slowed the built-in voice's
     next utterance ~2x), keeping the reused prefix: its logits equal a fresh prefill's bit for bit."""
-    import pcgtts.runtime.lm.buffered as buffered
-    from pcgtts.runtime.lm.onnxruntime import OrtLM
-
-    monkeypatch.setattr(buffered, "INITIAL_CAPACITY", 4)
-    out, _ = exported_pair
-    ort = OrtLM.load(out / "target", max_length=256)
-    fresh = OrtLM.load(out / "target", max_length=256, tokenizer=ort.tokenizer)
-    fresh.reuse_prefix = False
-    gen = torch.Generator().manual_seed(5)
-    prompt = torch.randint(0, ort.vocab.speech_offset, (40,), generator=gen)
-    prompt[prompt == ort.vocab.text_start_id] = 0  # no template head: blocks of 32 from 0
+    ort, fresh, prompt, gen = reuse_pair(exported_pair, monkeypatch, 256, 5)
     ort.prefill(prompt)
     ort.forward(torch.randint(0, ort.vocab.num_speech, (150,), generator=gen) + ort.vocab.speech_offset)
     assert ort.cache[0].shape[2] == 256
