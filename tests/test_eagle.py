@@ -307,12 +307,14 @@ def test_calibration_times_the_eagle_proposer(target, proposer):
 
 
 @pytest.mark.slow  # one ONNX export of the tiny target with its EAGLE draft and heads (~1 min)
-def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_groups, tmp_path):
+def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_groups, tmp_path, monkeypatch):
     """The EAGLE draft and the multi-token heads exported with the target (`pcgtts export onnx
     --eagle --heads`) check themselves, the check catches a draft other than the exported one, and
     on onnxruntime they give the torch backend's tokens: greedy eagle-pcg / mtp-pcg equal greedy
     AR, and seeded runs give the same tokens and statistics (the logits agree to ~1e-5, far below
-    any uniform draw's chance of landing between them)."""
+    any uniform draw's chance of landing between them). The buffers start at 4 slots, so they grow
+    within each sequence, and the attention draft's goes back to a fresh size when the next starts."""
+    import pcgtts.runtime.lm.buffered as buffered
     from pcgtts.export.onnx_lm import check_eagle, export_lm
     from pcgtts.runtime.decode.multi_token import HeadProposer
     from pcgtts.runtime.lm.onnxruntime import OrtLM
@@ -327,6 +329,7 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
     other = random_draft(target, seed=5).save(tmp_path / "other.safetensors", dtype=torch.float32)
     assert not check_eagle(tiny_lms["target"], other, tmp_path / "onnx").ok
 
+    monkeypatch.setattr(buffered, "INITIAL_CAPACITY", 4)
     ort = OrtLM.load(tmp_path / "onnx", max_length=256, tokenizer=target.tokenizer)
     assert ort.exposes_hidden and ort.has_eagle and ort.has_heads
     mlp = random_draft(target, seed=6, block="mlp")
@@ -345,6 +348,10 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
             b, sb = run(lm, on_ort, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
             assert a == b and (sa.drafted, sa.accepted, sa.steps) == (sb.drafted, sb.accepted, sb.steps), policy
             assert sa.accepted > 0, policy  # the comparison covered accepted proposals
+    attention_step = cases[0][2].step
+    grown = attention_step.cache[0].shape[2]
+    short, _ = run(ort, cases[0][2], prompt, "eagle-sd", GREEDY, tokens=2)
+    assert short == reference[:2] and attention_step.cache[0].shape[2] < grown
 
 
 def test_eagle_on_onnxruntime_is_refused_cleanly(tiny_models, tmp_path):

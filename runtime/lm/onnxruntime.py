@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pcgtts.runtime.lm.buffered import INITIAL_CAPACITY, BufferedLM, grow_cache
+from pcgtts.runtime.lm.buffered import BufferedLM, fresh_slots, grow_cache, resize_cache
 from pcgtts.runtime.lm.digit_head import expand_digit_scores
 from pcgtts.runtime.lm.graph_meta import GraphMeta
 
@@ -208,7 +208,7 @@ class OrtEagleStep:
         self.dtype = torch.float32  # the graph's state inputs and outputs
         self.attention = record.get("block", "attention") == "attention"  # else no positions, no cache
         cache_dtype = {"float32": torch.float32, "float16": torch.float16}[record["dtype"]]
-        shape = (1, record["num_kv_heads"], min(INITIAL_CAPACITY, max_length), record["head_dim"])
+        shape = (1, record["num_kv_heads"], fresh_slots(0, max_length), record["head_dim"])
         self.cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(2)] if self.attention else []
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,6 +221,8 @@ class OrtEagleStep:
                   "restricted_ids": tokens.to(self.device, torch.long).contiguous().view(1, k)}
         outputs = {"last_hidden_state": f, "head_scores": scores}
         if self.attention:
+            if start == 0:  # a new sequence: back to a fresh buffer's size (the block attends over all of it)
+                self.cache = resize_cache(self.cache, 0, fresh_slots(k, self.max_length))
             self.cache = grow_cache(self.cache, start, start + k, self.max_length)
             new = [torch.empty(1, *c.shape[1:2], k, c.shape[3], dtype=c.dtype, device=self.device) for c in self.cache]
             inputs |= {"position_ids": torch.arange(start, start + k, device=self.device).view(1, k),
