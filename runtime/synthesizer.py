@@ -29,7 +29,7 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
+from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.calibrate import adopt_costs
@@ -280,7 +280,7 @@ class Synthesizer:
         from pcgtts.runtime.lm.loader import load_lm, resolve_backend
 
         device = resolve_backend(device, models.target)
-        check_models(models, config.decode.policy, device)
+        check_models(models, config.decode, device)
         threads = cpu_threads(device, config.stream.codec_thread)
         if threads is not None and torch.get_num_threads() != threads:
             log.info("torch set to %d CPU thread(s) per stage (threads=0: half the cores beside the codec "
@@ -488,8 +488,12 @@ class Synthesizer:
             put(err)
 
 
-def check_models(models: ModelPaths, policy: str, device: DeviceConfig) -> None:
-    """Fail fast, before anything loads: paths exist, and the policy has the models it needs."""
+def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig) -> None:
+    """Fail fast, before anything loads: paths exist, and the policy has the models (and backend) it needs."""
+    policy = decode.policy
+    if decode.steps_per_sync and device.backend != "torch":
+        raise ValueError(f"steps_per_sync (whole steps on the device) runs on the torch backend, not "
+                         f"{device.backend!r}: set backend = \"torch\" or steps_per_sync = 0")
     if models.codec is None:
         raise ValueError("a codec directory (X-codec2, Hugging Face format) is required")
     for name in ("target", "draft", "codec"):

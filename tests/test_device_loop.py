@@ -192,6 +192,9 @@ def test_the_synthesizer_streams_whole_steps(tiny_models, tiny_groups_file):
                                             adaptive_draft=False, steps_per_sync=per_sync, max_new_tokens=30)
         audio.append(np.concatenate([chunk.samples for chunk in synth.stream("Hello whole steps.")]))
     assert len(audio[0]) > 0 and np.array_equal(audio[0], audio[1])
+    with pytest.raises(ValueError, match="torch backend"):  # refused before a model loads
+        Synthesizer.from_pretrained(tiny_models["target"], tiny_models["draft"], tiny_models["codec"],
+                                    backend="onnxruntime", policy="sd", adaptive_draft=False, steps_per_sync=4)
 
 
 @pytest.mark.parametrize("policy", ["ar", "sd"])
