@@ -36,6 +36,7 @@ EAGLE_POLICIES = ("eagle-sd", "eagle-pcg")
 STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the target's hidden states
 POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
 DEVICE_STEP_POLICIES = ("ar", "sd", "ssd", "pcg")  # what whole steps on the device run (steps_per_sync)
+MAX_DRAFT_LENGTH = 16  # the longest draft_length (the device loop sizes its per-position counts by it)
 PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
 # auto: the backend an export folder was made for (onnxruntime / tensorrt), torch for a checkpoint;
 # the built-in voice on a CPU runs on onnxruntime, exported once on first use (pcgtts/builtin.py)
@@ -91,8 +92,8 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        if not (1 <= self.draft_length <= 16):
-            raise ValueError(f"draft_length must lie in [1, 16], got {self.draft_length}")
+        if not (1 <= self.draft_length <= MAX_DRAFT_LENGTH):
+            raise ValueError(f"draft_length must lie in [1, {MAX_DRAFT_LENGTH}], got {self.draft_length}")
         if not isinstance(self.adaptive_draft, bool):
             raise ValueError(f"adaptive_draft must be true or false, got {self.adaptive_draft!r}")
         if self.ssd_beta < 0:

@@ -41,10 +41,10 @@ from typing import Iterator
 import torch
 
 from pcgtts.groups.device import DeviceGroupTable
-from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.config import MAX_DRAFT_LENGTH, DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
-from pcgtts.runtime.decode.speculative import emitted
+from pcgtts.runtime.decode.speculative import _start, emitted
 from pcgtts.runtime.lm.llama import Llama
 from pcgtts.runtime.text.vocab import SpeechVocab
 
@@ -58,15 +58,16 @@ class DeviceState:
     prev: torch.Tensor  # int64 [1]
     out: torch.Tensor  # int64 [capacity]
     count: torch.Tensor  # int64 [1]
-    accepted: torch.Tensor  # int64 [16]: proposals accepted at draft position i (the first L used), summed over steps
+    accepted: torch.Tensor  # int64 [MAX_DRAFT_LENGTH]: proposals accepted at draft position i (the first L used), summed
 
     @classmethod
-    def start(cls, prompt_ids: torch.Tensor, capacity: int, draft_length: int, device) -> "DeviceState":
-        ids = prompt_ids.to(device).view(-1)
-        zero = torch.zeros(1, dtype=torch.long, device=device)
-        return cls(position=zero + (len(ids) - 1), last=ids[-1:].clone(), prev=ids[-2:-1].clone(),
-                   out=torch.zeros(capacity, dtype=torch.long, device=device), count=zero.clone(),
-                   accepted=torch.zeros(max(draft_length, 1), dtype=torch.long, device=device))
+    def zeros(cls, capacity: int, device) -> "DeviceState":
+        """A state to capture steps on; `DeviceLoop.reset` points it at a prompt."""
+        def zero(size: int) -> torch.Tensor:
+            return torch.zeros(size, dtype=torch.long, device=device)
+
+        return cls(position=zero(1), last=zero(1), prev=zero(1), out=zero(capacity), count=zero(1),
+                   accepted=zero(MAX_DRAFT_LENGTH))
 
     def counters(self) -> tuple[torch.Tensor, ...]:
         """Every tensor a step advances but the output buffer (what a warm-up run must restore)."""
@@ -198,7 +199,7 @@ class DeviceLoop:
     def __init__(self, target, draft, groups: DeviceGroupTable | None):
         self.target, self.draft, self.groups = target, draft, groups
         self.generator = _loop_generator(target.device)  # bound into the graphs; seeded per sequence
-        self.state = DeviceState.start(torch.zeros(2, dtype=torch.long), target.max_length, 16, target.device)
+        self.state = DeviceState.zeros(target.max_length, target.device)
         self.steps: dict[StepSpec, DeviceStep] = {}
         self.key = _loop_key(target, draft, groups)
 
@@ -253,23 +254,20 @@ def decode_on_device(target, draft, prompt_ids: torch.Tensor, config: DecodeConf
                      groups: DeviceGroupTable | None, stats) -> Iterator[list[int]]:
     """`speculative.decode` with whole steps on the device: up to `config.steps_per_sync` steps are
     queued, then one host read brings their tokens back. Torch-backend LMs (their `Llama` runs the
-    step); `stats` counts the steps run, past a stop token within the last batch included."""
+    step); `stats` counts the steps run, past a stop token within the last batch included. `decode`
+    has checked that the policy has its draft and group table."""
     spec = step_spec(config)
     for lm in (target, draft if spec.draft_length else None):
         if lm is not None and not isinstance(getattr(lm, "model", None), Llama):
             raise ValueError("whole steps on the device need the torch backend")
     if len(prompt_ids) < 2:
         raise ValueError("whole steps on the device need a prompt of at least 2 tokens")
-    if spec.draft_length and draft is None:
-        raise ValueError(f"policy {config.policy!r} needs a draft model")
-    if spec.rule == "pcg" and groups is None:
-        raise ValueError("policy 'pcg' needs a group table")
     if spec.draft_length and draft.max_length < target.max_length:  # the loop bounds positions by the target's
         raise ValueError(f"whole steps on the device need a draft cache as long as the target's "
                          f"({draft.max_length} < {target.max_length} tokens)")
     models = (target, draft) if spec.draft_length else (target,)
     for lm in models:
-        lm.prefill(prompt_ids[:-1].to(lm.device))
+        _start(lm, prompt_ids)
     loop = device_loop(target, draft if spec.draft_length else None, groups)
     step = loop.step(spec)  # captured (on CUDA) before `reset` seeds the generator the warm-up drew from
     loop.reset(prompt_ids, generator)

@@ -107,10 +107,6 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
     policies propose with `proposer` (a `multi_token.HeadProposer` or `EagleProposer`) reading the target's states.
     """
     stats = stats if stats is not None else DecodeStats()
-    if config.steps_per_sync:
-        from pcgtts.runtime.decode.device_loop import decode_on_device
-
-        return decode_on_device(target, draft, prompt_ids, config, generator, groups, stats)
     if config.policy in STATE_POLICIES:
         from pcgtts.runtime.decode.multi_token import decode_multi_token
 
@@ -119,14 +115,18 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
                              "for mtp-*, an EAGLE draft for eagle-*)")
         return decode_multi_token(target, proposer, prompt_ids, config, generator, groups, stats, _Timer(stats, sync),
                                   costs)
-    if config.policy == "ar":
-        return _autoregressive(target, prompt_ids, config, generator, stats, sync, "target")
-    if draft is None:
+    if config.policy != "ar" and draft is None:
         raise ValueError(f"policy {config.policy!r} needs a draft model")
-    if config.policy == "draft":
-        return _autoregressive(draft, prompt_ids, config, generator, stats, sync, "draft")
     if config.policy == "pcg" and groups is None and not config.sampling.greedy:
         raise ValueError("policy 'pcg' needs a group table")
+    if config.steps_per_sync:
+        from pcgtts.runtime.decode.device_loop import decode_on_device
+
+        return decode_on_device(target, draft, prompt_ids, config, generator, groups, stats)
+    if config.policy == "ar":
+        return _autoregressive(target, prompt_ids, config, generator, stats, sync, "target")
+    if config.policy == "draft":
+        return _autoregressive(draft, prompt_ids, config, generator, stats, sync, "draft")
     return _speculative(target, draft, prompt_ids, config, generator, groups, stats, sync, costs)
 
 
