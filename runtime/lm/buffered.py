@@ -94,16 +94,13 @@ class BufferedLM(SequenceMixin):
             self.cache = [torch.zeros(shape, dtype=self.cache_dtype, device=self.device)
                           for _ in range(2 * self.meta.num_layers)]
 
-    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
-        """`SequenceMixin.prefill`; a growable buffer first goes back to the size a fresh prefill would
-        have once it holds the reused prefix. The graph attends over its whole buffer, so a buffer
-        left grown by a long utterance would slow every step of the next one (the built-in voice's
-        next time to first audio: ~210 ms instead of ~100), and the blocks then run on the buffer
-        sizes of a fresh prefill."""
-        if self.growable and self.cache and ids.numel():
-            keep = self.reusable_prefix(ids.view(-1))
-            self.cache = resize_cache(self.cache, keep, fresh_slots(keep, self.max_length))
-        return super().prefill(ids)
+    def _new_sequence(self, kept: int) -> None:
+        """A growable buffer goes back to the size a fresh prefill would have once it holds the
+        `kept` reused slots. The graph attends over its whole buffer, so a buffer left grown by a
+        long utterance would slow every step of the next one (the built-in voice's next time to
+        first audio: ~210 ms instead of ~100), and the blocks then run on a fresh prefill's sizes."""
+        if self.growable and self.cache:
+            self.cache = resize_cache(self.cache, kept, fresh_slots(kept, self.max_length))
 
     def release(self) -> None:
         self.cache = []

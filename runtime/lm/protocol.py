@@ -103,11 +103,15 @@ class SequenceMixin:
             raise ValueError("empty prompt")
         ids = ids.view(-1)
         self.length = self.reusable_prefix(ids)
+        self._new_sequence(self.length)
         starts = [self.length] + [b for b in self.block_starts(ids) if b > self.length]  # reuse ends at a block start
         for start, end in zip(starts, starts[1:] + [len(ids)]):
             logits = self._run(ids[start:end], last_only=True)
         self._prompt, self._kept = ids.to("cpu", copy=True), len(ids)
         return logits[-1]
+
+    def _new_sequence(self, kept: int) -> None:
+        """A prefill starts a sequence keeping the cache's first `kept` slots (a backend may resize its buffers)."""
 
     def block_starts(self, ids: torch.Tensor) -> list[int]:
         """Where a prefill of `ids` [T] starts its blocks: every `PREFILL_BLOCK` tokens up to the
