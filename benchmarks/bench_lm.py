@@ -13,6 +13,7 @@ models' forward passes.
     python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16   # GPU
     python benchmarks/bench_lm.py --model llasa1b --device cuda --dtype bfloat16 --steps-per-sync 0,8  # + whole steps graphed
     python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf  # ORT vs torch
+    python benchmarks/bench_lm.py --model demo --backends torch,torch-compiled     # + steps through torch.compile
     python benchmarks/bench_lm.py --target LAB/v0/target --draft LAB/v0/draft --groups LAB/v0/groups.pcg \
         --backends torch,torch-full-head       # a trained pair; its digit head vs the same head row by row
 """
@@ -142,7 +143,8 @@ def main() -> int:
                     help="also run each whole-step row with its forwards through torch.compile (inductor) first")
     ap.add_argument("--backends", default="torch",
                     help="comma list: torch, torch-full-head (a digit-factorised head computed row by row), "
-                         "torch-int8 (int8 linear layers, CPU), onnxruntime (exported once, cached)")
+                         "torch-int8 (int8 linear layers, CPU), torch-compiled (steps through torch.compile, "
+                         "CPU), onnxruntime (exported once, cached)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pcgtts-bench-models"))
     args = ap.parse_args()
 
@@ -174,6 +176,8 @@ def main() -> int:
         variants.append(("torch-full-head", False))
     if "torch-int8" in args.backends.split(","):
         variants.append(("torch-int8", False))
+    if "torch-compiled" in args.backends.split(","):
+        variants.append(("torch-compiled", False))
     if "onnxruntime" in args.backends.split(","):
         variants.append(("onnxruntime", False))
     rows, failed = [], []
@@ -181,7 +185,7 @@ def main() -> int:
         if backend.startswith("torch"):
             common = dict(device=args.device, dtype=dtype, max_length=1024, cuda_graphs=graphs,
                           graph_token_counts=(1, args.draft_length + 1), digit_head=backend != "torch-full-head",
-                          quantize="int8" if backend == "torch-int8" else "none")
+                          quantize="int8" if backend == "torch-int8" else "none", compiled=backend == "torch-compiled")
             target = TorchLM.load(target_dir, tokenizer=tok, **common)
             draft = TorchLM.load(draft_dir, tokenizer=target.tokenizer, **common)
         else:
@@ -225,7 +229,8 @@ def main() -> int:
             steps = sum(s.steps for s in st)
             fwd_time = sum(s.time_draft + s.time_target for s in st)
             rows.append({
-                "impl": "ours" + ("+graphs" if graphs else "") + {"onnxruntime": "-ort", "torch-full-head": "-fullhead", "torch-int8": "-int8"}.get(backend, ""),
+                "impl": "ours" + ("+graphs" if graphs else "") + {"onnxruntime": "-ort", "torch-full-head": "-fullhead", "torch-int8": "-int8",
+                                                                      "torch-compiled": "-compiled"}.get(backend, ""),
                 "policy": policy,
                 "tokens_per_s": n / secs,
                 "target_forwards_per_token": sum(s.target_forwards for s in st) / n,

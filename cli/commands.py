@@ -103,6 +103,9 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
     parser.add_argument("--dtype", choices=DTYPES, help="float32 (default), bfloat16 or float16")
     parser.add_argument("--quantize", choices=QUANTIZE,
                         help="int8: int8 linear layers for the LM (torch backend, CPU); default none")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="the LM's steps through torch.compile (torch backend, CPU, float32; needs a C++ "
+                             "compiler; ~30 s per step shape at load the first time, cached after)")
     parser.add_argument("--threads", type=int, help="CPU threads per stage (LM, codec); default: half the cores "
                                                      "with the codec on its own thread, unless OMP_NUM_THREADS is set")
 
@@ -116,7 +119,7 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
-    names = ("target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype", "quantize", "threads",
+    names = ("target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
              "temperature", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)

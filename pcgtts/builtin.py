@@ -127,8 +127,8 @@ def with_builtin_models(settings: Settings) -> Settings:
     elif device.backend != "auto":
         return replace(settings, models=models)
     elif not (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
-              and onnx_export_available()):
+              and not device.compile and onnx_export_available()):
         log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
-                 "--quantize and pcgtts[onnx] installed)")
+                 "--quantize or --compile and pcgtts[onnx] installed)")
         return replace(settings, models=models)
     return replace(settings, models=onnx_models(models), device=replace(device, backend="onnxruntime"))

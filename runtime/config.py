@@ -2,7 +2,8 @@
 
     Settings
       models     ModelPaths       target, draft, codec, groups, heads, transitions
-      device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, threads, prefix_cache
+      device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, compile, threads,
+                                  prefix_cache
       synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
                                   abandon_after_s
         decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
@@ -204,6 +205,9 @@ class DeviceConfig:
     backend: str = "auto"  # see BACKENDS; made concrete by `runtime/lm/loader.py: resolve_backend`
     max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
     quantize: str = "none"  # "int8": int8 linear layers (torch backend, CPU, float32)
+    # The torch backend's steps through torch.compile on a CPU (float32, no int8; needs a C++
+    # compiler): about 30 s per step shape at load the first time; `runtime/lm/torch_lm.py`.
+    compile: bool = False
     threads: int = 0  # CPU threads per stage (the LM's, the codec's); 0 = auto (`cpu_threads`)
     # A prompt's prefill reuses the KV of the leading tokens it shares with the last one (the chat
     # template before the text, a voice's transcript): `runtime/lm/protocol.py`.
@@ -228,6 +232,14 @@ class DeviceConfig:
                                         or self.dtype != "float32"):
             raise ValueError("quantize='int8' runs on the torch backend on a CPU in float32 "
                              "(for onnxruntime, export an int8 graph: `pcgtts export onnx --quantize int8`)")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be true or false, got {self.compile!r}")
+        if self.compile and (self.backend not in ("auto", "torch") or self.compute_device != "cpu"
+                             or self.dtype != "float32" or self.quantize != "none"):
+            raise ValueError(f"compile runs the torch backend's steps through torch.compile on a CPU in float32 "
+                             f"without quantize, not backend={self.backend!r} compute_device={self.compute_device!r} "
+                             f"dtype={self.dtype!r} quantize={self.quantize!r} (an export runs on its own backend; "
+                             "on a GPU the torch backend replays CUDA graphs)")
 
 
 def cpu_threads(device: DeviceConfig, codec_thread: bool, environ=os.environ, cores: int | None = None) -> int | None:

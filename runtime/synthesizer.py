@@ -288,7 +288,7 @@ class Synthesizer:
             torch.set_num_threads(threads)
         common = dict(backend=device.backend, device=device.compute_device, dtype=device.dtype,
                       max_length=device.max_length, draft_length=config.decode.draft_length,
-                      force_export=force_export, quantize=device.quantize, threads=threads,
+                      force_export=force_export, quantize=device.quantize, compiled=device.compile, threads=threads,
                       prefix_cache=device.prefix_cache)
         target_lm = load_lm(models.target, **common)
         draft_lm = None
@@ -491,6 +491,10 @@ class Synthesizer:
 def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig) -> None:
     """Fail fast, before anything loads: paths exist, and the policy has the models (and backend) it needs."""
     policy = decode.policy
+    if device.compile:
+        from pcgtts.runtime.lm.torch_lm import check_compiler
+
+        check_compiler()
     if decode.steps_per_sync and device.backend != "torch":
         raise ValueError(f"steps_per_sync (whole steps on the device) runs on the torch backend, not "
                          f"{device.backend!r}: set backend = \"torch\" or steps_per_sync = 0")

@@ -30,24 +30,27 @@ def resolve_backend(device: DeviceConfig, target: str | Path | None) -> DeviceCo
 
 def load_lm(model_dir: str | Path, backend: str = "auto", device: str = "cpu", dtype: str = "float32",
             max_length: int = 4096, draft_length: int = 3, tokenizer=None, force_export: bool = False,
-            quantize: str = "none", threads: int | None = None, prefix_cache: bool = True):
+            quantize: str = "none", compiled: bool = False, threads: int | None = None, prefix_cache: bool = True):
     """draft_length sizes the CUDA graphs of the torch backend (1-token steps, L+1-token verifies);
     force_export loads an export whose recorded numeric check failed; quantize="int8": the torch
-    backend's int8 linear layers on a CPU (`runtime/lm/int8.py`); threads: onnxruntime's intra-op
+    backend's int8 linear layers on a CPU (`runtime/lm/int8.py`); compiled: the torch backend's
+    steps through torch.compile on a CPU (`runtime/lm/torch_lm.py`); threads: onnxruntime's intra-op
     threads (None: its default; torch's are process-wide, set by the caller); prefix_cache: a
     prefill reuses the KV of the leading tokens it shares with the last prompt (`protocol.py`)."""
     lm = _load(model_dir, concrete_backend(backend, model_dir), device, dtype, max_length, draft_length, tokenizer,
-               force_export, quantize, threads)
+               force_export, quantize, compiled, threads)
     lm.reuse_prefix = prefix_cache
     return lm
 
 
-def _load(model_dir, backend, device, dtype, max_length, draft_length, tokenizer, force_export, quantize, threads):
+def _load(model_dir, backend, device, dtype, max_length, draft_length, tokenizer, force_export, quantize, compiled,
+          threads):
     if backend == "torch":
         from pcgtts.runtime.lm.torch_lm import TorchLM
 
         return TorchLM.load(model_dir, device=device, dtype=dtype, max_length=max_length,
-                            graph_token_counts=(1, draft_length + 1), tokenizer=tokenizer, quantize=quantize)
+                            graph_token_counts=(1, draft_length + 1), tokenizer=tokenizer, quantize=quantize,
+                            compiled=compiled)
     if backend == "onnxruntime":
         from pcgtts.runtime.lm.onnxruntime import OrtLM
 

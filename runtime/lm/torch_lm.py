@@ -2,6 +2,12 @@
 
 Logits are over the restricted vocabulary (`runtime/text/vocab.py`). On CUDA the 1-token (draft)
 and (L+1)-token (verify) steps replay captured graphs; every step returns logits the caller owns.
+On a CPU, `compiled=True` runs the decoder of every step of up to `COMPILED_MAX_TOKENS` tokens
+through torch.compile (inductor's C++ kernels, weights frozen in): one graph for 1-token steps,
+one with a symbolic token count for verifies, both with a symbolic cache length, compiled at load
+(about 30 s each on 2 cores the first time, a third of that from inductor's on-disk cache).
+A step then costs about two thirds of an eager one on small models, whose step time is mostly
+per-op overhead (BENCHMARKS.md §26); prefills stay eager.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from pcgtts.runtime.text.vocab import SpeechVocab
 
 log = logging.getLogger(__name__)
 
+COMPILED_MAX_TOKENS = 17  # a compiled step: a draft step or a verify of up to MAX_DRAFT_LENGTH + 1 tokens
+
 
 class TorchLM(SequenceMixin):
     """`LM` on the lean torch model; on CUDA the 1-token and (L+1)-token steps replay CUDA graphs."""
 
     def __init__(self, model: Llama, vocab: SpeechVocab, max_length: int, graph_sizes: tuple[int, ...] = (),
-                 tokenizer=None, model_dir: str | Path | None = None):
+                 tokenizer=None, model_dir: str | Path | None = None, compiled: bool = False):
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         self.model = model
@@ -37,16 +45,25 @@ class TorchLM(SequenceMixin):
         self.graph_sizes = tuple(graph_sizes)
         self._graphs: dict[int, _StepGraph] = {}
         self._fingerprint: str | None = None
+        self._compiled_hidden = _compile_hidden(model) if compiled else None
         self.ensure_cache()
+        if compiled:
+            self._warm_up_compiled()
 
     @classmethod
     def load(cls, model_dir: str | Path, *, device: str = "cpu", dtype: str | torch.dtype = "float32",
              max_length: int = 4096, cuda_graphs: bool | None = None, graph_token_counts: tuple[int, ...] = (1, 4),
-             tokenizer=None, digit_head: bool = True, quantize: str = "none") -> "TorchLM":
+             tokenizer=None, digit_head: bool = True, quantize: str = "none", compiled: bool = False) -> "TorchLM":
         """graph_token_counts: the step sizes captured as CUDA graphs (a draft step is 1 token, a
         verify pass draft_length + 1); ignored unless `cuda_graphs` (default: on for CUDA).
         digit_head=False computes a digit-factorised head row by row (benchmarks compare the two).
-        quantize="int8": int8 linear layers on a CPU (`runtime/lm/int8.py`)."""
+        quantize="int8": int8 linear layers on a CPU (`runtime/lm/int8.py`). compiled: steps
+        through torch.compile on a CPU (float32, no int8: see the module's docstring)."""
+        if compiled:
+            if torch.device(device).type != "cpu" or quantize != "none":
+                raise ValueError("compiled steps run the torch backend on a CPU without int8 layers "
+                                 "(on a GPU the steps replay CUDA graphs)")
+            check_compiler()
         tokenizer = tokenizer or load_tokenizer(model_dir)
         vocab = SpeechVocab.from_tokenizer(tokenizer)
         model = load_llama(model_dir, vocab, resolve_dtype(dtype), device, digit_head=digit_head)
@@ -59,7 +76,8 @@ class TorchLM(SequenceMixin):
         if cuda_graphs is None:
             cuda_graphs = torch.device(device).type == "cuda"
         sizes = tuple(sorted(set(graph_token_counts))) if cuda_graphs else ()
-        return cls(model, vocab, max_length, graph_sizes=sizes, tokenizer=tokenizer, model_dir=model_dir)
+        return cls(model, vocab, max_length, graph_sizes=sizes, tokenizer=tokenizer, model_dir=model_dir,
+                   compiled=compiled)
 
     @torch.inference_mode()
     def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
@@ -67,23 +85,39 @@ class TorchLM(SequenceMixin):
         n = ids.shape[1]
         check_fits(self.length, n, self.max_length)
         graph = self._graphs.get(n)
-        if graph is not None and not last_only:
-            out = graph.run(ids, self.length).clone()  # the graph's output buffer is rewritten next replay
-        else:
-            positions = torch.arange(self.length, self.length + n, device=self.device)
-            out = self.model(ids, positions, end=self.length + n, last_only=last_only)[0]
+        if graph is None or last_only:
+            return self.model.logits(self._hidden(ids, last_only))
+        out = graph.run(ids, self.length).clone()  # the graph's output buffer is rewritten next replay
         self.length += n
         return out
 
-    def _hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        """Eager forward of ids [T] -> final-normed hidden states [T, D]."""
+    def _hidden(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Forward of ids [T] (not through a CUDA graph) -> final-normed hidden states [T, D]
+        (the last one only, [1, D], with `last_only`)."""
         ids = ids.to(self.device).view(1, -1)
         n = ids.shape[1]
         check_fits(self.length, n, self.max_length)
         positions = torch.arange(self.length, self.length + n, device=self.device)
-        hidden = self.model.hidden(ids, positions, end=self.length + n)[0]
+        # compiled: a step (not a prefill's last-only block), whose cache end is past slot 1 (a
+        # size of 0 or 1 would make torch.compile specialise and compile again)
+        if self._compiled_hidden is not None and n <= COMPILED_MAX_TOKENS and not last_only and self.length + n > 1:
+            # a fresh inference tensor at offset 0, as the graphs were compiled for (else a recompile)
+            states = self._compiled_hidden(ids.clone(), positions, self.length + n, False)[0]
+        else:
+            states = self.model.hidden(ids, positions, self.length + n, last_only)[0]
         self.length += n
-        return hidden
+        return states
+
+    @torch.inference_mode()
+    def _warm_up_compiled(self) -> None:
+        """Compile both step graphs now (a 1-token step, a 2-token verify) rather than in the
+        first utterance. The slots written here are rewritten before they are read."""
+        log.info("compiling the LM's steps with torch.compile (about 30 s per step shape the first time)")
+        self.length = 2
+        for n in (1, 2):
+            self._hidden(torch.zeros(n, dtype=torch.long, device=self.device))
+        self.length = 0
+        self.forget_prefix()
 
     @torch.inference_mode()
     def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +161,34 @@ class TorchLM(SequenceMixin):
         if self.model.max_length != self.max_length:
             self.model.setup_cache(self.max_length)
             self._graphs = {n: _StepGraph(self.model, n) for n in self.graph_sizes}
+
+
+def check_compiler() -> None:
+    """A one-line error, before any model loads, when torch.compile has no C++ compiler for its CPU kernels."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.exc import InvalidCxxCompiler
+    except ImportError:  # torch moved these: its own error will come at the first compile
+        return
+    try:
+        get_cpp_compiler()
+    except InvalidCxxCompiler:
+        raise ValueError("compile needs a C++ compiler for torch.compile's CPU kernels (g++, or one named by "
+                         "$CXX): install one (apt install g++) or leave compile off") from None
+
+
+def _compile_hidden(model: Llama):
+    """`model.hidden` through torch.compile for a CPU: inductor's C++ wrapper (no Python between
+    kernels) and frozen weights; the token count (beyond 1) and the cache length are symbolic."""
+
+    def hidden(input_ids: torch.Tensor, positions: torch.Tensor, end: int, last_only: bool) -> torch.Tensor:
+        return model.hidden(input_ids, positions, end, last_only)
+
+    # dynamo keeps compiled graphs per code object: one of its own per model, so that a draft and
+    # a target (or two loads of a checkpoint, whose weights are frozen into their graphs) never
+    # share graphs or evict each other's.
+    hidden.__code__ = hidden.__code__.replace()
+    return torch.compile(hidden, fullgraph=True, dynamic=True, options={"cpp_wrapper": True, "freezing": True})
 
 
 class _StepGraph:

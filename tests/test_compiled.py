@@ -1,0 +1,128 @@
+"""The torch backend's steps through torch.compile on a CPU (`TorchLM(compiled=True)`) against eager.
+
+Compiling takes seconds per graph even for a tiny model, so these run in the slow suite. The
+refusals (compile where it would not run) are fast and live here too."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pcgtts.runtime.config import DecodeConfig, DeviceConfig, SamplingConfig
+from pcgtts.runtime.lm.torch_lm import TorchLM
+from pcgtts.runtime.text.prompt import build_prompt
+
+
+def _loads(path, tokenizer=None):
+    """An eager and a compiled load of one checkpoint."""
+    return (TorchLM.load(path, max_length=256, tokenizer=tokenizer),
+            TorchLM.load(path, max_length=256, tokenizer=tokenizer, compiled=True))
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_lms):
+    """(eager, compiled) of the tiny target, then of its draft."""
+    target = _loads(tiny_lms["target"])
+    return target, _loads(tiny_lms["draft"], tokenizer=target[0].tokenizer)
+
+
+@pytest.mark.slow
+def test_compiled_steps_match_eager_without_compiling_again(pair):
+    gen = torch.Generator().manual_seed(0)
+    # Every step shape the loop uses, after the two graphs compiled at load: 1-token steps, verifies
+    # of 2 to 5 tokens at growing cache lengths, a rollback, and a cache freed and made again.
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for eager, compiled in pair:
+            ids = torch.randint(0, eager.vocab.vocab_size, (40,), generator=gen)
+            for lm in (eager, compiled):
+                lm.prefill(ids[:12])
+            at = 12
+            for n in (1, 4, 1, 2, 5, 3, 1):
+                torch.testing.assert_close(compiled.forward(ids[at:at + n]), eager.forward(ids[at:at + n]),
+                                           atol=1e-5, rtol=1e-5)
+                at += n
+            for lm in (eager, compiled):
+                lm.rollback(20)
+            torch.testing.assert_close(compiled.forward(ids[20:24]), eager.forward(ids[20:24]), atol=1e-5, rtol=1e-5)
+            compiled.release()
+            compiled.ensure_cache()
+            eager.release()
+            eager.ensure_cache()
+            for lm in (eager, compiled):
+                lm.prefill(ids[:30])
+            logits, hidden = compiled.forward_hidden(ids[30:32])
+            ref_logits, ref_hidden = eager.forward_hidden(ids[30:32])
+            torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(hidden, ref_hidden, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_checkpoints_of_one_shape_compute_with_their_own_weights(tiny_lm_factory):
+    # Their weights are frozen into their graphs: a graph shared between them would be wrong.
+    (eager_a, compiled_a), (eager_b, compiled_b) = _loads(tiny_lm_factory()), _loads(tiny_lm_factory(embed_scale=1.2))
+    ids = torch.arange(20) + 3
+    outputs = []
+    for lm in (eager_a, compiled_a, eager_b, compiled_b):
+        lm.prefill(ids[:10])
+        outputs.append(lm.forward(ids[10:12]))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[3], outputs[2], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(outputs[0], outputs[2], atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["ar", "sd", "pcg"])
+def test_seeded_decoding_compiled_equals_eager(pair, policy, tiny_groups):
+    # Sampled, not greedy: the tiny target's greedy output repeats one token. The two paths' logits
+    # differ by ~1e-6, so a token (or an acceptance) could differ only where its uniform falls that
+    # close to a boundary of its CDF (or ratio): about 1e-5 per draw, under 1e-3 for a run.
+    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+
+    (target_eager, target_compiled), (draft_eager, draft_compiled) = pair
+    prompt = build_prompt(target_eager.tokenizer, target_eager.vocab, "Compiled steps decode the same tokens.")
+    # a fixed draft length: an adaptive one plans with timings, which compiling changes
+    config = DecodeConfig(policy=policy, draft_length=3, max_new_tokens=40, adaptive_draft=False,
+                          sampling=SamplingConfig(temperature=0.8))
+    groups = tiny_groups if policy == "pcg" else None
+    runs = []
+    for target, draft in ((target_eager, draft_eager), (target_compiled, draft_compiled)):
+        stats = DecodeStats()
+        tokens = [t for block in decode(target, draft if policy != "ar" else None, prompt, config,
+                                        torch.Generator().manual_seed(0), groups, stats) for t in block]
+        runs.append((tokens, stats.steps))
+    assert runs[0] == runs[1]
+    assert len(set(runs[0][0])) > 5
+
+
+@pytest.mark.parametrize("bad", [dict(backend="onnxruntime"), dict(compute_device="cuda"), dict(quantize="int8"),
+                                 dict(dtype="bfloat16"), dict(compile="yes")])
+def test_compile_is_refused_where_it_would_not_run(bad):
+    with pytest.raises(ValueError, match="compile"):
+        DeviceConfig(**{"compile": True, **bad})
+
+
+def test_compile_with_an_exported_target_is_refused_before_loading(tmp_path):
+    # "auto" made concrete for an export folder is onnxruntime, which compile does not run on.
+    from pcgtts.runtime.lm.loader import resolve_backend
+
+    (tmp_path / "pcgtts-lm.json").write_text('{"kind": "onnx"}')
+    with pytest.raises(ValueError, match="compile runs the torch backend.*backend='onnxruntime'"):
+        resolve_backend(DeviceConfig(compile=True), tmp_path)
+
+
+def test_compile_without_a_cpp_compiler_is_a_clear_error_before_loading(monkeypatch, tmp_path):
+    import torch._inductor.cpp_builder as cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
+    from pcgtts.runtime.config import ModelPaths
+    from pcgtts.runtime.synthesizer import check_models
+
+    def no_compiler():
+        raise InvalidCxxCompiler
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
+    with pytest.raises(ValueError, match="needs a C\\+\\+ compiler"):
+        check_models(ModelPaths(target=str(tmp_path), codec=str(tmp_path)), DecodeConfig(policy="ar"),
+                     DeviceConfig(compile=True, backend="torch"))
+    with pytest.raises(ValueError, match="needs a C\\+\\+ compiler"):
+        TorchLM.load(tmp_path / "not-even-read", compiled=True)
