@@ -492,6 +492,9 @@ def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig)
     """Fail fast, before anything loads: paths exist, and the policy has the models (and backend) it needs."""
     policy = decode.policy
     if device.compile:
+        if decode.steps_per_sync:
+            raise ValueError("compile compiles the host loop's steps, which steps_per_sync replaces by whole steps "
+                             "on the device: compile those with compile_steps, or set steps_per_sync = 0")
         from pcgtts.runtime.lm.torch_lm import check_compiler
 
         check_compiler()
