@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Re-run every CPU figure in BENCHMARKS.md (about 45 minutes on a 2-core machine).
+# Re-run every CPU figure in BENCHMARKS.md (about 50 minutes on a 2-core machine; the compiled rows need g++).
 # Output: bench_out/*.log, *.json, *.png. GPU figures: benchmarks/gpu_session.sh on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,7 @@ run lm_demo       python benchmarks/bench_lm.py --model demo --tokens 60 --runs 
 run lm_wide       python benchmarks/bench_lm.py --model wide --tokens 60 --runs 1
 run ort_demo      python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
 run ort_wide      python benchmarks/bench_lm.py --model wide --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
+run compiled_demo python benchmarks/bench_lm.py --model demo --backends torch,torch-compiled --policies ar,sd,pcg --adaptive --runs 2 --tokens 200
 run verify        python benchmarks/bench_verify.py
 run prefix_reuse  python benchmarks/bench_prefix_reuse.py
 run step_sizes    python benchmarks/bench_step_sizes.py --model demo,wide
