@@ -171,15 +171,10 @@ def main() -> int:
     graph_modes = {"on": [True], "off": [False], "both": [False, True]}[args.cuda_graphs]
     if not args.device.startswith("cuda"):
         graph_modes = [False]
-    variants = [("torch", g) for g in graph_modes] if "torch" in args.backends.split(",") else []
-    if "torch-full-head" in args.backends.split(","):
-        variants.append(("torch-full-head", False))
-    if "torch-int8" in args.backends.split(","):
-        variants.append(("torch-int8", False))
-    if "torch-compiled" in args.backends.split(","):
-        variants.append(("torch-compiled", False))
-    if "onnxruntime" in args.backends.split(","):
-        variants.append(("onnxruntime", False))
+    chosen = args.backends.split(",")
+    variants = [("torch", g) for g in graph_modes] if "torch" in chosen else []
+    variants += [(backend, False) for backend in ("torch-full-head", "torch-int8", "torch-compiled", "onnxruntime")
+                 if backend in chosen]
     rows, failed = [], []
     for backend, graphs in variants:
         if backend.startswith("torch"):

@@ -37,15 +37,17 @@ def grow_cache(cache: list[torch.Tensor], length: int, needed: int, max_length: 
     slots = cache[0].shape[2]
     if needed <= slots:
         return cache
-    while slots < needed:
-        slots *= 2
-    return resize_cache(cache, length, min(slots, max_length))
+    return resize_cache(cache, length, _doubled(slots, needed, max_length))
 
 
 def fresh_slots(length: int, max_length: int) -> int:
     """The buffer size a cache grown from `INITIAL_CAPACITY` has once it holds `length` slots."""
-    slots = INITIAL_CAPACITY
-    while slots < length:
+    return _doubled(INITIAL_CAPACITY, length, max_length)
+
+
+def _doubled(slots: int, needed: int, max_length: int) -> int:
+    """`slots` doubled until it holds `needed`, at most `max_length`."""
+    while slots < needed:
         slots *= 2
     return min(slots, max_length)
 

@@ -81,14 +81,12 @@ class TorchLM(SequenceMixin):
 
     @torch.inference_mode()
     def _run(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
-        ids = ids.to(self.device).view(1, -1)
-        n = ids.shape[1]
-        check_fits(self.length, n, self.max_length)
-        graph = self._graphs.get(n)
-        if graph is None or last_only:
+        graph = None if last_only else self._graphs.get(ids.numel())
+        if graph is None:
             return self.model.logits(self._hidden(ids, last_only))
-        out = graph.run(ids, self.length).clone()  # the graph's output buffer is rewritten next replay
-        self.length += n
+        check_fits(self.length, graph.n, self.max_length)
+        out = graph.run(ids.to(self.device).view(1, -1), self.length).clone()  # its buffer is rewritten next replay
+        self.length += graph.n
         return out
 
     def _hidden(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
