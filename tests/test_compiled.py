@@ -29,7 +29,7 @@ def pair(tiny_lms):
 @pytest.mark.slow
 def test_compiled_steps_match_eager_without_compiling_again(pair):
     gen = torch.Generator().manual_seed(0)
-    # Every step shape the loop uses, after the two graphs compiled at load: 1-token steps, verifies
+    # Every step shape the loop uses, after the one graph compiled at load: 1-token steps, verifies
     # of 2 to 5 tokens at growing cache lengths, a rollback, and a cache freed and made again.
     with torch._dynamo.config.patch(error_on_recompile=True):
         for eager, compiled in pair:

@@ -81,8 +81,7 @@ def _forward_costs(lm: LM, counts: range, repeats: int, sync, setup: Callable[[i
     k (a longer pass never costs less; the medians of a noisy machine can say so). `scores`: the
     forward returns a digit head's scores, as the loop's forwards do when the rules read them.
     `plain_after_plain`: a 1-token forward is timed right after an untimed one instead (a target's
-    plain steps follow plain steps; a compiled LM runs another graph, with its own copy of the
-    weights, for longer passes: after one, compiled lab-v1's plain step timed 2.6 ms for 2.0)."""
+    plain steps follow plain steps, not a proposal or a longer pass)."""
     context = min(_CONTEXT, lm.max_length - max(counts))
     ids = lm.vocab.restricted_to_token_ids(torch.zeros(context + max(counts), dtype=torch.long, device=lm.device))
     lm.rollback(0)
@@ -107,7 +106,7 @@ def _forward_costs(lm: LM, counts: range, repeats: int, sync, setup: Callable[[i
 def _one_step(lm: LM) -> Callable[[], None]:
     """An untimed forward of one token at slot 1 of `lm`'s cache: it puts the processor's caches in
     the state a step of `lm` leaves them in (at slot 1, not 0: a compiled LM steps through its
-    graphs from there; `runtime/lm/torch_lm.py`)."""
+    graph from there; `runtime/lm/torch_lm.py`)."""
     ids = lm.vocab.restricted_to_token_ids(torch.zeros(1, dtype=torch.long, device=lm.device))
 
     def step() -> None:

@@ -3,11 +3,11 @@
 Logits are over the restricted vocabulary (`runtime/text/vocab.py`). On CUDA the 1-token (draft)
 and (L+1)-token (verify) steps replay captured graphs; every step returns logits the caller owns.
 On a CPU, `compiled=True` runs the decoder of every step of up to `COMPILED_MAX_TOKENS` tokens
-through torch.compile (inductor's C++ kernels, weights frozen in): one graph for 1-token steps,
-one with a symbolic token count for verifies, both with a symbolic cache length, compiled at load
-(about 30 s each on 2 cores the first time, a third of that from inductor's on-disk cache).
-A step then costs about two thirds of an eager one on small models, whose step time is mostly
-per-op overhead (BENCHMARKS.md §26); prefills stay eager.
+through torch.compile (inductor's C++ kernels, weights frozen in): one graph whose token count
+and cache length are symbolic serves 1-token steps and verifies alike, compiled at load (about
+30 s on 2 cores the first time, a third of that from inductor's on-disk cache). A step then
+costs about two thirds of an eager one on small models, whose step time is mostly per-op
+overhead (BENCHMARKS.md §26-27); prefills stay eager.
 """
 
 from __future__ import annotations
@@ -95,26 +95,28 @@ class TorchLM(SequenceMixin):
         ids = ids.to(self.device).view(1, -1)
         n = ids.shape[1]
         check_fits(self.length, n, self.max_length)
-        positions = torch.arange(self.length, self.length + n, device=self.device)
-        # compiled: a step (not a prefill's last-only block), whose cache end is past slot 1 (a
-        # size of 0 or 1 would make torch.compile specialise and compile again)
+        # compiled: a step (not a prefill's last-only block), whose cache end is past slot 1 (an end
+        # of 0 or 1 would make torch.compile specialise and compile again)
         if self._compiled_hidden is not None and n <= COMPILED_MAX_TOKENS and not last_only and self.length + n > 1:
-            # a fresh inference tensor at offset 0, as the graphs were compiled for (else a recompile)
-            states = self._compiled_hidden(ids.clone(), positions, self.length + n, False)[0]
+            if not self.model.max_length:  # its guards are off: a freed cache would not be noticed
+                raise RuntimeError("the KV cache was released: call ensure_cache() first")
+            # a fresh inference tensor at offset 0, as the graph was compiled for (else a recompile)
+            states = self._compiled_hidden(ids.clone(), self.length + n)[0]
         else:
+            positions = torch.arange(self.length, self.length + n, device=self.device)
             states = self.model.hidden(ids, positions, self.length + n, last_only)[0]
         self.length += n
         return states
 
     @torch.inference_mode()
     def _warm_up_compiled(self) -> None:
-        """Compile both step graphs now (a 1-token step, a 2-token verify) rather than in the
-        first utterance. The slots written here are rewritten before they are read."""
-        log.info("compiling the LM's steps with torch.compile (about 30 s per step shape the first time)")
-        self.length = 2
-        for n in (1, 2):
-            self._hidden(torch.zeros(n, dtype=torch.long, device=self.device))
-        self.length = 0
+        """Compile the step graph now rather than in the first utterance, its token count unbacked
+        (no size is special: 1-token steps and verifies run one graph, one copy of the frozen
+        weights). The slots written here are rewritten before they are read."""
+        log.info("compiling the LM's steps with torch.compile (about 30 s the first time)")
+        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        torch._dynamo.decorators.mark_unbacked(ids, 1)
+        self._compiled_hidden(ids, 2)
         self.forget_prefix()
 
     @torch.inference_mode()
@@ -176,17 +178,30 @@ def check_compiler() -> None:
 
 
 def _compile_hidden(model: Llama):
-    """`model.hidden` through torch.compile for a CPU: inductor's C++ wrapper (no Python between
-    kernels) and frozen weights; the token count (beyond 1) and the cache length are symbolic."""
+    """`model.hidden` of a step's ids [1, T] ending at cache slot `end`, through torch.compile for a
+    CPU: inductor's C++ wrapper (no Python between kernels) and frozen weights; T and `end` symbolic.
 
-    def hidden(input_ids: torch.Tensor, positions: torch.Tensor, end: int, last_only: bool) -> torch.Tensor:
-        return model.hidden(input_ids, positions, end, last_only)
+    - One graph for every T in 1..COMPILED_MAX_TOKENS (T unbacked, see `_warm_up_compiled`). A graph
+      specialised to T = 1 views its [1, 1, D] states as [1, D] with a row stride of 0, which
+      aten's matmul copies before every projection (~60 copies a step on the demo shape).
+    - The positions are made inside the graph from T and `end`, so that they share T's symbol.
+    - No guards on the model's modules: their weights are frozen into the graph and the cache
+      keeps its shape for the LM's life, and checking ~140 tensors cost ~0.3 ms a step."""
+
+    def hidden(input_ids: torch.Tensor, end: int) -> torch.Tensor:
+        t = input_ids.shape[1]
+        torch._check(t >= 1)
+        torch._check(t <= COMPILED_MAX_TOKENS)
+        torch._check(end >= t)
+        return model.hidden(input_ids, torch.arange(end - t, end, device=input_ids.device), end, False)
 
     # dynamo keeps compiled graphs per code object: one of its own per model, so that a draft and
     # a target (or two loads of a checkpoint, whose weights are frozen into their graphs) never
     # share graphs or evict each other's.
     hidden.__code__ = hidden.__code__.replace()
-    return torch.compile(hidden, fullgraph=True, dynamic=True, options={"cpp_wrapper": True, "freezing": True})
+    return torch.compile(hidden, fullgraph=True, dynamic=True,
+                         options={"cpp_wrapper": True, "freezing": True,
+                                  "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
 
 
 class _StepGraph:
