@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pcgtts.runtime.config import DecodeConfig, DeviceConfig, SamplingConfig
-from pcgtts.runtime.lm.torch_lm import TorchLM
+from pcgtts.runtime.lm.torch_lm import COMPILED_MAX_TOKENS, TorchLM
 from pcgtts.runtime.text.prompt import build_prompt
 
 
@@ -30,7 +30,8 @@ def pair(tiny_lms):
 def test_compiled_steps_match_eager_without_compiling_again(pair):
     gen = torch.Generator().manual_seed(0)
     # Every step shape the loop uses, after the one graph compiled at load: 1-token steps, verifies
-    # of 2 to 5 tokens at growing cache lengths, a rollback, and a cache freed and made again.
+    # of 2 to 5 tokens at growing cache lengths, a rollback, a cache freed (refused, since the graph
+    # does not guard the model) and made again, and the longest step compiled.
     with torch._dynamo.config.patch(error_on_recompile=True):
         for eager, compiled in pair:
             ids = torch.randint(0, eager.vocab.vocab_size, (40,), generator=gen)
@@ -45,6 +46,8 @@ def test_compiled_steps_match_eager_without_compiling_again(pair):
                 lm.rollback(20)
             torch.testing.assert_close(compiled.forward(ids[20:24]), eager.forward(ids[20:24]), atol=1e-5, rtol=1e-5)
             compiled.release()
+            with pytest.raises(RuntimeError, match="released"):
+                compiled.forward(ids[:2])
             compiled.ensure_cache()
             eager.release()
             eager.ensure_cache()
@@ -54,6 +57,10 @@ def test_compiled_steps_match_eager_without_compiling_again(pair):
             ref_logits, ref_hidden = eager.forward_hidden(ids[30:32])
             torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(hidden, ref_hidden, atol=1e-5, rtol=1e-5)
+            for lm in (eager, compiled):
+                lm.rollback(12)
+            longest = ids[12:12 + COMPILED_MAX_TOKENS]
+            torch.testing.assert_close(compiled.forward(longest), eager.forward(longest), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
