@@ -105,7 +105,7 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
                         help="int8: int8 linear layers for the LM (torch backend, CPU); default none")
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="the LM's steps through torch.compile (torch backend, CPU, float32; needs a C++ "
-                             "compiler; ~30 s per model at load the first time, cached after)")
+                             "compiler; about a minute per model at load the first time, less from the cache)")
     parser.add_argument("--threads", type=int, help="CPU threads per stage (LM, codec); default: half the cores "
                                                      "with the codec on its own thread, unless OMP_NUM_THREADS is set")
 

@@ -206,7 +206,7 @@ class DeviceConfig:
     max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
     quantize: str = "none"  # "int8": int8 linear layers (torch backend, CPU, float32)
     # The torch backend's steps through torch.compile on a CPU (float32, no int8; needs a C++
-    # compiler): about 30 s at load the first time (one graph per model); `runtime/lm/torch_lm.py`.
+    # compiler): about a minute per model at load the first time, less from the cache; `runtime/lm/torch_lm.py`.
     compile: bool = False
     threads: int = 0  # CPU threads per stage (the LM's, the codec's); 0 = auto (`cpu_threads`)
     # A prompt's prefill reuses the KV of the leading tokens it shares with the last one (the chat

@@ -4,8 +4,8 @@ Logits are over the restricted vocabulary (`runtime/text/vocab.py`). On CUDA the
 and (L+1)-token (verify) steps replay captured graphs; every step returns logits the caller owns.
 On a CPU, `compiled=True` runs the decoder of every step of up to `COMPILED_MAX_TOKENS` tokens
 through torch.compile (inductor's C++ kernels, weights frozen in): one graph whose token count
-and cache length are symbolic serves 1-token steps and verifies alike, compiled at load (about
-30 s on 2 cores the first time, a third of that from inductor's on-disk cache). A step then
+and cache length are symbolic serves 1-token steps and verifies alike, compiled at load (the
+demo shape: ~55 s on 2 cores the first time, ~25 s from inductor's on-disk cache). A step then
 costs about two thirds of an eager one on small models, whose step time is mostly per-op
 overhead (BENCHMARKS.md §26-27); prefills stay eager.
 """
@@ -113,7 +113,7 @@ class TorchLM(SequenceMixin):
         """Compile the step graph now rather than in the first utterance, its token count unbacked
         (no size is special: 1-token steps and verifies run one graph, one copy of the frozen
         weights). The slots written here are rewritten before they are read."""
-        log.info("compiling the LM's steps with torch.compile (about 30 s the first time)")
+        log.info("compiling the LM's steps with torch.compile (about a minute the first time, less from the cache)")
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         torch._dynamo.decorators.mark_unbacked(ids, 1)
         self._compiled_hidden(ids, 2)
