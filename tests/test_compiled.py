@@ -65,7 +65,7 @@ def test_compiled_steps_match_eager_without_compiling_again(pair):
 
 @pytest.mark.slow
 def test_two_checkpoints_of_one_shape_compute_with_their_own_weights(tiny_lm_factory):
-    # Their weights are frozen into their graphs: a graph shared between them would be wrong.
+    # Each load compiles its own graph, and neither graph guards its model: each must read its own weights.
     (eager_a, compiled_a), (eager_b, compiled_b) = _loads(tiny_lm_factory()), _loads(tiny_lm_factory(embed_scale=1.2))
     ids = torch.arange(20) + 3
     outputs = []

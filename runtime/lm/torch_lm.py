@@ -3,9 +3,9 @@
 Logits are over the restricted vocabulary (`runtime/text/vocab.py`). On CUDA the 1-token (draft)
 and (L+1)-token (verify) steps replay captured graphs; every step returns logits the caller owns.
 On a CPU, `compiled=True` runs the decoder of every step of up to `COMPILED_MAX_TOKENS` tokens
-through torch.compile (inductor's C++ kernels, weights frozen in): one graph whose token count
+through torch.compile (inductor's C++ kernels, the weights read in place): one graph whose token count
 and cache length are symbolic serves 1-token steps and verifies alike, compiled at load (the
-demo shape: ~55 s on 2 cores the first time, ~25 s from inductor's on-disk cache). A step then
+demo shape: ~52 s on 2 cores the first time, ~17 s from torch's on-disk caches). A step then
 costs about two thirds of an eager one on small models, whose step time is mostly per-op
 overhead (BENCHMARKS.md §26-27); prefills stay eager.
 """
@@ -111,8 +111,8 @@ class TorchLM(SequenceMixin):
     @torch.inference_mode()
     def _warm_up_compiled(self) -> None:
         """Compile the step graph now rather than in the first utterance, its token count unbacked
-        (no size is special: 1-token steps and verifies run one graph, one copy of the frozen
-        weights). The slots written here are rewritten before they are read."""
+        (no size is special: 1-token steps and verifies run one graph). The slots written here are
+        rewritten before they are read."""
         log.info("compiling the LM's steps with torch.compile (about a minute the first time, less from the cache)")
         ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         torch._dynamo.decorators.mark_unbacked(ids, 1)
@@ -179,14 +179,16 @@ def check_compiler() -> None:
 
 def _compile_hidden(model: Llama):
     """`model.hidden` of a step's ids [1, T] ending at cache slot `end`, through torch.compile for a
-    CPU: inductor's C++ wrapper (no Python between kernels) and frozen weights; T and `end` symbolic.
+    CPU: inductor's C++ wrapper (no Python between kernels); T and `end` symbolic.
 
     - One graph for every T in 1..COMPILED_MAX_TOKENS (T unbacked, see `_warm_up_compiled`). A graph
       specialised to T = 1 views its [1, 1, D] states as [1, D] with a row stride of 0, which
       aten's matmul copies before every projection (~60 copies a step on the demo shape).
     - The positions are made inside the graph from T and `end`, so that they share T's symbol.
-    - No guards on the model's modules: their weights are frozen into the graph and the cache
-      keeps its shape for the LM's life, and checking ~140 tensors cost ~0.3 ms a step."""
+    - No guards on the model's modules: their weights and cache keep their shapes for the LM's
+      life, and checking ~140 tensors cost ~0.3 ms a step.
+    - Weights not frozen into the graph: frozen, they ran no faster on the demo and lab-v1 shapes,
+      and they kept AOTAutograd's cache from sparing a later process the trace (BENCHMARKS §27)."""
 
     def hidden(input_ids: torch.Tensor, end: int) -> torch.Tensor:
         t = input_ids.shape[1]
@@ -196,11 +198,11 @@ def _compile_hidden(model: Llama):
         return model.hidden(input_ids, torch.arange(end - t, end, device=input_ids.device), end, False)
 
     # dynamo keeps compiled graphs per code object: one of its own per model, so that a draft and
-    # a target (or two loads of a checkpoint, whose weights are frozen into their graphs) never
-    # share graphs or evict each other's.
+    # a target never share a graph (with the model's guards off, nothing would stop a graph
+    # compiled for one model's shapes from running another's) or evict each other's.
     hidden.__code__ = hidden.__code__.replace()
     return torch.compile(hidden, fullgraph=True, dynamic=True,
-                         options={"cpp_wrapper": True, "freezing": True,
+                         options={"cpp_wrapper": True,
                                   "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
 
 
