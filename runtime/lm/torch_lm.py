@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 import torch
 
+from pcgtts.runtime.config import MAX_DRAFT_LENGTH
 from pcgtts.runtime.lm.checkpoint import load_llama, load_tokenizer, resolve_dtype
 from pcgtts.runtime.lm.llama import Llama
 from pcgtts.runtime.lm.protocol import SequenceMixin, check_fits
@@ -23,7 +24,7 @@ from pcgtts.runtime.text.vocab import SpeechVocab
 
 log = logging.getLogger(__name__)
 
-COMPILED_MAX_TOKENS = 17  # a compiled step: a draft step or a verify of up to MAX_DRAFT_LENGTH + 1 tokens
+COMPILED_MAX_TOKENS = MAX_DRAFT_LENGTH + 1  # a compiled step: a draft step or a verify of up to L + 1 tokens
 
 
 class TorchLM(SequenceMixin):
