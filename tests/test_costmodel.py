@@ -211,3 +211,26 @@ def test_a_part_timed_once_takes_the_measurement_then_averages():
     before = policy.costs.target(2)
     policy.record(1, 0, {"time_draft": 0.5, "time_target": 12.0, "time_verify": 0.1})
     assert policy.costs.target(2) - before == pytest.approx(DraftLengthPolicy.LEARNING_RATE * (12.0 - before))
+
+
+def test_chained_proposals_are_costed_and_learned_per_count():
+    """A draft that makes its L proposals in one call (a compiled chain: a fixed cost per call plus a
+    little per proposal) is planned from the times of 1..L_max proposals, not L single steps; the loop
+    teaches the entry of the L it ran, the other entries follow the in-loop ratio, and the table
+    survives `as_dict` (what `bench` prints and reads back)."""
+    steps = StepCosts(target_forward=(1.0, 1.1, 1.2, 1.3), draft_forward=(0.3, 0.31, 0.32, 0.33), rule=0.03,
+                      sample=0.02)
+    chained = StepCosts(steps.target_forward, steps.draft_forward, steps.rule, steps.sample, proposals=(0.3, 0.35, 0.4))
+    assert chained.propose(3) == pytest.approx(0.4) and steps.propose(3) == pytest.approx(3 * 0.3)
+    assert chained.propose(4) == pytest.approx(0.45)  # linear past the table
+    assert step_seconds(chained, [0.0], 3) == pytest.approx(0.4 + 1.3 + 0.03)
+    assert best_length(chained, [0.7], 3) == 3 and best_length(steps, [0.7], 3) == 2
+    assert StepCosts(**chained.as_dict()) == chained and "proposals" not in steps.as_dict()
+    with pytest.raises(ValueError, match="finite"):
+        StepCosts(steps.target_forward, steps.draft_forward, proposals=(0.3, float("inf")))
+    policy = DraftLengthPolicy(chained, 3)
+    policy.record(3, 1, {"time_draft": 0.6, "time_target": 1.3 * 1.5, "time_verify": 0.03})
+    learned = policy.costs
+    assert learned.proposals[2] == pytest.approx(0.6) and learned.draft(1) == pytest.approx(1.5 * 0.3)
+    assert learned.proposals[:2] == pytest.approx((1.5 * 0.3, 1.5 * 0.35))  # untimed: the target's ratio
+    assert counted_seconds(chained, [0, 0, 0, 2], 0) == pytest.approx(2 * (0.4 + 1.3 + 0.03))

@@ -9,17 +9,19 @@ speculation off when no L beats AR, and probes with L = 1 now and then to re-est
 Model of one speculative step with draft length L (a_i = P(position i accepted | 1..i-1 were)):
 
     tokens(L) = 1 + sum_{k=1..L} prod_{i<=k} a_i                   (accepted + recovered/bonus)
-    time(L)   = L draft(1) + P(all L accepted) (draft(2) - draft(1)) + target(L + 1) + rule
+    time(L)   = propose(L) + P(all L accepted) (draft(2) - draft(1)) + target(L + 1) + rule
     time(0)   = target(1) + sample                                  (tokens(0) = 1)
 
-(the middle term: after a fully accepted step the draft is fed two tokens). This is the
+(the middle term: after a fully accepted step the draft is fed two tokens). propose(L) is L draft
+steps, L draft(1), unless the draft proposes its L tokens in one call (a compiled chain: a fixed
+cost per call plus a little per token) and they were timed as such (`StepCosts.proposals`). This is the
 i.i.d. formula of Leviathan et al. with the product of per-position rates instead of alpha^k.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 
@@ -39,13 +41,16 @@ class StepCosts:
     draft_forward: tuple[float, ...]  # draft forward of k tokens (k = 1: a draft step; more: catching up)
     rule: float = 0.0  # probabilities + acceptance rule + recovered/bonus sampling, per verify step
     sample: float = 0.0  # probabilities + sampling one token, per AR step
+    # k proposals drafted in one call, k = 1 .. len (a draft that chains them: `propose`); empty: k draft steps
+    proposals: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_forward", tuple(float(x) for x in self.target_forward))
         object.__setattr__(self, "draft_forward", tuple(float(x) for x in self.draft_forward))
+        object.__setattr__(self, "proposals", tuple(float(x) for x in self.proposals))
         if len(self.target_forward) < 2 or not self.draft_forward:
             raise ValueError("StepCosts needs target costs for >= 2 token counts and draft costs for >= 1")
-        values = (*self.target_forward, *self.draft_forward, self.rule, self.sample)
+        values = (*self.target_forward, *self.draft_forward, *self.proposals, self.rule, self.sample)
         if not all(math.isfinite(v) and v >= 0 for v in values) or min(self.target_forward) <= 0:
             raise ValueError(f"costs must be finite and >= 0 (target > 0), got {values}")
 
@@ -54,6 +59,10 @@ class StepCosts:
 
     def draft(self, tokens: int) -> float:
         return _interpolate(self.draft_forward, tokens)
+
+    def propose(self, count: int) -> float:
+        """Time to draft `count` proposals (after the draft has read the accepted rows)."""
+        return _interpolate(self.proposals, count) if self.proposals else count * self.draft(1)
 
     @property
     def ar_step(self) -> float:
@@ -64,8 +73,9 @@ class StepCosts:
         return self.draft(1 + missed) - self.draft(1) if missed > 0 else 0.0
 
     def as_dict(self) -> dict:
-        return {"target_forward": list(self.target_forward), "draft_forward": list(self.draft_forward),
-                "rule": self.rule, "sample": self.sample}
+        out = {"target_forward": list(self.target_forward), "draft_forward": list(self.draft_forward),
+               "rule": self.rule, "sample": self.sample}
+        return {**out, "proposals": list(self.proposals)} if self.proposals else out
 
 
 def survival(acceptance: Sequence[float], length: int) -> list[float]:
@@ -88,7 +98,7 @@ def step_seconds(costs: StepCosts, acceptance: Sequence[float], length: int) -> 
     if length == 0:
         return costs.ar_step
     all_accepted = survival(acceptance, length)[-1]
-    return (length * costs.draft(1) + all_accepted * (costs.draft(2) - costs.draft(1))
+    return (costs.propose(length) + all_accepted * (costs.draft(2) - costs.draft(1))
             + costs.target(length + 1) + costs.rule)
 
 
@@ -149,15 +159,15 @@ def counted_seconds(costs: StepCosts, length_counts: Sequence[int], catchup_toke
     """Time the cost model charges for a finished decode: `length_counts[L]` steps of draft length
     L (0 = AR) plus the draft's catch-up on `catchup_tokens` tokens (fed late, at its per-token
     rate). What the adaptive policy is judged by in tests: model time, not wall time."""
-    steps = sum(count * (costs.ar_step if n == 0 else n * costs.draft(1) + costs.target(n + 1) + costs.rule)
+    steps = sum(count * (costs.ar_step if n == 0 else costs.propose(n) + costs.target(n + 1) + costs.rule)
                 for n, count in enumerate(length_counts))
     return steps + costs.catch_up(catchup_tokens)
 
 
 def _moved(costs: StepCosts, length: int, seconds: dict[str, float], timed: dict, rate: float) -> StepCosts:
     """`costs` with the parts `seconds` measured for one step of draft length `length` moved toward
-    the measurements; `timed` counts the measurements of each entry (("target", k), ("draft", 0),
-    "rule", "sample") and is updated. An entry's n-th measurement moves it by max(1 / n, `rate`): the
+    the measurements; `timed` counts the measurements of each entry (("target", k), ("draft", 0) or
+    ("proposals", L - 1), "rule", "sample") and is updated. An entry's n-th measurement moves it by max(1 / n, `rate`): the
     first replaces the load-time value, the next ones average, then `rate` follows drift (a part
     timed only by the rare probes would otherwise need dozens of probes to leave a wrong value)."""
     def toward(key, old: float, new: float | None) -> float:
@@ -170,12 +180,14 @@ def _moved(costs: StepCosts, length: int, seconds: dict[str, float], timed: dict
     if length < len(target) and seconds.get("time_target"):
         target[length] = toward(("target", length), target[length], seconds["time_target"])
     if length == 0:
-        return StepCosts(target, costs.draft_forward, costs.rule,
-                         toward("sample", costs.sample, seconds.get("time_verify")))
-    draft = list(costs.draft_forward)
-    if seconds.get("time_draft"):
+        return replace(costs, target_forward=target, sample=toward("sample", costs.sample, seconds.get("time_verify")))
+    draft, proposals = list(costs.draft_forward), list(costs.proposals)
+    if seconds.get("time_draft") and length <= len(proposals):  # the step's proposals, drafted in one call
+        proposals[length - 1] = toward(("proposals", length - 1), proposals[length - 1], seconds["time_draft"])
+    elif seconds.get("time_draft"):
         draft[0] = toward(("draft", 0), draft[0], seconds["time_draft"] / length)
-    return StepCosts(target, draft, toward("rule", costs.rule, seconds.get("time_verify")), costs.sample)
+    return replace(costs, target_forward=target, draft_forward=draft, proposals=proposals,
+                   rule=toward("rule", costs.rule, seconds.get("time_verify")))
 
 
 def _scaled(costs: StepCosts, loaded: StepCosts, timed: dict) -> StepCosts:
@@ -192,8 +204,9 @@ def _scaled(costs: StepCosts, loaded: StepCosts, timed: dict) -> StepCosts:
     f = ratios[len(ratios) // 2]
     target = [c if ("target", k) in timed else loaded.target_forward[k] * f for k, c in enumerate(costs.target_forward)]
     draft = [c if ("draft", k) in timed else loaded.draft_forward[k] * f for k, c in enumerate(costs.draft_forward)]
+    proposals = [c if ("proposals", k) in timed else loaded.proposals[k] * f for k, c in enumerate(costs.proposals)]
     return StepCosts(target, draft, costs.rule if "rule" in timed else loaded.rule * f,
-                     costs.sample if "sample" in timed else loaded.sample * f)
+                     costs.sample if "sample" in timed else loaded.sample * f, proposals)
 
 
 class DraftLengthPolicy:
