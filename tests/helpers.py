@@ -30,3 +30,16 @@ def random_heads(target, k=3, seed=0, scale=0.5):
         for p in heads.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[1] ** 0.5)
     return heads.eval()
+
+
+def random_draft(target, seed=0, scale=1.0, block="attention"):
+    """A random `EagleDraft` for a loaded torch target (its matrices scaled like an initialisation)."""
+    from pcgtts.runtime.lm.eagle import EagleDraft
+
+    draft = EagleDraft(target.model.args, target.fingerprint, block=block)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[1] ** 0.5)
+    return draft.eval().requires_grad_(False)

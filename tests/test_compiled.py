@@ -101,6 +101,57 @@ def test_seeded_decoding_compiled_equals_eager(pair, policy, tiny_groups):
     assert len(set(runs[0][0])) > 5
 
 
+@pytest.mark.slow
+def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(factorised_target, tiny_groups):
+    """On a compiled target with a digit head, an attention-free EAGLE draft makes a step's proposals
+    in one compiled call (`eagle.CompiledEagleChain`): for the same generator it proposes what the
+    step-by-step proposer does, with the same head scores, leaves the generator and the draft's slots
+    as that one does, and seeded eagle-sd / eagle-pcg decode the same tokens. Calibration then times
+    1..L chained proposals. (Float rounding differs between the two, so a draw could differ only
+    where its uniform falls within ~1e-6 of a boundary: the seeds are fixed.)"""
+    from pcgtts.runtime.decode.calibrate import measure_proposer_costs
+    from pcgtts.runtime.decode.multi_token import EagleProposer
+    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+
+    from helpers import random_draft
+
+    target = TorchLM.load(factorised_target, max_length=256, compiled=True)
+    assert target.model.samples_digits
+    draft = random_draft(target, seed=3, block="mlp")
+    chained = EagleProposer.from_draft(draft, target)
+    assert chained.chain is not None
+    assert EagleProposer.from_draft(draft, TorchLM.load(factorised_target, max_length=256)).chain is None
+    steps = EagleProposer(chained.step)  # the same draft, a proposal at a time
+    sampling = SamplingConfig(temperature=0.8)
+    hidden = torch.randn(2, target.model.args.hidden_size, generator=torch.Generator().manual_seed(1))
+    for count in (1, 3):
+        outs = []
+        for proposer in (chained, steps):
+            proposer.start(0)
+            gen = torch.Generator().manual_seed(count)
+            proposals, rows = proposer.propose("eagle-sd", hidden, [3, target.vocab.stop_index], 1, count,
+                                               DecodeConfig(sampling=sampling), gen)
+            outs.append((proposals, rows.scores, torch.rand(4, generator=gen), proposer.length))
+        (p_a, s_a, next_a, len_a), (p_b, s_b, next_b, len_b) = outs
+        assert torch.equal(p_a, p_b) and torch.equal(next_a, next_b) and len_a == len_b == 1 + 2 + count - 1  # from slot 1: 2 rows fed, count - 1 proposals fed back
+        torch.testing.assert_close(s_a, s_b, atol=1e-5, rtol=1e-5)
+
+    prompt = build_prompt(target.tokenizer, target.vocab, "Chained proposals decode the same tokens.")
+    for policy in ("eagle-sd", "eagle-pcg"):
+        config = DecodeConfig(policy=policy, draft_length=3, max_new_tokens=40, adaptive_draft=False, sampling=sampling)
+        runs = []
+        for proposer in (chained, steps):
+            stats = DecodeStats()
+            tokens = [t for block in decode(target, None, prompt, config, torch.Generator().manual_seed(0), tiny_groups,
+                                            stats, proposer=proposer) for t in block]
+            runs.append((tokens, stats.steps, stats.accepted))
+        assert runs[0] == runs[1] and runs[0][2] > 0
+
+    costs = measure_proposer_costs(target, chained, 3, "pcg", sampling, tiny_groups)
+    assert len(costs.proposals) == 3 and all(c > 0 for c in costs.proposals)
+    assert not measure_proposer_costs(target, chained, 3, "greedy", SamplingConfig(temperature=0.0)).proposals
+
+
 @pytest.mark.parametrize("bad", [dict(backend="onnxruntime"), dict(compute_device="cuda"), dict(quantize="int8"),
                                  dict(dtype="bfloat16"), dict(compile="yes")])
 def test_compile_is_refused_where_it_would_not_run(bad):

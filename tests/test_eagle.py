@@ -17,7 +17,7 @@ from pcgtts.runtime.decode.speculative import decode
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import decode_codes as run, random_heads
+from helpers import decode_codes as run, random_draft, random_heads
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -30,16 +30,6 @@ def target(tiny_pair):
 @pytest.fixture(scope="module")
 def prompt(target):
     return build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
-
-
-def random_draft(target, seed=0, scale=1.0, block="attention") -> EagleDraft:
-    draft = EagleDraft(target.model.args, target.fingerprint, block=block)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[1] ** 0.5)
-    return draft.eval().requires_grad_(False)
 
 
 @pytest.fixture(scope="module")

@@ -197,7 +197,8 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     """Time the target with a proposer that reads its hidden states (`multi_token.HeadProposer` or
     `EagleProposer`): target forwards of 1..max_length + 1 tokens (each after the proposals that
     precede it in the loop), and one proposal after 1..max_length + 1
-    rows, its draw included, as the 'draft' cost (flat for heads, which read one row). A proposal is
+    rows, its draw included, as the 'draft' cost (flat for heads, which read one row), and for a
+    proposer that chains its proposals in one call, 1..max_length of them (`StepCosts.proposals`). A proposal is
     timed right after a target step, as in the loop (the target's weights have just evicted the
     proposer's from the caches: timed alone it looks ~2x cheaper on a CPU)."""
     started, counts = time.perf_counter(), range(1, max_length + 2)
@@ -215,8 +216,12 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     target_step = _one_step(target)
     draft_costs = tuple(_medians([lambda k=k: proposer.probe(k, sampling, gen) for k in counts], 2 * repeats + 1,
                                  sync, [target_step] * len(counts)))
+    proposals = ()
+    if getattr(proposer, "chains", lambda _: False)(sampling):  # k proposals in one call cost far less than k
+        proposals = tuple(_medians([lambda k=k: proposer.probe(1, sampling, gen, proposals=k) for k in counts[:-1]],
+                                   2 * repeats + 1, sync, [target_step] * max_length))
     target.rollback(0)
-    costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost)
+    costs = StepCosts(target_costs, draft_costs, rule_cost, sample_cost, proposals)
     log.info("calibrated proposer costs (rule %s, L_max %d) in %.2f s: %s", rule, max_length,
              time.perf_counter() - started, costs.as_dict())
     return costs

@@ -112,12 +112,13 @@ class EagleProposer:
 
     Its slot s holds the target's row at target slot `first_slot + s` (the prompt's last token is
     slot 0). Rows whose proposals were not asked for (speculation off) wait in `pending` and are
-    fed with the next proposal's forward."""
+    fed with the next proposal's forward. With a `chain` (`eagle.CompiledEagleChain`, a compiled
+    CPU target's), proposals drawn digit by digit are made together in one call."""
 
     max_proposals = 1 << 30  # any number: the draft length alone bounds it
 
-    def __init__(self, step):
-        self.step, self.max_length = step, step.max_length
+    def __init__(self, step, chain=None):
+        self.step, self.chain, self.max_length = step, chain, step.max_length
         self.acceptance = step.acceptance  # the adaptive draft length's starting estimate (None: its default)
         self.first_slot, self.length = 0, 0
         self.pending_states, self.pending_tokens = [], []
@@ -141,13 +142,16 @@ class EagleProposer:
     @classmethod
     def from_draft(cls, draft, target) -> "EagleProposer":
         """A loaded `EagleDraft` on its torch target (an attention-free float32 draft on a CPU steps in
-        NumPy: `eagle.HostEagleStep`, half the cost of a proposal)."""
-        from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
+        NumPy: `eagle.HostEagleStep`, half the cost of a proposal; on a compiled target with a digit
+        head its proposals are chained in one compiled call: `eagle.CompiledEagleChain`)."""
+        from pcgtts.runtime.lm.eagle import CompiledEagleChain, HostEagleStep, TorchEagleStep
 
         model = _state_model(target, "an EAGLE draft")
-        if HostEagleStep.suits(draft, model):
-            return cls(HostEagleStep(draft, model, target.vocab, target.max_length))
-        return cls(TorchEagleStep(draft, model, target.vocab, target.max_length))
+        if not HostEagleStep.suits(draft, model):
+            return cls(TorchEagleStep(draft, model, target.vocab, target.max_length))
+        chained = getattr(target, "compiled", False) and model.samples_digits
+        chain = CompiledEagleChain(draft, model, target.vocab) if chained else None
+        return cls(HostEagleStep(draft, model, target.vocab, target.max_length), chain)
 
     def start(self, first_slot: int) -> None:
         self.first_slot, self.length = first_slot, 0
@@ -156,23 +160,44 @@ class EagleProposer:
     def _run(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed rows states [k, D] with the tokens chosen after them [k] at the next free slots ->
         (f of the last row [D], its head scores)."""
-        k = len(tokens)
-        if self.length + k > self.max_length:
+        start = self._take(len(tokens))
+        return self.step.run(states, tokens, start)
+
+    def _take(self, slots: int) -> int:
+        """The first of the next `slots` free slots, now taken."""
+        if self.length + slots > self.max_length:
             raise ValueError("the EAGLE draft's cache is full")
-        out = self.step.run(states, tokens, self.length)
-        self.length += k
-        return out
+        self.length += slots
+        return self.length - slots
+
+    def chains(self, sampling) -> bool:
+        """Whether proposals at `sampling` are made together in one call."""
+        return self.chain is not None and sampling.plain
+
+    def _chained(self, states: torch.Tensor, tokens: torch.Tensor, count: int, temperature: float,
+                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """`count` proposals after rows states [k, D] (an attention-free draft reads only the last)
+        in one call -> (proposals [count], their head scores [count, W])."""
+        self._take(len(tokens) + count - 1)  # the slots a step-by-step proposer would use
+        uniforms = torch.rand(count, self.step.digits + 1, generator=generator, device=states.device)
+        return self.chain(states[-1], tokens[-1], uniforms, temperature)
 
     @torch.inference_mode()
-    def probe(self, rows: int, sampling, generator: torch.Generator) -> None:
-        """The work of one proposal after `rows` rows are fed, its draw included as `propose` draws it
-        (the cost model's draft forward of `rows` tokens): a digit head's scores are drawn digit by
-        digit, never expanded (expanding them and a dense draw had doubled a proposal's planned cost
-        on onnxruntime: 0.55-0.67 ms against 0.30 in the loop)."""
+    def probe(self, rows: int, sampling, generator: torch.Generator, proposals: int = 1) -> None:
+        """The work of `proposals` proposals after `rows` rows are fed, their draws included as
+        `propose` draws them (one: the cost model's draft forward of `rows` tokens; several: its
+        `proposals` entry, for a chain): a digit head's scores are drawn digit by digit, never
+        expanded (expanding them and a dense draw had doubled a proposal's planned cost on
+        onnxruntime: 0.55-0.67 ms against 0.30 in the loop)."""
         self.start(0)
         step = self.step
         states = torch.zeros(rows, step.hidden_size, dtype=step.dtype, device=step.device)
-        scores = self._run(states, torch.zeros(rows, dtype=torch.long, device=step.device))[1]
+        tokens = torch.zeros(rows, dtype=torch.long, device=step.device)
+        if proposals != 1 or self.chains(sampling):
+            self._propose(states, tokens.tolist(), 0, proposals, sampling, generator)
+            self.start(0)
+            return
+        scores = self._run(states, tokens)[1]
         if step.digits and sampling.plain:
             sample_by_digits(scores, step.digits, sampling.temperature, generator)
         else:
@@ -183,6 +208,10 @@ class EagleProposer:
     def propose(self, policy: str, hidden: torch.Tensor, tokens: list[int], slot: int, count: int, config,
                 generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """As `HeadProposer.propose`; `slot` is the target slot of hidden's row 0."""
+        return self._propose(hidden, tokens, slot, count, config.sampling, generator)
+
+    def _propose(self, hidden: torch.Tensor, tokens: list[int], slot: int, count: int, sampling,
+                 generator: torch.Generator) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         step = self.step
         self.pending_states.append(hidden.to(step.dtype))
         self.pending_tokens.extend(tokens)
@@ -192,8 +221,10 @@ class EagleProposer:
         self.length = slot - self.first_slot - (len(states) - len(hidden))  # the pending rows' first slot
         chosen = torch.tensor(self.pending_tokens, device=states.device)
         self.pending_states, self.pending_tokens = [], []
+        if self.chains(sampling):
+            proposals, rows = self._chained(states, chosen, count, sampling.temperature, generator)
+            return proposals, DigitRows(rows, self.step.digits, sampling.temperature)
         f, scores = self._run(states, chosen)
-        sampling = config.sampling
         # A digit head at plain temperature is sampled digit by digit; the rules' rows are then
         # expanded once for all proposals, after the loop.
         by_digits = bool(step.digits) and sampling.plain

@@ -173,19 +173,22 @@ def digit_kl(p_scores: torch.Tensor, q_scores: torch.Tensor, digits: int, levels
     return p_stop.exp() * (p_stop - q_stop) + p_speech.exp() * (p_speech - q_speech + per_digit)
 
 
-def sample_digit_codes(scores: torch.Tensor, digits: int, temperature: float, uniforms: torch.Tensor,
-                       levels: int = LEVELS) -> torch.Tensor:
+def sample_digit_codes(scores: torch.Tensor, digits: int, temperature: float | torch.Tensor, uniforms: torch.Tensor,
+                       levels: int = LEVELS, precision: torch.dtype = torch.float32) -> torch.Tensor:
     """Draws from softmax(expand_digit_scores(scores) / temperature) without expanding: the
     speech part of that distribution is a product of independent per-digit softmaxes, so a draw
     is one stop-or-speech coin and one 4-way draw per digit (exact; top-p needs the expanded row).
 
     scores: [..., 1 + digits * levels + 1]; uniforms: [..., digits + 1] in [0, 1) (the coin first)
-    -> restricted indices [...] (levels**digits is the stop token)."""
-    z = scores.float() / temperature
+    -> restricted indices [...] (levels**digits is the stop token). `precision` float64 draws as
+    `draw_digit_code` does, up to rounding."""
+    z = scores.to(precision) / temperature
     per_digit = z[..., 1:-1].unflatten(-1, (digits, levels))  # [..., n, L]
     speech_mass = z[..., 0] + per_digit.logsumexp(-1).sum(-1)  # log of the summed exp over all codes
     p_stop = torch.sigmoid(z[..., -1] - speech_mass)
     cdf = per_digit.softmax(-1).cumsum(-1)  # [..., n, L]
     digit = (cdf <= uniforms[..., 1:, None] * cdf[..., -1:]).sum(-1).clamp_(max=levels - 1)  # inverse CDF
-    code = (digit * levels ** torch.arange(digits, device=scores.device)).sum(-1)
+    code = digit[..., -1]
+    for d in range(digits - 2, -1, -1):  # code = sum_d digit_d levels**d, by Horner's rule
+        code = code * levels + digit[..., d]
     return torch.where(uniforms[..., 0] < p_stop, torch.full_like(code, levels ** digits), code)

@@ -150,6 +150,11 @@ class TorchLM(SequenceMixin):
             self._fingerprint = embedding_fingerprint(self.model.embed_tokens.weight[v.speech_offset:v.speech_offset + v.num_speech])
         return self._fingerprint
 
+    @property
+    def compiled(self) -> bool:
+        """Whether steps run through torch.compile (`compiled=True`)."""
+        return self._compiled_hidden is not None
+
     def release(self) -> None:
         """Free the KV cache and graphs (the weights stay loaded)."""
         self._graphs.clear()
@@ -198,11 +203,18 @@ def _compile_hidden(model: Llama):
         torch._check(end >= t)
         return model.hidden(input_ids, torch.arange(end - t, end, device=input_ids.device), end, False)
 
-    # dynamo keeps compiled graphs per code object: one of its own per model, so that a draft and
-    # a target never share a graph (with the model's guards off, nothing would stop a graph
-    # compiled for one model's shapes from running another's) or evict each other's.
-    hidden.__code__ = hidden.__code__.replace()
-    return torch.compile(hidden, fullgraph=True, dynamic=True,
+    return compile_for_cpu(hidden, dynamic=True)
+
+
+def compile_for_cpu(fn, dynamic: bool):
+    """`fn` through torch.compile for a CPU: one whole graph, inductor's C++ wrapper (no Python
+    between kernels), no guards on the modules it reads (callers keep their weights' shapes fixed).
+
+    dynamo keeps compiled graphs per code object, so `fn` gets one of its own: a draft and a target
+    never share a graph (with the modules' guards off, nothing would stop a graph compiled for one
+    model's shapes from running another's) or evict each other's."""
+    fn.__code__ = fn.__code__.replace()
+    return torch.compile(fn, fullgraph=True, dynamic=dynamic,
                          options={"cpp_wrapper": True,
                                   "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
 
