@@ -29,8 +29,10 @@ the block's other dimensions (heads, head size, RoPE) are the target's, and a dr
 one target is refused for another. A narrower MLP than the target's makes each proposal cheaper.
 
 At run time a draft step is `run(states, tokens, start) -> (f, head scores)` over its own static
-cache: `TorchEagleStep` here, `onnxruntime.OrtEagleStep` over the graph `pcgtts export onnx` writes
-beside the target's (`export/eagle_graph.py`); `multi_token.EagleProposer` drives either.
+cache: `TorchEagleStep` here (`HostEagleStep`: its NumPy twin for an attention-free draft on a CPU),
+`onnxruntime.OrtEagleStep` over the graph `pcgtts export onnx` writes beside the target's
+(`export/eagle_graph.py`); `multi_token.EagleProposer` drives either. On a compiled CPU target an
+attention-free draft's proposals of a step are made in one compiled call (`CompiledEagleChain`).
 """
 
 from __future__ import annotations
