@@ -106,12 +106,12 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
     """On a compiled target with a digit head, an attention-free EAGLE draft makes a step's proposals
     in one compiled call (`eagle.CompiledEagleChain`): for the same generator it proposes what the
     step-by-step proposer does, with the same head scores, leaves the generator and the draft's slots
-    as that one does, and seeded eagle-sd / eagle-pcg decode the same tokens. Calibration then times
-    1..L chained proposals. (Float rounding differs between the two, so a draw could differ only
+    as that one does, and seeded eagle-sd / eagle-pcg decode the same tokens. `prepare` compiles the
+    chain for 1..L proposals; calibration times them. (Float rounding differs between the two, so a draw could differ only
     where its uniform falls within ~1e-6 of a boundary: the seeds are fixed.)"""
     from pcgtts.runtime.decode.calibrate import measure_proposer_costs
     from pcgtts.runtime.decode.multi_token import EagleProposer
-    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+    from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
 
     from helpers import random_draft
 
@@ -123,6 +123,9 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
     assert EagleProposer.from_draft(draft, TorchLM.load(factorised_target, max_length=256)).chain is None
     steps = EagleProposer(chained.step)  # the same draft, a proposal at a time
     sampling = SamplingConfig(temperature=0.8)
+    prepare(target, None, DecodeConfig(policy="eagle-sd", draft_length=2, adaptive_draft=False, sampling=sampling),
+            proposer=chained)  # a fixed length plans nothing, yet compiles the chain before the first step
+    assert sorted(chained.chain._graphs) == [1, 2] and chained.length == 0
     hidden = torch.randn(2, target.model.args.hidden_size, generator=torch.Generator().manual_seed(1))
     for count in (1, 3):
         outs = []

@@ -79,6 +79,9 @@ class HeadProposer:
         """hidden [D] -> [count, V_r] logits of the tokens 2 .. count + 1 positions ahead."""
         return self.step.logits(hidden, count)
 
+    def warm_up(self, config) -> None:
+        """Nothing to compile ahead (see `EagleProposer.warm_up`)."""
+
     @torch.inference_mode()
     def probe(self, rows: int, sampling, generator: torch.Generator) -> None:
         """The work of one proposal, its draw included (the cost model's draft step); the heads read one
@@ -181,6 +184,14 @@ class EagleProposer:
         self._take(len(tokens) + count - 1)  # the slots a step-by-step proposer would use
         uniforms = torch.rand(count, self.step.digits + 1, generator=generator, device=states.device)
         return self.chain(states[-1], tokens[-1], uniforms, temperature)
+
+    def warm_up(self, config) -> None:
+        """Compile a chain's graphs for 1..config.draft_length proposals now, not in an utterance's
+        first steps (a few seconds each the first time)."""
+        if self.chains(config.sampling):
+            generator = torch.Generator(device=self.step.device).manual_seed(0)
+            for count in range(1, config.draft_length + 1):
+                self.probe(1, config.sampling, generator, proposals=count)
 
     @torch.inference_mode()
     def probe(self, rows: int, sampling, generator: torch.Generator, proposals: int = 1) -> None:

@@ -135,7 +135,10 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
     """Measure now what `decode` with `config` would measure in its first step: the step costs an
     adaptive draft length plans with (`calibrate.calibrated_costs`, kept while the models live).
     `Synthesizer.load` calls it so that the first utterance's time to first audio does not pay
-    for it. None when `config` plans nothing (a fixed draft length, or no draft to plan)."""
+    for it (nor for compiling a proposer's graphs: `warm_up`). None when `config` plans nothing (a
+    fixed draft length, or no draft to plan)."""
+    if proposer is not None and config.policy in STATE_POLICIES:
+        proposer.warm_up(config)
     if not config.adaptive_draft or config.policy in ("ar", "draft"):
         return None
     if config.policy in STATE_POLICIES:

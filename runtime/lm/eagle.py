@@ -245,7 +245,7 @@ class CompiledEagleChain:
     embedding) in one call: 3 proposals 0.35 ms against 0.75 (BENCHMARKS §28). The draws read the
     uniforms `sampling.sample_by_digits` would (one [count, digits + 1] torch.rand, the same stream
     as count draws of digits + 1) in float64 as `digit_head.draw_digit_code` does, so a chain
-    proposes what `HostEagleStep` and that draw do, up to float rounding (tests/test_eagle.py).
+    proposes what `HostEagleStep` and that draw do, up to float rounding (tests/test_compiled.py).
 
     __call__(state [D], token [] (restricted index), uniforms [count, digits + 1], temperature)
     -> (proposals [count] int64, the head's scores of each [count, W] float32)."""
