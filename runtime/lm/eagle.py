@@ -242,7 +242,8 @@ class CompiledEagleChain:
     Step by step, a proposal on lab-v1 costs ~0.25 ms right after a target forward: the fixed
     costs of ~25 NumPy and torch calls and a draw in Python on cold caches. One graph per count
     runs the whole chain (the block, the target's digit head, the draw, the next token's
-    embedding) in one call: 3 proposals 0.35 ms against 0.75 (BENCHMARKS §28). The draws read the
+    embedding) in one call: 3 proposals 0.35 ms against 0.75 on 2 threads, 0.55 against 0.71 on
+    the one thread a streaming LM has beside the codec (BENCHMARKS §28). The draws read the
     uniforms `sampling.sample_by_digits` would (one [count, digits + 1] torch.rand, the same stream
     as count draws of digits + 1) in float64 as `digit_head.draw_digit_code` does, so a chain
     proposes what `HostEagleStep` and that draw do, up to float rounding (tests/test_compiled.py).
