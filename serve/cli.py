@@ -50,8 +50,10 @@ def config_from_args(args: argparse.Namespace):
     ServerConfig(**server)  # server flags are checked before any model is resolved or made
     settings = resolve_cli_settings(args, max_length=args.max_length)
     check_compute_device(settings.device.compute_device)
-    return ServerConfig(**server, models=settings.models, compute_device=settings.device.compute_device,
-                        backend=settings.device.backend, dtype=settings.device.dtype,
+    device = settings.device
+    return ServerConfig(**server, models=settings.models, compute_device=device.compute_device,
+                        backend=device.backend, dtype=device.dtype, quantize=device.quantize, compile=device.compile,
+                        threads=device.threads,
                         policy=settings.synthesis.decode.policy, max_new_tokens=settings.synthesis.decode.max_new_tokens,
                         max_length=settings.device.max_length, config_file=args.config)
 

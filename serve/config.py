@@ -32,6 +32,9 @@ class ServerConfig:
     compute_device: str | None = None  # cpu | cuda | cuda:N (None: the runtime's default, cpu)
     backend: str | None = None
     dtype: str | None = None
+    quantize: str | None = None  # int8: the LM's linear layers (torch backend, CPU)
+    compile: bool | None = None  # the LM's steps through torch.compile (torch backend, CPU)
+    threads: int | None = None  # CPU threads per stage
     policy: str | None = None
     max_new_tokens: int | None = None  # speech tokens per sentence at most
     max_length: int | None = None  # KV-cache slots per sequence
@@ -64,6 +67,7 @@ class ServerConfig:
     def runtime_settings(self) -> dict:
         """Keyword settings for `Synthesizer.from_pretrained` (None = not given)."""
         return {"target": self.models.target, "draft": self.models.draft, "codec": self.models.codec,
-                "groups": self.models.groups, "compute_device": self.compute_device, "backend": self.backend,
-                "dtype": self.dtype, "policy": self.policy, "max_new_tokens": self.max_new_tokens,
-                "max_length": self.max_length}
+                "groups": self.models.groups, "heads": self.models.heads, "transitions": self.models.transitions,
+                "eagle": self.models.eagle, "compute_device": self.compute_device, "backend": self.backend,
+                "dtype": self.dtype, "quantize": self.quantize, "compile": self.compile, "threads": self.threads,
+                "policy": self.policy, "max_new_tokens": self.max_new_tokens, "max_length": self.max_length}

@@ -46,6 +46,38 @@ def test_flags_reach_the_config(tmp_path, monkeypatch):
     assert config.api_key == "from-the-environment" and config.sample_rate == 16000
 
 
+def test_every_runtime_flag_reaches_the_workers(tmp_path):
+    """Each model and device flag `serve` accepts is handed to the workers' Synthesizers (`--compile`,
+    `--threads`, `--quantize` and `--eagle` / `--heads` / `--transitions` were once accepted and dropped)."""
+    from pcgtts.serve import cli
+
+    (tmp_path / "target").mkdir()
+    paths = {name: str(tmp_path / name) for name in ("draft", "codec", "groups", "heads", "transitions", "eagle")}
+    flags = [f"--{name}={path}" for name, path in paths.items()]
+    settings = cli.config_from_args(parse("--target", str(tmp_path / "target"), *flags, "--backend", "torch",
+                                          "--compile", "--threads", "1", "--max-length", "512")).runtime_settings()
+    assert {k: settings[k] for k in paths} == paths
+    assert (settings["compile"], settings["threads"], settings["backend"], settings["max_length"]) == (True, 1, "torch", 512)
+    settings = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--backend", "torch",
+                                          "--quantize", "int8")).runtime_settings()
+    assert settings["quantize"] == "int8" and settings["compile"] is False
+    runtime_flags = {"target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend",
+                     "compute_device", "dtype", "quantize", "compile", "threads", "max_tokens", "max_length"}
+    server_flags = {"host", "port", "workers", "queue_size", "request_timeout", "max_input_chars", "max_upload_bytes",
+                    "max_upload_seconds", "api_key", "voices_dir", "sample_rate"}
+    # a flag added to `serve` must be added to one of these sets, and the runtime ones checked above
+    assert {a.dest for a in _serve_parser()._actions} - {"help", "config"} == runtime_flags | server_flags
+
+
+def _serve_parser():
+    from pcgtts.serve import cli
+
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers(dest="command")
+    cli.register(subparsers)
+    return subparsers.choices["serve"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (("--port", "70000"), "port"),
     (("--api-key", "short"), "api_key"),
