@@ -10,12 +10,16 @@ from pcgtts.runtime.config import ModelPaths
 from pcgtts.serve.config import ServerConfig
 
 
-def parse(*argv):
+def serve_parser() -> argparse.ArgumentParser:
     from pcgtts.serve import cli
 
-    parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["serve", *argv])
+    subparsers = argparse.ArgumentParser().add_subparsers(dest="command")
+    cli.register(subparsers)
+    return subparsers.choices["serve"]
+
+
+def parse(*argv):
+    return serve_parser().parse_args(argv)
 
 
 def test_defaults_bind_loopback_and_use_the_builtin_voice(monkeypatch, tmp_path):
@@ -66,16 +70,8 @@ def test_every_runtime_flag_reaches_the_workers(tmp_path):
     server_flags = {"host", "port", "workers", "queue_size", "request_timeout", "max_input_chars", "max_upload_bytes",
                     "max_upload_seconds", "api_key", "voices_dir", "sample_rate"}
     # a flag added to `serve` must be added to one of these sets, and the runtime ones checked above
-    assert {a.dest for a in _serve_parser()._actions} - {"help", "config"} == runtime_flags | server_flags
+    assert {a.dest for a in serve_parser()._actions} - {"help", "config"} == runtime_flags | server_flags
 
-
-def _serve_parser():
-    from pcgtts.serve import cli
-
-    parser = argparse.ArgumentParser()
-    subparsers = parser.add_subparsers(dest="command")
-    cli.register(subparsers)
-    return subparsers.choices["serve"]
 
 
 @pytest.mark.parametrize("argv, message", [
