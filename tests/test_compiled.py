@@ -150,6 +150,15 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
             runs.append((tokens, stats.steps, stats.accepted))
         assert runs[0] == runs[1] and runs[0][2] > 0
 
+    # another temperature reuses the graphs (a tensor argument), and proposes as step by step does
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        hot = DecodeConfig(sampling=SamplingConfig(temperature=1.3))
+        draws = []
+        for proposer in (chained, steps):
+            proposer.start(0)
+            draws.append(proposer.propose("eagle-sd", hidden, [3, 5], 1, 3, hot, torch.Generator().manual_seed(9))[0])
+    assert torch.equal(*draws)
+
     costs = measure_proposer_costs(target, chained, 3, "pcg", sampling, tiny_groups)
     assert len(costs.proposals) == 3 and all(c > 0 for c in costs.proposals)
     assert not measure_proposer_costs(target, chained, 3, "greedy", SamplingConfig(temperature=0.0)).proposals

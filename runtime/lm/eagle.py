@@ -256,16 +256,18 @@ class CompiledEagleChain:
             raise ValueError("a compiled EAGLE chain runs an attention-free float32 draft with a digit head on a CPU")
         self.draft, self.model, self.vocab, self.digits = draft, target, vocab, target.digits
         self._graphs: dict[int, object] = {}  # count -> compiled chain (a graph per count)
-        self._temperatures: dict[float, torch.Tensor] = {}  # a tensor argument: no graph per temperature
+        # the last temperature as the graphs' tensor argument (a float would make a graph per value;
+        # keeping only the last bounds what a server's per-request temperatures leave behind)
+        self._temperature: tuple[float | None, torch.Tensor | None] = (None, None)
 
     def __call__(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor,
                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         count = len(uniforms)
         if count not in self._graphs:
             self._graphs[count] = compile_for_cpu(lambda *args: self._chain(*args), dynamic=False)
-        if temperature not in self._temperatures:
-            self._temperatures[temperature] = torch.tensor(temperature, dtype=torch.float64)
-        return self._graphs[count](state, token, uniforms, self._temperatures[temperature])
+        if self._temperature[0] != temperature:
+            self._temperature = (temperature, torch.tensor(temperature, dtype=torch.float64))
+        return self._graphs[count](state, token, uniforms, self._temperature[1])
 
     def _chain(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor,
                temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
