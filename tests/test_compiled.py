@@ -107,8 +107,8 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
     in one compiled call (`eagle.CompiledEagleChain`): for the same generator it proposes what the
     step-by-step proposer does, with the same head scores, leaves the generator and the draft's slots
     as that one does, and seeded eagle-sd / eagle-pcg decode the same tokens. `prepare` compiles the
-    chain for 1..L proposals; calibration times them. (Float rounding differs between the two, so a draw could differ only
-    where its uniform falls within ~1e-6 of a boundary: the seeds are fixed.)"""
+    chain for 1..L proposals; calibration times them. (Float rounding differs between the two, so a
+    draw could differ only where its uniform falls within ~1e-6 of a boundary: the seeds are fixed.)"""
     from pcgtts.runtime.decode.calibrate import measure_proposer_costs
     from pcgtts.runtime.decode.multi_token import EagleProposer
     from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
@@ -136,7 +136,8 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
                                                DecodeConfig(sampling=sampling), gen)
             outs.append((proposals, rows.scores, torch.rand(4, generator=gen), proposer.length))
         (p_a, s_a, next_a, len_a), (p_b, s_b, next_b, len_b) = outs
-        assert torch.equal(p_a, p_b) and torch.equal(next_a, next_b) and len_a == len_b == 1 + 2 + count - 1  # from slot 1: 2 rows fed, count - 1 proposals fed back
+        # from slot 1: 2 rows fed, count - 1 proposals fed back
+        assert torch.equal(p_a, p_b) and torch.equal(next_a, next_b) and len_a == len_b == 1 + 2 + count - 1
         torch.testing.assert_close(s_a, s_b, atol=1e-5, rtol=1e-5)
 
     prompt = build_prompt(target.tokenizer, target.vocab, "Chained proposals decode the same tokens.")

@@ -217,7 +217,7 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     draft_costs = tuple(_medians([lambda k=k: proposer.probe(k, sampling, gen) for k in counts], 2 * repeats + 1,
                                  sync, [target_step] * len(counts)))
     proposals = ()
-    if getattr(proposer, "chains", lambda _: False)(sampling):  # k proposals in one call cost far less than k
+    if proposer.chains(sampling):  # k proposals in one call cost far less than k
         proposals = tuple(_medians([lambda k=k: proposer.probe(1, sampling, gen, proposals=k) for k in counts[:-1]],
                                    2 * repeats + 1, sync, [target_step] * max_length))
     target.rollback(0)

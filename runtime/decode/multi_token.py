@@ -79,6 +79,10 @@ class HeadProposer:
         """hidden [D] -> [count, V_r] logits of the tokens 2 .. count + 1 positions ahead."""
         return self.step.logits(hidden, count)
 
+    def chains(self, sampling) -> bool:
+        """Heads propose one by one (see `EagleProposer.chains`)."""
+        return False
+
     def warm_up(self, config) -> None:
         """Nothing to compile ahead (see `EagleProposer.warm_up`)."""
 
