@@ -314,10 +314,11 @@ DIGIT_GROUPS = [[0, 1, 5], [1, 2, 6, 7], [3, 7, 11], [4, 8, 9], [9, 10, 14, 15],
 
 
 @pytest.mark.parametrize("rule, draft_kind, fallback", [
-    ("sd", "digits", False), ("pcg", "digits", False),
+    ("sd", "digits", False), ("pcg", "digits", False), pytest.param("pcg", "compiled", False, marks=pytest.mark.slow),
     pytest.param("pcg", "dense", False, marks=pytest.mark.slow), pytest.param("sd", "digits", True, marks=pytest.mark.slow),
-    pytest.param("pcg", "digits", True, marks=pytest.mark.slow)],
-                         ids=["sd", "pcg", "pcg-dense-draft", "sd-residual-fallback", "pcg-exact-fallback"])
+    pytest.param("pcg", "digits", True, marks=pytest.mark.slow), pytest.param("pcg", "compiled", True, marks=pytest.mark.slow)],
+                         ids=["sd", "pcg", "pcg-compiled", "pcg-dense-draft", "sd-residual-fallback", "pcg-exact-fallback",
+                              "pcg-compiled-fallback"])
 def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fallback, monkeypatch):
     """The lane over a digit head's scores (`DigitRows`: probabilities and draws from per-digit
     softmaxes, the recovered token by thinning) against the same distributions expanded into dense
@@ -325,15 +326,22 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     chi-square homogeneity test at significance 1e-4 (two independent samples of 6,000 verify steps,
     2 digits x 4 levels + stop = 17 tokens, one proposal); the same test must tell the digit rows
     apart from a slightly different target (power check). `fallback`: one thinning trial, no extra
-    rounds and uniforms near 1, so the dense residual (SD) or the all-groups residual (PCG) runs often."""
+    rounds and uniforms near 1, so the dense residual (SD) or the all-groups residual (PCG) runs often.
+    "compiled": the compiled PCG rule's graph (`compiled_rule.PCGDigitRule`, run eagerly here; its
+    AOTInductor package computes the same: tests/test_compiled.py) judges the digit rows; with
+    `fallback` its one candidate is mostly refused and the host finishes the recovery."""
     from scipy.stats import chi2_contingency
 
     from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
+    from pcgtts.runtime.decode.compiled_rule import CompiledPCGRule, PCGDigitRule
     from pcgtts.runtime.lm.digit_head import expand_digit_scores
 
     if fallback:
         monkeypatch.setattr(acceptance, "THINNING_ROUNDS", 0)
     groups = DeviceGroupTable.from_groups(DIGIT_GROUPS, 16)
+    n_steps, trials = 6_000, 1 if fallback else 16
+    compiled = CompiledPCGRule(PCGDigitRule(2, trials), groups, 2, trials) if draft_kind == "compiled" else None
+    runs = []
     g = torch.Generator().manual_seed(21)
     target_scores = 1.5 * torch.randn(2, 1 + 8 + 1, generator=g)
     draft_scores = target_scores + 1.2 * torch.randn(1, 1 + 8 + 1, generator=g)
@@ -343,21 +351,25 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     other_scores = target_scores + torch.tensor([0.0] + [0.6, 0, 0, 0] + [0] * 4 + [0.0])  # a shifted digit-0 softmax
     temperature = 0.8
     dense = lambda scores: DigitRows(scores, 2, temperature).dense()  # noqa: E731
-    n_steps, trials = 6_000, 1 if fallback else 16
 
-    def sample(target_rows, draft_rows, draft_dense, seed):
+    def sample(target_rows, draft_rows, draft_dense, seed, compiled=None):
         gen = torch.Generator().manual_seed(seed)
         counts = torch.zeros(2, 17, dtype=torch.long)
         for _ in range(n_steps):
             token = torch.multinomial(draft_dense[0], 1, generator=gen)
             u = torch.ones(1) - 1e-7 if fallback else draw_uniforms(1, 1, gen, "cpu")[0]
-            n, row = verify_one(rule, token, draft_rows, target_rows, u, gen, groups=groups, thinning_trials=trials)
+            n, row = verify_one(rule, token, draft_rows, target_rows, u, gen, groups=groups, thinning_trials=trials,
+                                compiled=compiled)
             counts[n, row[-1]] += 1
         return counts
 
     draft_dense = dense(draft_scores)
-    draft_rows = DigitRows(draft_scores, 2, temperature) if draft_kind == "digits" else DenseRows(draft_dense)
-    factored = sample(DigitRows(target_scores, 2, temperature), draft_rows, draft_dense, 1)
+    draft_rows = DenseRows(draft_dense) if draft_kind == "dense" else DigitRows(draft_scores, 2, temperature)
+    if compiled is not None:  # count the graph's calls: the compiled rule must be what judged
+        graph = compiled.runner
+        compiled.runner = lambda *args: runs.append(1) or graph(*args)
+    factored = sample(DigitRows(target_scores, 2, temperature), draft_rows, draft_dense, 1, compiled)
+    assert len(runs) == (n_steps if compiled is not None else 0)
     reference = sample(DenseRows(dense(target_scores)), DenseRows(draft_dense), draft_dense, 2)
     shifted = sample(DenseRows(dense(other_scores)), DenseRows(draft_dense), draft_dense, 3)
 

@@ -137,13 +137,16 @@ def rows_of(probs: torch.Tensor | Rows) -> Rows:
 def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | Rows,
                target_probs: torch.Tensor | Rows, uniforms: torch.Tensor, generator: torch.Generator, *,
                groups: DeviceGroupTable | None = None, ssd_beta: float = 0.0,
-               thinning_trials: int = 16) -> tuple[int, list[int]]:
+               thinning_trials: int = 16, compiled=None) -> tuple[int, list[int]]:
     """One sequence's verdict on the host: (n accepted, the n + 1 tokens to emit).
 
     draft_tokens [L], uniforms [L]; draft_probs [L, V] and target_probs [L + 1, V] as probability
     rows or `DenseRows` / `DigitRows`: `verify`'s arguments without the batch dimension. With
-    dense rows, the same outcome as `verify` for the same generator state."""
+    dense rows, the same outcome as `verify` for the same generator state. `compiled`: a
+    `compiled_rule.CompiledPCGRule`, which judges the PCG steps it suits in one compiled call."""
     draft, target = rows_of(draft_probs), rows_of(target_probs)
+    if compiled is not None and rule == "pcg" and compiled.suits(groups, draft, target):
+        return compiled(draft_tokens, draft, target, uniforms, generator)
     if isinstance(draft, DigitRows) and isinstance(target, DigitRows):
         DigitRows.factor(draft, target)
     if draft_tokens.device.type != "cpu" or rule not in _LANE_RULES:
@@ -233,15 +236,16 @@ def _pcg(tokens: np.ndarray, draft: Rows, target: Rows, uniforms: np.ndarray, ge
     draws = target.draw(n, 1 + trials, generator)  # the bonus token, then the thinning candidates
     if n == length:
         return n, [*tokens.tolist(), int(draws[0])]
-    return n, [*tokens[:n].tolist(), _recover(view, draft, target, n, draws[1:], generator)]
+    return n, [*tokens[:n].tolist(), _recover(view, draft, target, n, trials, generator, draws[1:])]
 
 
-def _recover(view: acceptance._CoarseView, draft: Rows, target: Rows, n: int, y: np.ndarray,
-             generator: torch.Generator) -> int:
-    """acceptance._recover for row `n`: thinning in growing rounds, then the exact residual."""
-    h, trials = view.table.host, len(y)
-    for round_ in range(acceptance.THINNING_ROUNDS + 1):
-        if round_:
+def _recover(view: acceptance._CoarseView, draft: Rows, target: Rows, n: int, trials: int,
+             generator: torch.Generator, y: np.ndarray | None = None, first_round: int = 0) -> int:
+    """acceptance._recover for row `n`: thinning in growing rounds (from `first_round`; y: round 0's
+    `trials` candidates, if drawn), then the exact residual."""
+    h = view.table.host
+    for round_ in range(first_round, acceptance.THINNING_ROUNDS + 1):
+        if round_ or y is None:
             y = target.draw(n, trials << round_, generator)
         candidates = _pick(h, y, _uniforms64(len(y), generator))
         members, weights = _members(h, candidates)

@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 from pcgtts.groups.device import DeviceGroupTable
-from pcgtts.runtime.config import SamplingConfig
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.decode import compiled_rule
 from pcgtts.runtime.decode.acceptance import draw_uniforms
 from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
 from pcgtts.runtime.decode.cost_model import StepCosts
@@ -145,10 +146,12 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
         cases.append((target_output[:max_length], digits))
     cases = [(output, count, rows(output, count).dense().argmax(-1)) for output, count in cases]
 
+    compiled = compiled_rule.for_loop(target, rule, sampling, groups, DecodeConfig.pcg_thinning_trials)
+
     def rule_step(output, count, tokens) -> None:
         # Both row sets are made afresh, as each verify makes them (a digit head's rows factor on first use).
         verify_one(rule, tokens, rows(output, count), rows(target_output, digits),
-                   draw_uniforms(1, max_length, gen, device)[0], gen, groups=groups)
+                   draw_uniforms(1, max_length, gen, device)[0], gen, groups=groups, compiled=compiled)
 
     after_step = _one_step(target)
     rule_cost = (statistics.mean(_medians([lambda case=case: rule_step(*case) for case in cases], repeats, sync,

@@ -41,6 +41,7 @@ from typing import Iterator
 import torch
 
 from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES
+from pcgtts.runtime.decode import compiled_rule
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
 from pcgtts.runtime.decode.acceptance import draw_uniforms, outcome, verify_threshold, verify_top_m
@@ -284,7 +285,7 @@ def _state_model(target, what: str):
 
 
 def _verify(policy: str, tokens, probs, target_logits, target_probs, config, generator,
-            groups) -> tuple[int, list[int]]:
+            groups, compiled=None) -> tuple[int, list[int]]:
     """One row of proposals [l] against the target's l + 1 rows -> (n accepted, the n + 1 tokens), on the host."""
     sampling = config.sampling
     if policy in ("mtp-topm", "mtp-viterbi"):
@@ -296,7 +297,7 @@ def _verify(policy: str, tokens, probs, target_logits, target_probs, config, gen
     rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy.split("-", 1)[1]
     return verify_one(rule, tokens, probs if probs is not None else target_probs[:-1], target_probs,
                       draw_uniforms(1, len(tokens), generator, tokens.device)[0], generator,
-                      groups=groups, thinning_trials=config.pcg_thinning_trials)
+                      groups=groups, thinning_trials=config.pcg_thinning_trials, compiled=compiled)
 
 
 def planned_costs(target, proposer: HeadProposer | EagleProposer, config, groups, sync) -> StepCosts:
@@ -328,6 +329,8 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         stats.costs = costs.as_dict()
     digits = digits_to_draw(target, sampling)
     rows_digits = rule_digits(target, sampling) if policy in EXACT_STATE_POLICIES else 0
+    compiled = compiled_rule.for_loop(target, "pcg" if policy in PCG_POLICIES else "", sampling, groups,
+                                      config.pcg_thinning_trials)
     _start(target, prompt_ids)
     proposer.start(target.length)
     last = prompt_ids[-1:].to(target.device)
@@ -359,7 +362,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
                 t0 = timer("time_target", t0)
                 target_probs = logits_to_probs(target_logits, sampling)
             n, tokens = _verify(policy, proposals, proposal_probs, target_logits, target_probs, config, generator,
-                                groups)  # the step's one host sync
+                                groups, compiled)  # the step's one host sync
         target.rollback(start + 1 + n)
         t0 = timer("time_verify", t0)
 

@@ -27,11 +27,12 @@ from typing import Callable, Iterator
 import torch
 
 from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.decode import compiled_rule
 from pcgtts.runtime.decode.acceptance import draw_uniforms
 from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
-from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
+from pcgtts.runtime.config import PCG_POLICIES, STATE_POLICIES, DecodeConfig
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
 
@@ -135,10 +136,13 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
     """Measure now what `decode` with `config` would measure in its first step: the step costs an
     adaptive draft length plans with (`calibrate.calibrated_costs`, kept while the models live).
     `Synthesizer.load` calls it so that the first utterance's time to first audio does not pay
-    for it (nor for compiling a proposer's graphs: `warm_up`). None when `config` plans nothing (a
-    fixed draft length, or no draft to plan)."""
+    for it (nor for compiling a proposer's graphs, `warm_up`, or a compiled PCG rule's package:
+    `compiled_rule.for_loop`). None when `config` plans nothing (a fixed draft length, or no draft
+    to plan)."""
     if proposer is not None and config.policy in STATE_POLICIES:
         proposer.warm_up(config)
+    if config.policy in PCG_POLICIES:  # a compiled PCG rule's package is built or loaded now
+        compiled_rule.for_loop(target, "pcg", config.sampling, groups, config.pcg_thinning_trials)
     if not config.adaptive_draft or config.policy in ("ar", "draft"):
         return None
     if config.policy in STATE_POLICIES:
@@ -248,6 +252,7 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     rule = "greedy" if sampling.greedy else config.policy
     digits = digits_to_draw(target, sampling)
     target_digits, draft_digits = rule_digits(target, sampling), rule_digits(draft, sampling)
+    compiled = compiled_rule.for_loop(target, rule, sampling, groups, config.pcg_thinning_trials)
     stats.per_position_accepted = [0] * max_length
     stats.length_counts = [0] * (max_length + 1)
     device = target.device
@@ -318,7 +323,8 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
             # 3. Accept / reject; the count and the tokens come back in one host sync.
             n, tokens = verify_one(rule, draft_tokens, draft_rows, target_rows,
                                    draw_uniforms(1, L, generator, device)[0], generator, groups=groups,
-                                   ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials)
+                                   ssd_beta=config.ssd_beta, thinning_trials=config.pcg_thinning_trials,
+                                   compiled=compiled)
             stats.trace.append((timer("time_verify", t0), n + 1))
             stats.drafted += L
             stats.accepted += n
