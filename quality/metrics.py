@@ -148,6 +148,7 @@ class Recognizer:
         from pocketsphinx import Decoder
 
         self._decoder = Decoder(samprate=SAMPLE_RATE, loglevel="FATAL")
+        self._cmn = self._decoder.get_cmn()  # the cepstral means every utterance starts from
         self._lock = threading.Lock()  # one decoder, one utterance at a time
 
     def transcribe(self, samples: np.ndarray) -> str:
@@ -159,6 +160,10 @@ class Recognizer:
         # Peak-normalise: pocketsphinx's front end is level dependent and TTS output levels vary.
         pcm = (np.clip(audio / peak * 0.9, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
         with self._lock:
+            # The front end's noise estimate and cepstral means carry over from the last utterance,
+            # so that on hard audio the same samples read differently after other audio: reset both.
+            self._decoder.reinit_feat()
+            self._decoder.set_cmn(self._cmn)
             self._decoder.start_utt()
             self._decoder.process_raw(pcm, full_utt=True)
             self._decoder.end_utt()
