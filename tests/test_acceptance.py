@@ -315,9 +315,10 @@ DIGIT_GROUPS = [[0, 1, 5], [1, 2, 6, 7], [3, 7, 11], [4, 8, 9], [9, 10, 14, 15],
 
 @pytest.mark.parametrize("rule, draft_kind, fallback", [
     ("sd", "digits", False), ("pcg", "digits", False), pytest.param("pcg", "compiled", False, marks=pytest.mark.slow),
+    pytest.param("sd", "compiled", False, marks=pytest.mark.slow),
     pytest.param("pcg", "dense", False, marks=pytest.mark.slow), pytest.param("sd", "digits", True, marks=pytest.mark.slow),
     pytest.param("pcg", "digits", True, marks=pytest.mark.slow), pytest.param("pcg", "compiled", True, marks=pytest.mark.slow)],
-                         ids=["sd", "pcg", "pcg-compiled", "pcg-dense-draft", "sd-residual-fallback", "pcg-exact-fallback",
+                         ids=["sd", "pcg", "pcg-compiled", "sd-compiled", "pcg-dense-draft", "sd-residual-fallback", "pcg-exact-fallback",
                               "pcg-compiled-fallback"])
 def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fallback, monkeypatch):
     """The lane over a digit head's scores (`DigitRows`: probabilities and draws from per-digit
@@ -327,20 +328,25 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     2 digits x 4 levels + stop = 17 tokens, one proposal); the same test must tell the digit rows
     apart from a slightly different target (power check). `fallback`: one thinning trial, no extra
     rounds and uniforms near 1, so the dense residual (SD) or the all-groups residual (PCG) runs often.
-    "compiled": the compiled PCG rule's graph (`compiled_rule.PCGDigitRule`, run eagerly here; its
-    AOTInductor package computes the same: tests/test_compiled.py) judges the digit rows; with
-    `fallback` its one candidate is mostly refused and the host finishes the recovery."""
+    "compiled": the compiled rule's graph (`compiled_rule.PCGDigitRule`, run eagerly here; its
+    AOTInductor package computes the same: tests/test_compiled_rule.py) judges the digit rows, for
+    SD over singleton groups; with `fallback` its one candidate is mostly refused and the host
+    finishes the recovery."""
     from scipy.stats import chi2_contingency
 
     from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
-    from pcgtts.runtime.decode.compiled_rule import CompiledPCGRule, PCGDigitRule
+    from pcgtts.runtime.decode.compiled_rule import CompiledRule, PCGDigitRule
     from pcgtts.runtime.lm.digit_head import expand_digit_scores
 
     if fallback:
         monkeypatch.setattr(acceptance, "THINNING_ROUNDS", 0)
     groups = DeviceGroupTable.from_groups(DIGIT_GROUPS, 16)
     n_steps, trials = 6_000, 1 if fallback else 16
-    compiled = CompiledPCGRule(PCGDigitRule(2, trials), groups, 2, trials) if draft_kind == "compiled" else None
+    compiled = None
+    if draft_kind == "compiled":
+        from pcgtts.runtime.decode.compiled_rule import singletons
+
+        compiled = CompiledRule(PCGDigitRule(2, trials), groups if rule == "pcg" else singletons(16), 2, trials, rule)
     runs = []
     g = torch.Generator().manual_seed(21)
     target_scores = 1.5 * torch.randn(2, 1 + 8 + 1, generator=g)

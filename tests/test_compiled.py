@@ -108,10 +108,10 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
     in one compiled call (`eagle.CompiledEagleChain`): for the same generator it proposes what the
     step-by-step proposer does, with the same head scores, leaves the generator and the draft's slots
     as that one does, and seeded eagle-sd / eagle-pcg decode the same tokens. `prepare` compiles the
-    chain for 1..L proposals; calibration times them. eagle-pcg's steps are judged by the compiled
-    PCG rule (`compiled_rule`). (Float rounding differs between the two, so a draw could differ only
+    chain for 1..L proposals; calibration times them. The steps are judged by the compiled rule
+    (`compiled_rule`). (Float rounding differs between the two, so a draw could differ only
     where its uniform falls within ~1e-6 of a boundary: the seeds are fixed.)"""
-    from pcgtts.runtime.decode.compiled_rule import CompiledPCGRule
+    from pcgtts.runtime.decode.compiled_rule import CompiledRule
     from pcgtts.runtime.decode.calibrate import measure_proposer_costs
     from pcgtts.runtime.decode.multi_token import EagleProposer
     from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
@@ -144,8 +144,8 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
         torch.testing.assert_close(s_a, s_b, atol=1e-5, rtol=1e-5)
 
     judged = []
-    rule_call = CompiledPCGRule.__call__
-    monkeypatch.setattr(CompiledPCGRule, "__call__", lambda self, *args: judged.append(1) or rule_call(self, *args))
+    rule_call = CompiledRule.__call__
+    monkeypatch.setattr(CompiledRule, "__call__", lambda self, *args: judged.append(1) or rule_call(self, *args))
     prompt = build_prompt(target.tokenizer, target.vocab, "Chained proposals decode the same tokens.")
     for policy in ("eagle-sd", "eagle-pcg"):
         config = DecodeConfig(policy=policy, draft_length=3, max_new_tokens=40, adaptive_draft=False, sampling=sampling)
@@ -156,7 +156,8 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
                                             stats, proposer=proposer) for t in block]
             runs.append((tokens, stats.steps, stats.accepted))
         assert runs[0] == runs[1] and runs[0][2] > 0
-        assert len(judged) == (2 * (runs[0][1] - 1) if policy == "eagle-pcg" else 0)  # every step but the first
+        assert len(judged) == 2 * (runs[0][1] - 1)  # every step but the first, sd and pcg alike
+        judged.clear()
 
     # another temperature reuses the graphs (a tensor argument), and proposes as step by step does
     with torch._dynamo.config.patch(error_on_recompile=True):

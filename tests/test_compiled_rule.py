@@ -17,7 +17,7 @@ from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode import acceptance_cpu, compiled_rule
 from pcgtts.runtime.decode.acceptance_cpu import DigitRows
-from pcgtts.runtime.decode.compiled_rule import CompiledPCGRule, PCGDigitRule
+from pcgtts.runtime.decode.compiled_rule import CompiledRule, PCGDigitRule
 from pcgtts.runtime.lm.digit_head import host_draw_digit_codes
 
 DIGITS = 3  # 64 codes + the stop (64)
@@ -39,7 +39,7 @@ def test_the_graphs_parts_compute_what_the_host_lane_computes():
     """The graph's factor tables, group picks, P_c / Q_c sums and digit draws against the lane's own
     functions on the same rows and uniforms (float64 both: equal to rounding)."""
     table = random_table(0)
-    rule = CompiledPCGRule(None, table, DIGITS, trials=4)
+    rule = CompiledRule(None, table, DIGITS, trials=4)
     draft_scores, target_scores, temperature = scores(3, 1), scores(4, 2), 0.8
     draft, target = DigitRows(draft_scores, DIGITS, temperature), DigitRows(target_scores, DIGITS, temperature)
     t = torch.tensor(temperature, dtype=torch.float64)
@@ -74,12 +74,12 @@ def test_the_graphs_parts_compute_what_the_host_lane_computes():
 
 
 def test_everything_accepted_emits_the_bonus_draw_and_a_refusal_recovers_within_the_target():
-    """Forced outcomes through `CompiledPCGRule` (the graph run eagerly): a draft equal to the target
+    """Forced outcomes through `CompiledRule` (the graph run eagerly): a draft equal to the target
     with uniforms 0 keeps every proposal and emits the first draw from row L; uniforms just under 1
     against a target that puts nearly all its mass on the stop token refuse the first proposal, and
     the recovered token is one that target gives probability."""
     table = random_table(1)
-    rule = CompiledPCGRule(PCGDigitRule(DIGITS, 4), table, DIGITS, trials=4)
+    rule = CompiledRule(PCGDigitRule(DIGITS, 4), table, DIGITS, trials=4)
     target_scores = scores(4, 5)
     target = DigitRows(target_scores, DIGITS, 1.0)
     tokens = torch.tensor([3, 9, 40])
@@ -106,13 +106,20 @@ def test_everything_accepted_emits_the_bonus_draw_and_a_refusal_recovers_within_
 
 
 def test_for_loop_picks_the_compiled_rule_only_where_it_applies(monkeypatch):
+    """A compiled CPU target at plain temperature with digit rows: PCG with a table covering the
+    codes, or SD; nothing for other rules, sampling, tables or an eager target."""
     table = random_table(2)
     monkeypatch.setattr(compiled_rule, "_RUNNERS", {(DIGITS, 16): "runner"})
     target = SimpleNamespace(compiled=True, drawable_digits=DIGITS, device=torch.device("cpu"))
     plain = SamplingConfig(temperature=0.8)
-    assert compiled_rule.for_loop(target, "pcg", plain, table, 16).runner == "runner"
-    assert compiled_rule.for_loop(target, "sd", plain, table, 16) is None
+    pcg = compiled_rule.for_loop(target, "pcg", plain, table, 16)
+    assert pcg.runner == "runner" and pcg.groups is table and pcg.rule == "pcg"
+    sd = compiled_rule.for_loop(target, "sd", plain, table, 16)  # SD: PCG over singleton groups
+    assert sd.rule == "sd" and sd.groups.num_groups == 64 and sd.groups.max_group_size == 1
+    for rule in ("ssd", "greedy", "topm"):
+        assert compiled_rule.for_loop(target, rule, plain, table, 16) is None
     assert compiled_rule.for_loop(target, "pcg", plain, None, 16) is None
+    assert compiled_rule.for_loop(target, "pcg", plain, DeviceGroupTable.singletons(60), 16) is None  # the lane says why
     assert compiled_rule.for_loop(target, "pcg", SamplingConfig(temperature=0.8, top_p=0.9), table, 16) is None
     assert compiled_rule.for_loop(target, "pcg", SamplingConfig(temperature=0.0), table, 16) is None
     eager = SimpleNamespace(compiled=False, drawable_digits=DIGITS, device=torch.device("cpu"))
@@ -127,7 +134,7 @@ def test_a_package_that_cannot_be_built_leaves_the_host_lane_with_a_warning(monk
 
     monkeypatch.setattr(compiled_rule, "export_rule", fail)
     with caplog.at_level(logging.WARNING):
-        assert compiled_rule.compiled_pcg_rule(random_table(3), DIGITS, 5, tmp_path) is None
+        assert compiled_rule.load_rule(random_table(3), DIGITS, 5, tmp_path) is None
     assert "no C++ compiler" in caplog.text and "runs on the host" in caplog.text
     assert not list(tmp_path.iterdir())  # no half-written package
 
@@ -142,7 +149,7 @@ def test_the_package_computes_what_the_graph_computes_for_any_length_and_table(m
     graph = PCGDigitRule(DIGITS, 4)
     gen = torch.Generator().manual_seed(7)
     for table in tables:
-        rule = compiled_rule.compiled_pcg_rule(table, DIGITS, 4, tmp_path)
+        rule = compiled_rule.load_rule(table, DIGITS, 4, tmp_path)
         for length in (1, 2, 3, 6):
             for case in range(6):
                 target_scores = scores(length + 1, 10 * length + case)
@@ -156,4 +163,4 @@ def test_the_package_computes_what_the_graph_computes_for_any_length_and_table(m
 
     monkeypatch.setattr(compiled_rule, "_RUNNERS", {})
     monkeypatch.setattr(compiled_rule, "export_rule", lambda *a: pytest.fail("built again"))
-    assert compiled_rule.compiled_pcg_rule(tables[0], DIGITS, 4, tmp_path) is not None
+    assert compiled_rule.load_rule(tables[0], DIGITS, 4, tmp_path) is not None

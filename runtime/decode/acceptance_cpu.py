@@ -16,7 +16,9 @@ row, the dense row itself):
              residual; PCG as acceptance._recover), with the dense residual as the rare last resort.
 
 `verify_one` is what the decode loops call: this lane on a CPU, the tensor rules elsewhere (and
-for the greedy rule), with the outcome on the host either way.
+for the greedy rule), with the outcome on the host either way; a compiled CPU target's PCG steps
+over digit rows go to the compiled rule it is handed (runtime/decode/compiled_rule.py), which
+computes this lane's arithmetic in one call and leaves it only an unfinished recovery.
 """
 
 from __future__ import annotations
@@ -143,9 +145,9 @@ def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     draft_tokens [L], uniforms [L]; draft_probs [L, V] and target_probs [L + 1, V] as probability
     rows or `DenseRows` / `DigitRows`: `verify`'s arguments without the batch dimension. With
     dense rows, the same outcome as `verify` for the same generator state. `compiled`: a
-    `compiled_rule.CompiledPCGRule`, which judges the PCG steps it suits in one compiled call."""
+    `compiled_rule.CompiledRule`, which judges the PCG (or SD) steps it suits in one compiled call."""
     draft, target = rows_of(draft_probs), rows_of(target_probs)
-    if compiled is not None and rule == "pcg" and compiled.suits(groups, draft, target):
+    if compiled is not None and compiled.suits(rule, groups, draft, target):
         return compiled(draft_tokens, draft, target, uniforms, generator)
     if isinstance(draft, DigitRows) and isinstance(target, DigitRows):
         DigitRows.factor(draft, target)

@@ -1,26 +1,30 @@
-"""The PCG rule over digit-head rows as one ahead-of-time compiled call: a compiled CPU target's verify.
+"""The PCG and SD rules over digit-head rows as one ahead-of-time compiled call: a compiled CPU target's verdicts.
 
 The host lane (`acceptance_cpu._pcg`) runs ~90 NumPy and torch calls a step; right after a target
-forward has evicted the caches they cost ~0.45 ms on lab-v1, a quarter of the 4-token verify they
+forward has evicted the caches they cost ~0.4 ms on lab-v1, a fifth of the 4-token verify they
 judge. Here the same arithmetic is one graph, compiled ahead of time by AOTInductor and called
-through its loader (~40 µs on cold caches, against ~180 µs for a torch.compile graph's Python
-wrappers). The package does not depend on the model or the table (both are inputs, their sizes
-symbolic); it is built once per torch version, digit count and thinning-trial count, in about
-half a minute, and kept in the cache folder (`$PCGTTS_CACHE`, default ~/.cache/pcgtts).
+through its loader (~40 µs on cold caches, against ~170 µs for a torch.compile graph's Python
+wrappers): ~0.16 ms a step in the loop (BENCHMARKS.md §29). The package does not depend on the
+model or the table (both are inputs, their sizes symbolic); it is built once per torch version,
+digit count and thinning-trial count (~15 s on 2 cores) and kept in the cache folder
+(`$PCGTTS_CACHE`, default ~/.cache/pcgtts). SD is the same graph over singleton groups (PCG over
+them is SD exactly).
 
-What the graph computes is what `acceptance_cpu._pcg` computes, step for step, from one block of
-uniforms drawn on the host (`CompiledPCGRule.__call__`):
+What the graph computes is what `acceptance_cpu._pcg` computes, from one block of uniforms drawn
+on the host (`CompiledRule.__call__`):
 
   1. the proposed group of each proposal (K uniform over S(x_i)), its P_c and Q_c under the
      draft's and the target's rows, and n = the accepted prefix (u_i < min(1, Q_c / P_c));
   2. 1 + T draws from the target's row n, digit by digit: the bonus token, then T thinning
      candidates y_j, each kept with probability (1 - P_c / Q_c)+ over a group picked uniformly
-     from S(y_j) (acceptance._recover's first round);
+     from S(y_j) (acceptance._recover's first round). The candidates are judged only after a
+     rejection, the first `_STAGE` of them before the rest (torch.cond): most steps need none or few;
   3. out = [n, the emitted token, 1] or, when no candidate was kept, [n, -, 0]: the host then goes
      on with the later thinning rounds and the exact residual (`acceptance_cpu._recover`), so the
-     rule stays exact whatever T is.
+     rule stays exact whatever T is (~2 % of lab-v1's steps).
 
-Group member lists are gathered at the table's largest group size W (padding weighs 0).
+Group member lists are gathered at the table's largest group size W (padding weighs 0); a
+probability is the product of two lookups in per-row tables over a code's high and low digits.
 """
 
 from __future__ import annotations
@@ -160,21 +164,25 @@ def _draw(per_digit: torch.Tensor, log_stop: torch.Tensor, u: torch.Tensor, digi
     return torch.where(u[:, 0] < log_stop.exp(), LEVELS ** digits, code)
 
 
-class CompiledPCGRule:
-    """The PCG rule of one group table as a compiled call (`PCGDigitRule` through AOTInductor):
-    `acceptance_cpu.verify_one`'s lane for a step whose draft and target rows are digit rows."""
+class CompiledRule:
+    """The PCG rule of one group table, or SD (PCG over singleton groups, the same graph), as a
+    compiled call (`PCGDigitRule` through AOTInductor): `acceptance_cpu.verify_one`'s lane for a
+    step whose draft and target rows are digit rows."""
 
-    def __init__(self, runner, groups, digits: int, trials: int):
+    def __init__(self, runner, groups, digits: int, trials: int, rule: str = "pcg"):
+        if groups.num_tokens != LEVELS ** digits:
+            raise ValueError(f"the group table covers {groups.num_tokens} codes, the digit rows {LEVELS ** digits}")
         spans = groups.spans
-        self.groups, self.digits, self.trials, self.runner = groups, digits, trials, runner
+        self.groups, self.digits, self.trials, self.rule, self.runner = groups, digits, trials, rule, runner
         self.table = [spans.token, spans.token_shift, groups.token_groups, spans.group, spans.member_shift,
                       groups.group_members, groups.inv_groups_per_token, torch.arange(groups.max_group_size)]
         self._temperature: tuple[float | None, torch.Tensor | None] = (None, None)
 
-    def suits(self, groups, draft, target) -> bool:
-        """Whether this rule judges these rows (digit rows of its digit count) against these groups."""
-        return (groups is self.groups and isinstance(draft, DigitRows) and isinstance(target, DigitRows)
-                and draft.digits == target.digits == self.digits and draft.temperature == target.temperature)
+    def suits(self, rule: str, groups, draft, target) -> bool:
+        """Whether this rule judges `rule` over these rows (digit rows of its digit count) and groups."""
+        return (rule == self.rule and (rule == "sd" or groups is self.groups) and isinstance(draft, DigitRows)
+                and isinstance(target, DigitRows) and draft.digits == target.digits == self.digits
+                and draft.temperature == target.temperature)
 
     def __call__(self, tokens: torch.Tensor, draft, target, accept_u: torch.Tensor,
                  generator: torch.Generator) -> tuple[int, list[int]]:
@@ -192,15 +200,14 @@ class CompiledPCGRule:
         return n, [*tokens[:n].tolist(), token]
 
 
-# Every index the graph gathers with is in range by construction (spans of the table it is given,
-# codes of 4**digits + 1 entries); inductor's per-gather bounds checks cost ~20 % of a call.
 _OPTIONS = {"assert_indirect_indexing": False}
 _RUNNERS: dict[tuple[int, int], object] = {}  # (digits, trials) -> the loaded package, shared by every table
 
 
-def compiled_pcg_rule(groups, digits: int, trials: int, cache_dir: str | Path | None = None) -> CompiledPCGRule | None:
-    """The compiled rule for `groups` (its package built on first use, ~30 s, then loaded from the
-    cache folder), or None, with a warning, where AOTInductor cannot build it (the host lane then runs)."""
+def load_rule(groups, digits: int, trials: int, cache_dir: str | Path | None = None,
+              rule: str = "pcg") -> CompiledRule | None:
+    """The compiled `rule` over `groups` (its package built on first use, ~15-30 s, then loaded from
+    the cache folder), or None, with a warning, where AOTInductor cannot build it (the host lane then runs)."""
     key = (digits, trials)
     if key not in _RUNNERS:
         try:
@@ -209,7 +216,7 @@ def compiled_pcg_rule(groups, digits: int, trials: int, cache_dir: str | Path | 
             log.warning("the compiled PCG rule could not be built (%s); the rule runs on the host", err)
             _RUNNERS[key] = None
     runner = _RUNNERS[key]
-    return CompiledPCGRule(runner, groups, digits, trials) if runner is not None else None
+    return CompiledRule(runner, groups, digits, trials, rule) if runner is not None else None
 
 
 def _cache_dir() -> Path:
@@ -245,7 +252,7 @@ def example_inputs(digits: int, trials: int, length: int = 3):
 
     codes = LEVELS ** digits
     groups = DeviceGroupTable.from_groups([list(range(0, codes, 2)), list(range(1, codes, 2)), [0, 1, 2]], codes)
-    rule = CompiledPCGRule(None, groups, digits, trials)
+    rule = CompiledRule(None, groups, digits, trials)
     width = 1 + LEVELS * digits + 1
     return (torch.randn(length, width), torch.randn(length + 1, width), torch.zeros(length, dtype=torch.long),
             torch.rand(length), torch.rand(length + (1 + trials) * (digits + 1) + 2 * trials, dtype=torch.float64),
@@ -266,12 +273,29 @@ def export_rule(digits: int, trials: int):
     return torch.export.export(PCGDigitRule(digits, trials), example_inputs(digits, trials), dynamic_shapes=shapes)
 
 
-def for_loop(target, rule: str, sampling, groups, trials: int) -> CompiledPCGRule | None:
+def for_loop(target, rule: str, sampling, groups, trials: int) -> CompiledRule | None:
     """The compiled rule a decode loop of `target` judges with: a compiled CPU target's (`--compile`)
-    PCG rule over digit rows, with a group table; None elsewhere (the host lane then runs)."""
+    PCG rule over digit rows with a group table that covers them, or its SD rule; None elsewhere
+    (the host lane then runs, and names a table that does not fit)."""
     from pcgtts.runtime.decode.sampling import rule_digits
 
     digits = rule_digits(target, sampling)
-    if rule != "pcg" or groups is None or not digits or not getattr(target, "compiled", False):
+    if not digits or not getattr(target, "compiled", False) or rule not in ("pcg", "sd"):
         return None
-    return compiled_pcg_rule(groups, digits, trials)
+    if rule == "sd":
+        groups = singletons(LEVELS ** digits)
+    elif groups is None or groups.num_tokens != LEVELS ** digits:
+        return None
+    return load_rule(groups, digits, trials, rule=rule)
+
+
+_SINGLETONS: dict[int, object] = {}
+
+
+def singletons(codes: int):
+    """Every code its own group (made once per size): PCG over them is SD, exactly."""
+    from pcgtts.groups.device import DeviceGroupTable
+
+    if codes not in _SINGLETONS:
+        _SINGLETONS[codes] = DeviceGroupTable.singletons(codes)
+    return _SINGLETONS[codes]

@@ -329,8 +329,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         stats.costs = costs.as_dict()
     digits = digits_to_draw(target, sampling)
     rows_digits = rule_digits(target, sampling) if policy in EXACT_STATE_POLICIES else 0
-    compiled = compiled_rule.for_loop(target, "pcg" if policy in PCG_POLICIES else "", sampling, groups,
-                                      config.pcg_thinning_trials)
+    compiled = compiled_rule.for_loop(target, policy.split("-")[-1], sampling, groups, config.pcg_thinning_trials)
     _start(target, prompt_ids)
     proposer.start(target.length)
     last = prompt_ids[-1:].to(target.device)

@@ -32,7 +32,7 @@ from pcgtts.runtime.decode.acceptance import draw_uniforms
 from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
-from pcgtts.runtime.config import PCG_POLICIES, STATE_POLICIES, DecodeConfig
+from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
 
@@ -141,8 +141,8 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
     to plan)."""
     if proposer is not None and config.policy in STATE_POLICIES:
         proposer.warm_up(config)
-    if config.policy in PCG_POLICIES:  # a compiled PCG rule's package is built or loaded now
-        compiled_rule.for_loop(target, "pcg", config.sampling, groups, config.pcg_thinning_trials)
+    # a compiled rule's package is built or loaded now (sd / pcg, and their mtp- / eagle- forms)
+    compiled_rule.for_loop(target, config.policy.split("-")[-1], config.sampling, groups, config.pcg_thinning_trials)
     if not config.adaptive_draft or config.policy in ("ar", "draft"):
         return None
     if config.policy in STATE_POLICIES:
