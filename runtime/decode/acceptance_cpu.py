@@ -16,8 +16,8 @@ row, the dense row itself):
              residual; PCG as acceptance._recover), with the dense residual as the rare last resort.
 
 `verify_one` is what the decode loops call: this lane on a CPU, the tensor rules elsewhere (and
-for the greedy rule), with the outcome on the host either way; a compiled CPU target's PCG steps
-over digit rows go to the compiled rule it is handed (runtime/decode/compiled_rule.py), which
+for the greedy rule), with the outcome on the host either way; a compiled CPU target's PCG and SD
+steps over digit rows go to the compiled rule it is handed (runtime/decode/compiled_rule.py), which
 computes this lane's arithmetic in one call and leaves it only an unfinished recovery.
 """
 

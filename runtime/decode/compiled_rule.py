@@ -67,9 +67,8 @@ class PCGDigitRule(torch.nn.Module):
         _, _, draft_high, draft_low = _factor(draft_scores, digits, temperature)
         per_digit, log_stop, target_high, target_low = _factor(target_scores, digits, temperature)
         draft, target = (draft_high.exp(), draft_low.exp(), bits), (target_high.exp(), target_low.exp(), bits)
-        draws_end = length + (1 + trials) * (digits + 1)
+        draws_end = length + (1 + trials) * (digits + 1)  # then T candidates' group picks, T keep tests
         pick_u, draw_u = u[:length], u[length:draws_end].view(1 + trials, digits + 1)
-        candidate_u, keep_u = u[draws_end:draws_end + trials], u[draws_end + trials:]
 
         rows = torch.arange(length, device=tokens.device)
         p_c, q_c = _coarse(draft, target, rows, _pick(table, tokens, pick_u), table)
