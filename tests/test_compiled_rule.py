@@ -136,7 +136,20 @@ def test_a_package_that_cannot_be_built_leaves_the_host_lane_with_a_warning(monk
     with caplog.at_level(logging.WARNING):
         assert compiled_rule.load_rule(random_table(3), DIGITS, 5, tmp_path) is None
     assert "no C++ compiler" in caplog.text and "runs on the host" in caplog.text
-    assert not list(tmp_path.iterdir())  # no half-written package
+
+    def half_written(program, package_path, inductor_configs):  # the build fails after writing part of it
+        with open(package_path, "wb") as f:
+            f.write(b"half")
+        raise RuntimeError("the build broke off")
+
+    import torch._inductor
+
+    monkeypatch.setattr(compiled_rule, "export_rule", lambda *args: None)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", half_written)
+    with caplog.at_level(logging.WARNING):
+        assert compiled_rule.load_rule(random_table(3), DIGITS, 6, tmp_path) is None
+    assert "broke off" in caplog.text
+    assert not list(tmp_path.iterdir())  # no half-written package left behind
 
 
 @pytest.mark.slow
