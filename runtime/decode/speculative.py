@@ -136,7 +136,7 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
     """Measure now what `decode` with `config` would measure in its first step: the step costs an
     adaptive draft length plans with (`calibrate.calibrated_costs`, kept while the models live).
     `Synthesizer.load` calls it so that the first utterance's time to first audio does not pay
-    for it (nor for compiling a proposer's graphs, `warm_up`, or a compiled PCG rule's package:
+    for it (nor for compiling a proposer's graphs, `warm_up`, or a compiled rule's package:
     `compiled_rule.for_loop`). None when `config` plans nothing (a fixed draft length, or no draft
     to plan)."""
     if proposer is not None and config.policy in STATE_POLICIES:
