@@ -18,7 +18,7 @@ from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode import acceptance_cpu, compiled_rule
 from pcgtts.runtime.decode.acceptance_cpu import DigitRows
 from pcgtts.runtime.decode.compiled_rule import CompiledRule, PCGDigitRule
-from pcgtts.runtime.lm.digit_head import host_draw_digit_codes
+from pcgtts.runtime.lm.digit_head import host_draw_digit_codes, sample_digit_codes
 
 DIGITS = 3  # 64 codes + the stop (64)
 
@@ -43,11 +43,10 @@ def test_the_graphs_parts_compute_what_the_host_lane_computes():
     draft_scores, target_scores, temperature = scores(3, 1), scores(4, 2), 0.8
     draft, target = DigitRows(draft_scores, DIGITS, temperature), DigitRows(target_scores, DIGITS, temperature)
     t = torch.tensor(temperature, dtype=torch.float64)
-    per_digit, log_stop, high, low = compiled_rule._factor(target_scores, DIGITS, t)
-    bits = 2 * (DIGITS // 2)
+    target_tables = compiled_rule._tables(target_scores, DIGITS, t)
     codes = torch.arange(65)
     for row in range(4):  # every code's probability, the stop's included
-        ours = compiled_rule._at((high.exp(), low.exp(), bits), torch.tensor([row]), codes[None])[0]
+        ours = compiled_rule._at(target_tables, torch.tensor([row]), codes[None])[0]
         np.testing.assert_allclose(ours.numpy(), target.at(row, codes.numpy()), rtol=1e-12)
 
     gen = torch.Generator().manual_seed(3)
@@ -56,9 +55,8 @@ def test_the_graphs_parts_compute_what_the_host_lane_computes():
     host = table.host
     assert picked.tolist() == acceptance_cpu._pick(host, tokens.numpy(), u.numpy()).tolist()
 
-    _, _, draft_high, draft_low = compiled_rule._factor(draft_scores, DIGITS, t)
-    p_c, q_c = compiled_rule._coarse((draft_high.exp(), draft_low.exp(), bits), (high.exp(), low.exp(), bits),
-                                     torch.arange(3), picked, rule.table)
+    p_c, q_c = compiled_rule._coarse(compiled_rule._tables(draft_scores, DIGITS, t), target_tables, torch.arange(3),
+                                     picked, rule.table)
     members, weights = acceptance_cpu._members(host, picked.numpy())
     rows = np.arange(3)[:, None]
     np.testing.assert_allclose(p_c.numpy(), (draft.at(rows, members) * weights).sum(-1), rtol=1e-12)
@@ -66,8 +64,8 @@ def test_the_graphs_parts_compute_what_the_host_lane_computes():
 
     draw_u = torch.rand(200, DIGITS + 1, generator=gen, dtype=torch.float64)
     factors = target.factors
-    for row in (0, 3):
-        ours = compiled_rule._draw(per_digit[row], log_stop[row], draw_u, DIGITS)
+    for row in (0, 3):  # the graph's draws (digit_head.sample_digit_codes in float64) against the lane's
+        ours = sample_digit_codes(target_scores[row], DIGITS, t, draw_u, precision=torch.float64)
         expected = host_draw_digit_codes(factors[0][row], factors[1][row], draw_u.numpy())
         assert ours.tolist() == expected.tolist()
         assert len(set(ours.tolist())) > 3
@@ -89,9 +87,8 @@ def test_everything_accepted_emits_the_bonus_draw_and_a_refusal_recovers_within_
     assert n == 3 and emitted[:3] == [3, 9, 40]
     gen.set_state(state)
     u = torch.rand(3 + 5 * (DIGITS + 1) + 8, generator=gen, dtype=torch.float64)
-    per_digit, log_stop = target.factors[:2]
-    draws = compiled_rule._draw(torch.from_numpy(per_digit[3]), torch.tensor(log_stop[3]),
-                                u[3:3 + 5 * (DIGITS + 1)].view(5, DIGITS + 1), DIGITS)
+    draws = sample_digit_codes(target_scores[3], DIGITS, 1.0, u[3:3 + 5 * (DIGITS + 1)].view(5, DIGITS + 1),
+                               precision=torch.float64)
     assert emitted[3] == int(draws[0])
 
     stopping = target_scores.clone()

@@ -40,7 +40,7 @@ import torch
 from pcgtts.runtime.config import MAX_DRAFT_LENGTH
 from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance_cpu import DigitRows, _recover
-from pcgtts.runtime.lm.digit_head import LEVELS
+from pcgtts.runtime.lm.digit_head import LEVELS, digit_halves, digit_log_probs, sample_digit_codes
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,7 @@ class PCGDigitRule(torch.nn.Module):
                 token_groups, group_span, member_shift, group_members, inv_n, slots):
         digits, trials, length = self.digits, self.trials, tokens.shape[0]
         table = (token_span, token_shift, token_groups, group_span, member_shift, group_members, inv_n, slots)
-        bits = 2 * (digits // 2)  # the low table's index width
-        _, _, draft_high, draft_low = _factor(draft_scores, digits, temperature)
-        per_digit, log_stop, target_high, target_low = _factor(target_scores, digits, temperature)
-        draft, target = (draft_high.exp(), draft_low.exp(), bits), (target_high.exp(), target_low.exp(), bits)
+        draft, target = _tables(draft_scores, digits, temperature), _tables(target_scores, digits, temperature)
         draws_end = length + (1 + trials) * (digits + 1)  # then T candidates' group picks, T keep tests
         pick_u, draw_u = u[:length], u[length:draws_end].view(1 + trials, digits + 1)
 
@@ -75,7 +72,8 @@ class PCGDigitRule(torch.nn.Module):
         accept = accept_u.double() < torch.clamp(q_c / torch.clamp(p_c, min=_TINY), max=1.0)
         n = accept.long().cumprod(0).sum()
 
-        draws = _draw(per_digit[n], log_stop[n], draw_u, digits)  # [1 + T]: the bonus token, then candidates
+        # [1 + T]: the bonus token, then the candidates, drawn from row n as the lane draws them
+        draws = sample_digit_codes(target_scores[n], digits, temperature, draw_u, precision=torch.float64)
         done = n == length
         # the branches take their tensors as operands (torch.cond refuses closures over views of one tensor)
         operands = (n, draws, u[draws_end:], *draft[:2], *target[:2], *table)
@@ -101,29 +99,14 @@ class PCGDigitRule(torch.nn.Module):
         return torch.cond(first > 0, lambda: first.clone(), lambda: first_kept(_STAGE, trials))
 
 
-def _factor(scores: torch.Tensor, digits: int, temperature: torch.Tensor):
-    """scores [R, 1 + 4 * digits + 1] -> (per-digit log-softmaxes [R, digits, 4], log P(stop) [R],
-    high table [R, 4**(digits - digits//2) + 1] (the stop's entry last), low table [R, 4**(digits//2)]),
-    float64: `acceptance_cpu.DigitRows`' factors (log p(code) = high[code >> bits] + low[code & mask])."""
-    z = scores.double() / temperature
-    per_digit = z[:, 1:-1].unflatten(-1, (digits, LEVELS))
-    norms = per_digit.logsumexp(-1)
-    speech = z[:, 0] + norms.sum(-1)
-    total = torch.logaddexp(speech, z[:, -1])
-    per_digit = per_digit - norms[..., None]
-    log_stop = z[:, -1] - total
-    half = digits // 2
-    low, high = _digit_sums(per_digit[:, :half]), _digit_sums(per_digit[:, half:]) + (speech - total)[:, None]
-    high = torch.cat([high, (log_stop - low[:, 0])[:, None]], 1)
-    return per_digit, log_stop, high, low
-
-
-def _digit_sums(per_digit: torch.Tensor) -> torch.Tensor:
-    """[R, k, 4] -> [R, 4**k]: entry c is the sum over digits j of per_digit[:, j, digit_j(c)]."""
-    sums = per_digit[:, 0]
-    for j in range(1, per_digit.shape[1]):
-        sums = (per_digit[:, j, :, None] + sums[:, None, :]).flatten(1)
-    return sums
+def _tables(scores: torch.Tensor, digits: int, temperature: torch.Tensor):
+    """scores [R, 1 + 4 * digits + 1] -> (high [R, 4**(digits - digits//2) + 1] (the stop's entry
+    last), low [R, 4**(digits//2)], the low table's index width in bits): `acceptance_cpu.DigitRows`'
+    factor tables, exponentiated, so that p(code) = high[code >> bits] * low[code & mask]."""
+    per_digit, speech, stop = digit_log_probs(scores, digits, temperature)
+    high, low = digit_halves(per_digit, speech)
+    high = torch.cat([high, stop[:, None] - low[:, :1]], 1)
+    return high.exp(), low.exp(), 2 * (digits // 2)
 
 
 def _pick(table, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -147,20 +130,10 @@ def _coarse(draft, target, rows: torch.Tensor, groups: torch.Tensor, table, targ
 
 
 def _at(tables, rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """Probabilities of codes [K, W] under rows [K]: a product of two lookups (`_factor`'s tables,
-    exponentiated: both factors are probabilities, so neither underflows before their product)."""
+    """Probabilities of codes [K, W] under rows [K]: a product of two lookups (`_tables`; both
+    factors are probabilities, so neither underflows before their product)."""
     high, low, bits = tables
     return high[rows[:, None], codes >> bits] * low[rows[:, None], codes & ((1 << bits) - 1)]
-
-
-def _draw(per_digit: torch.Tensor, log_stop: torch.Tensor, u: torch.Tensor, digits: int) -> torch.Tensor:
-    """`digit_head.host_draw_digit_codes` for one row: per_digit [digits, 4], u [K, digits + 1] -> codes [K]."""
-    cdf = per_digit.exp().cumsum(-1)  # [digits, 4]
-    digit = torch.clamp((cdf <= u[:, 1:, None] * cdf[:, -1:]).long().sum(-1), max=LEVELS - 1)  # [K, digits]
-    code = digit[:, -1]
-    for j in range(digits - 2, -1, -1):  # Horner's rule (inductor's C++ wrapper fails on `levels ** arange`)
-        code = code * LEVELS + digit[:, j]
-    return torch.where(u[:, 0] < log_stop.exp(), LEVELS ** digits, code)
 
 
 class CompiledRule:
