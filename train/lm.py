@@ -202,16 +202,15 @@ def save_lm(model: FactorisedLM, tokenizer, export_dir: Path, dtype: torch.dtype
 
 def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None, save_every: int = 200) -> dict:
     """Codec codes of every corpus utterance (cached in codes_path, resumable). {id: int32 array}"""
-    import soundfile as sf
-
-    from pcgtts.runtime.audio.codec import Codec
-
     codes: dict[str, np.ndarray] = {}
     if codes_path.is_file():
         codes = dict(np.load(codes_path))
     records = read_manifest(corpus)
     todo = [r for r in records if r["id"] not in codes]
-    if todo:
+    if todo:  # audio I/O and the codec only where codes are missing (a GPU machine gets them made)
+        import soundfile as sf
+
+        from pcgtts.runtime.audio.codec import Codec
         from pcgtts.train.codec import semantic_codes
 
         codec = Codec.from_pretrained(codec_dir, decode_only=False)
