@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from pcgtts.groups.build import build_groups
+from pcgtts.groups.build import build_groups, theta_for_mean_size
 from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
 from pcgtts.runtime.config import DEVICE_STEP_POLICIES, DecodeConfig, SamplingConfig
 from pcgtts.tools.demo import DemoLMConfig, build_demo_tokenizer, confuse_draft_head, write_demo_lm
@@ -129,7 +129,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=200, help="speech tokens generated per run")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--draft-length", type=int, default=3)
-    ap.add_argument("--theta", type=float, default=0.25, help="0.25 ~ radius-sqrt(2) lattice balls on these embeddings")
+    ap.add_argument("--theta", type=float,
+                    help="group threshold when no --groups is given (default: 0.25 on the synthetic shapes, ~ radius-sqrt(2) "
+                         "lattice balls; with --target the theta whose groups average 140 members, the paper's size)")
     ap.add_argument("--policies", default="ar,draft,sd,ssd,pcg")
     ap.add_argument("--eagle", help="an EAGLE draft for the target (eagle-* policies; exported with it for onnxruntime)")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face baselines")
@@ -163,7 +165,8 @@ def main() -> int:
         groups = GroupTable.load(args.groups)
     else:
         emb, vocab, _ = load_speech_embeddings(target_dir)
-        groups = build_groups(emb, args.theta, device=args.device, progress=False)
+        theta = args.theta if args.theta is not None else theta_for_mean_size(emb, 140) if args.target else 0.25
+        groups = build_groups(emb, theta, device=args.device, progress=False, max_bytes=2 << 30)
         del emb
     group_build_s = time.perf_counter() - t0
     device_groups = groups.to_device(args.device)
@@ -256,7 +259,7 @@ def main() -> int:
     base = {r["policy"]: r["tokens_per_s"] for r in rows if r["impl"].startswith("hf")}
     ar = next((r["tokens_per_s"] for r in rows if r["policy"] == "ar" and r["impl"].startswith("ours")), float("nan"))
     print(f"\n{args.model} on {args.device} ({args.dtype}), {args.tokens} tokens x {args.runs} runs, "
-          f"L={args.draft_length}, theta={groups.theta if args.groups else args.theta}: {groups.num_groups} groups, "
+          f"L={args.draft_length}, theta={groups.theta}: {groups.num_groups} groups, "
           f"mean size {groups.stats['mean_group_size']:.1f}")
     print(f"{'impl':13s} {'policy':8s} {'tok/s':>8s} {'x ours-ar':>9s} {'x hf-gen':>8s} {'x hf-asst':>9s} "
           f"{'tgt fwd/tok':>11s} {'accept':>7s} {'mean len':>8s} {'ms/step':>8s} {'outside':>8s}")
@@ -271,7 +274,7 @@ def main() -> int:
     for f in failed:
         print(f"{'ours':13s} {f['policy']:8s} failed: {f['error']}")
     print(json.dumps({"model": args.model, "device": args.device, "dtype": args.dtype, "tokens": args.tokens,
-                      "runs": args.runs, "draft_length": args.draft_length, "theta": groups.theta if args.groups else args.theta,
+                      "runs": args.runs, "draft_length": args.draft_length, "theta": groups.theta,
                       "group_build_s": group_build_s, "rows": rows, "failed": failed}))
     return 0
 
