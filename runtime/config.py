@@ -4,8 +4,8 @@
       models     ModelPaths       target, draft, codec, groups, heads, transitions
       device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, compile, threads,
                                   prefix_cache
-      synthesis  SynthesisConfig  seed, max_sentence_chars, tokens_per_char, min_tokens, queue_chunks,
-                                  abandon_after_s
+      synthesis  SynthesisConfig  seed, max_sentence_chars, spell_numbers, tokens_per_char, min_tokens,
+                                  queue_chunks, abandon_after_s
         decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
                                   mtp_top_m, mtp_threshold, viterbi_top_k, steps_per_sync,
                                   compile_steps
@@ -164,6 +164,7 @@ class SynthesisConfig:
     stream: StreamConfig = StreamConfig()
     seed: int | None = None  # None: a fresh random seed per call
     max_sentence_chars: int = 300  # long text is split into pieces of at most this many characters
+    spell_numbers: bool = True  # numbers read as words before tokenising (runtime/text/numbers.py)
     # LLaSA speaks ~15 characters/s (~3.5 tokens per character); generation past
     # `min_tokens + tokens_per_char * chars` is a runaway (a known LLaSA failure) and is cut.
     tokens_per_char: float = 12.0

@@ -36,6 +36,7 @@ from pcgtts.runtime.decode.calibrate import adopt_costs
 from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
+from pcgtts.runtime.text.numbers import spell_numbers
 from pcgtts.runtime.text.split import split_sentences
 from pcgtts.runtime.audio.voice import Voice
 
@@ -400,6 +401,8 @@ class Synthesizer:
                      transitions=self.heads is not None and self.heads.transitions is not None,
                      eagle=self.eagle is not None, greedy=config.decode.sampling.greedy)
         resolved = self._resolve_voice(voice, ref_audio, ref_text)
+        if config.spell_numbers:
+            text = spell_numbers(text)
         prompts, budgets = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
         return SynthesisStream(_Job(self, prompts, budgets, config))
 

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from pcgtts.quality.metrics import (error_rates, mcd, normalize_text, recognizer, speaker_encoder, spell_number,
-                                    spell_ordinal, stoi)
+from pcgtts.quality.metrics import error_rates, mcd, normalize_text, recognizer, speaker_encoder, stoi
+from pcgtts.runtime.text.numbers import spell_number, spell_numbers, spell_ordinal
 from pcgtts.quality.testset import TestSet, VoiceRecipe, load_rendered
 
 pytest.importorskip("pocketsphinx")
@@ -32,6 +32,14 @@ def test_spell_ordinal_and_bad_input():
         spell_number(1.5)
     with pytest.raises(ValueError):
         spell_number(10**15)
+
+
+def test_spell_numbers_keeps_everything_else():
+    assert spell_numbers("We counted 42 birds, at 9:05!") == "We counted forty two birds, at nine oh five!"
+    assert spell_numbers("In 1998 the 3rd team paid $20.50.") == \
+        "In nineteen ninety eight the third team paid twenty dollars fifty cents."
+    assert spell_numbers("About 15% of 1,200 seats.") == "About fifteen percent of one thousand two hundred seats."
+    assert spell_numbers("No numbers here, none.") == "No numbers here, none."
 
 
 def test_normalize_text():
