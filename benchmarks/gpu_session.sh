@@ -34,3 +34,16 @@ if [ "$step" = all ] || [ "$step" = lmc ]; then
         --policies ar,sd --steps-per-sync 0,8 --compile-steps --no-hf \
         --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lmc.err" | tee "$OUT/lmc.log" | tail -10
 fi
+if [ "$step" = lab ]; then
+    # The lab's target LM trained here (not part of "all"): .carry/lab.npz is `pcgtts.train.lm.pack_codes`'s
+    # file, made on the CPU machine and carried (device tool: carry [".carry"]); LAB_ARGS adds `pcgtts lab lm`
+    # flags (e.g. "--size small --steps 4000 --align-weight 2"); MINUTES caps the run, which resumes when
+    # called again on the same machine. The weights come back as float16 parts in $OUT/lm (join_checkpoint).
+    python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('.carry/lab.npz', '/tmp/lab')" || exit 1
+    mkdir -p /tmp/lab/lm && ln -sf /tmp/lab/codes.npz /tmp/lab/lm/codes.npz
+    # shellcheck disable=SC2086
+    python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" lab lm --corpus /tmp/lab/corpus \
+        --codec /tmp/lab/codec --out /tmp/lab/lm --device cuda --batch-size 64 --checkpoint-minutes 100 \
+        --max-minutes "${MINUTES:-8}" ${LAB_ARGS:-} 2>"$OUT/lab.err" | tee "$OUT/lab.log" | tail -12
+    python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; split_checkpoint('/tmp/lab/lm/checkpoint.pt', '$OUT/lm', dtype=torch.float16)"
+fi

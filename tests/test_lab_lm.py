@@ -275,3 +275,25 @@ def test_watching_attention_changes_nothing_and_stays_causal():
     later[:, 6] += 1.0
     moved = watched(inputs_embeds=later, attention_mask=attn).last_hidden_state
     assert float((moved - got)[:, :6].abs().max()) == 0.0
+
+
+def test_packed_codes_rebuild_what_lab_lm_reads(tiny_corpus, tmp_path):
+    """An LM run's inputs carried to a GPU machine in one file: unpacked, the manifest rows, every
+    utterance's codes and the codec's config are what they were; codes past uint16 are refused."""
+    from pcgtts.train.corpus import read_manifest
+    from pcgtts.train.lm import pack_codes, unpack_codes
+
+    corpus, codes = tiny_corpus
+    (tmp_path / "codec").mkdir()
+    (tmp_path / "codec" / "config.json").write_text('{"model_type": "xcodec2"}')
+    np.savez(tmp_path / "codes.npz", **codes)
+    packed = pack_codes(corpus, tmp_path / "codec", tmp_path / "codes.npz", tmp_path / "lab.npz")
+    paths = unpack_codes(packed, tmp_path / "device")
+    assert read_manifest(paths["corpus"]) == read_manifest(corpus)
+    back = dict(np.load(paths["codes"]))
+    assert set(back) == set(codes) and all(np.array_equal(back[k], codes[k]) and back[k].dtype == np.int32
+                                           for k in codes)
+    assert (paths["codec"] / "config.json").read_text() == '{"model_type": "xcodec2"}'
+    np.savez(tmp_path / "bad.npz", **{k: v + 65536 for k, v in codes.items()})
+    with pytest.raises(ValueError, match="uint16"):
+        pack_codes(corpus, tmp_path / "codec", tmp_path / "bad.npz", tmp_path / "bad-pack.npz")

@@ -230,6 +230,50 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
     return codes
 
 
+
+def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path) -> Path:
+    """An LM run's inputs as one compact file, for a machine with neither the audio nor the codec (a GPU
+    lease carries at most 64 MiB): the manifest rows with codes, each utterance's codes as uint16 (half
+    of codes.npz's int32) and the codec's config.json. `unpack_codes` rebuilds what `lab lm` reads."""
+    import gzip
+
+    codes = dict(np.load(codes_path))
+    records = [r for r in read_manifest(corpus) if r["id"] in codes]
+    if not records:
+        raise ValueError(f"no utterance of {corpus} has codes in {codes_path}")
+    flat = np.concatenate([codes[r["id"]] for r in records])
+    if flat.min() < 0 or flat.max() >= NUM_SPEECH_TOKENS:
+        raise ValueError("codes outside 0..65535 cannot be packed as uint16")
+    manifest = gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode())
+    out = Path(out)
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez(tmp, codes=flat.astype(np.uint16), lengths=np.array([len(codes[r["id"]]) for r in records]),
+             manifest=np.frombuffer(manifest, np.uint8),
+             codec_config=np.frombuffer((Path(codec_dir) / "config.json").read_bytes(), np.uint8))
+    tmp.replace(out)
+    return out
+
+
+def unpack_codes(packed: Path, root: Path) -> dict[str, Path]:
+    """`pack_codes`'s file as `root`/corpus/manifest.jsonl, `root`/codec/config.json and `root`/codes.npz:
+    `lab lm --corpus root/corpus --codec root/codec` then trains without encoding (link codes.npz into --out)."""
+    import gzip
+
+    data = np.load(packed)
+    root = Path(root)
+    paths = {"corpus": root / "corpus", "codec": root / "codec", "codes": root / "codes.npz"}
+    paths["corpus"].mkdir(parents=True, exist_ok=True)
+    paths["codec"].mkdir(exist_ok=True)
+    manifest = gzip.decompress(data["manifest"].tobytes()).decode()
+    (paths["corpus"] / "manifest.jsonl").write_text(manifest)
+    (paths["codec"] / "config.json").write_bytes(data["codec_config"].tobytes())
+    ids = [json.loads(line)["id"] for line in manifest.splitlines()]
+    ends = np.cumsum(data["lengths"])
+    flat = data["codes"].astype(np.int32)
+    np.savez(paths["codes"], **{i: flat[e - n:e] for i, e, n in zip(ids, ends, data["lengths"])})
+    return paths
+
+
 # ---------------------------------------------------------------- examples
 
 @dataclass(frozen=True)
@@ -539,6 +583,6 @@ def load_factorised(lm_dir: Path) -> tuple[FactorisedLM, object, dict]:
 
 
 __all__ = ["LMModelConfig", "LMTrainConfig", "FactorisedLM", "ExampleBuilder", "lab_tokenizer",
-           "encode_corpus", "train_lm", "train_loop", "save_lm", "lm_loss", "build_model", "load_factorised",
-           "text_conditioning"]
+           "encode_corpus", "pack_codes", "unpack_codes", "train_lm", "train_loop", "save_lm", "lm_loss", "build_model",
+           "load_factorised", "text_conditioning"]
 
