@@ -40,6 +40,8 @@ def test_spell_numbers_keeps_everything_else():
         "In nineteen ninety eight the third team paid twenty dollars fifty cents."
     assert spell_numbers("About 15% of 1,200 seats.") == "About fifteen percent of one thousand two hundred seats."
     assert spell_numbers("No numbers here, none.") == "No numbers here, none."
+    assert spell_numbers("Card 4111111111111111, 99999999999999999%.") == (  # past spell_number: digit by digit
+        "Card four " + "one " * 14 + "one, " + "nine " * 17 + "percent.")
 
 
 def test_normalize_text():

@@ -69,22 +69,31 @@ def spell_year(n: int) -> str:
     return spell_number(high) + (" oh " + spell_number(low) if low < 10 else " " + spell_number(low))
 
 
+def _spell_digits(digits: str) -> str:
+    """A run of digits (thousands commas allowed) as a number, or digit by digit past what
+    `spell_number` reads (a card or phone number: 16 digits and more)."""
+    digits = digits.replace(",", "")
+    if len(digits) > 15:
+        return " ".join(_ONES[int(d)] for d in digits)
+    return spell_number(int(digits))
+
+
 def _spell_decimal(match: re.Match) -> str:
-    whole, frac = match.group(1).replace(",", ""), match.group(2)
-    return f" {spell_number(int(whole))} point {' '.join(_ONES[int(d)] for d in frac)} "
+    whole, frac = match.group(1), match.group(2)
+    return f" {_spell_digits(whole)} point {' '.join(_ONES[int(d)] for d in frac)} "
 
 
 _NUMBER_PATTERNS = (
     # order matters: the most specific forms first
-    (re.compile(r"(\d+)\s*%"), lambda m: f" {spell_number(int(m.group(1)))} percent "),
-    (re.compile(r"\$(\d[\d,]*)(?:\.(\d\d))?"), lambda m: " " + spell_number(int(m.group(1).replace(",", "")))
+    (re.compile(r"(\d+)\s*%"), lambda m: f" {_spell_digits(m.group(1))} percent "),
+    (re.compile(r"\$(\d[\d,]*)(?:\.(\d\d))?"), lambda m: " " + _spell_digits(m.group(1))
      + " dollars" + ("" if not m.group(2) or int(m.group(2)) == 0 else f" {spell_number(int(m.group(2)))} cents") + " "),
-    (re.compile(r"\b(\d+)(?:st|nd|rd|th)\b"), lambda m: f" {spell_ordinal(int(m.group(1)))} "),
+    (re.compile(r"\b(\d{1,15})(?:st|nd|rd|th)\b"), lambda m: f" {spell_ordinal(int(m.group(1)))} "),
     (re.compile(r"\b(\d{1,2}):(\d\d)\b"), lambda m: f" {spell_number(int(m.group(1)))} "
      + ("" if m.group(2) == "00" else ("oh " if m.group(2)[0] == "0" else "") + spell_number(int(m.group(2)))) + " "),
     (re.compile(r"\b(1[1-9]\d\d|20\d\d)\b(?![.,]\d)"), lambda m: f" {spell_year(int(m.group(1)))} "),
     (re.compile(r"(\d[\d,]*)\.(\d+)"), _spell_decimal),
-    (re.compile(r"\d{1,3}(?:,\d{3})+|\d+"), lambda m: f" {spell_number(int(m.group(0).replace(',', '')))} "),
+    (re.compile(r"\d{1,3}(?:,\d{3})+|\d+"), lambda m: f" {_spell_digits(m.group(0))} "),
 )
 
 
