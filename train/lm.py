@@ -230,7 +230,6 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
     return codes
 
 
-
 def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path) -> Path:
     """An LM run's inputs as one compact file, for a machine with neither the audio nor the codec (a GPU
     lease carries at most 64 MiB): the manifest rows with codes, each utterance's codes as uint16 (half
