@@ -39,6 +39,13 @@ POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
 DEVICE_STEP_POLICIES = ("ar", "sd", "ssd", "pcg")  # what whole steps on the device run (steps_per_sync)
 MAX_DRAFT_LENGTH = 16  # the longest draft_length (the device loop sizes its per-position counts by it)
 PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
+
+
+def policy_rule(policy: str) -> str:
+    """The acceptance rule a policy's verdicts go by, its last part: "eagle-pcg" -> "pcg", "mtp-sd" -> "sd",
+    "pcg" -> "pcg" (for mtp-strict / -topm / -threshold / -viterbi, a name no exact rule has)."""
+    return policy.rsplit("-", 1)[-1]
+
 # auto: the backend an export folder was made for (onnxruntime / tensorrt), torch for a checkpoint;
 # the built-in voice on a CPU runs on onnxruntime, exported once on first use (pcgtts/builtin.py)
 BACKENDS = ("auto", "torch", "onnxruntime", "tensorrt")

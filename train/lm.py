@@ -258,7 +258,8 @@ def unpack_codes(packed: Path, root: Path) -> dict[str, Path]:
     `lab lm --corpus root/corpus --codec root/codec` then trains without encoding (link codes.npz into --out)."""
     import gzip
 
-    data = np.load(packed)
+    with np.load(packed) as npz:
+        data = {name: npz[name] for name in npz.files}
     root = Path(root)
     paths = {"corpus": root / "corpus", "codec": root / "codec", "codes": root / "codes.npz"}
     paths["corpus"].mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,7 @@ from typing import Iterator
 
 import torch
 
-from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES
+from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES, policy_rule
 from pcgtts.runtime.decode import compiled_rule
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
@@ -294,7 +294,7 @@ def _verify(policy: str, tokens, probs, target_logits, target_probs, config, gen
         return outcome(verify_threshold(tokens[None], target_probs[None], config.mtp_threshold, generator))
     if policy == "mtp-strict" and not sampling.greedy:
         return outcome(verify_top_m(tokens[None], target_logits[None], target_probs[None], 1, generator))
-    rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy.split("-", 1)[1]
+    rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy_rule(policy)
     return verify_one(rule, tokens, probs if probs is not None else target_probs[:-1], target_probs,
                       draw_uniforms(1, len(tokens), generator, tokens.device)[0], generator,
                       groups=groups, thinning_trials=config.pcg_thinning_trials, compiled=compiled)
@@ -329,7 +329,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         stats.costs = costs.as_dict()
     digits = digits_to_draw(target, sampling)
     rows_digits = rule_digits(target, sampling) if policy in EXACT_STATE_POLICIES else 0
-    compiled = compiled_rule.for_loop(target, policy.split("-")[-1], sampling, groups, config.pcg_thinning_trials)
+    compiled = compiled_rule.for_loop(target, policy_rule(policy), sampling, groups, config.pcg_thinning_trials)
     _start(target, prompt_ids)
     proposer.start(target.length)
     last = prompt_ids[-1:].to(target.device)

@@ -32,7 +32,7 @@ from pcgtts.runtime.decode.acceptance import draw_uniforms
 from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
-from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig
+from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig, policy_rule
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
 
@@ -142,7 +142,7 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
     if proposer is not None and config.policy in STATE_POLICIES:
         proposer.warm_up(config)
     # a compiled rule's package is built or loaded now (sd / pcg, and their mtp- / eagle- forms)
-    compiled_rule.for_loop(target, config.policy.split("-")[-1], config.sampling, groups, config.pcg_thinning_trials)
+    compiled_rule.for_loop(target, policy_rule(config.policy), config.sampling, groups, config.pcg_thinning_trials)
     if not config.adaptive_draft or config.policy in ("ar", "draft"):
         return None
     if config.policy in STATE_POLICIES:
