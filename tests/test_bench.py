@@ -99,8 +99,25 @@ def test_an_adaptive_case_is_predicted_with_the_costs_its_loop_learned_and_with_
     assert mean["target_forward"] == pytest.approx([1.3, 1.8]) and mean["draft_forward"] == pytest.approx([0.2, 0.2])
     assert (mean["rule"], mean["sample"]) == pytest.approx((0.2, 0.1))
     assert _mean_costs([]) is None
-    summary = {"conditional_acceptance": [0.5], "length_counts": [0, 10], "planned_costs": planned,
-               "learned_costs": mean, "policy": "sd"}
+    summary = {"conditional_acceptance": [0.5], "length_counts": [0, 10], "tokens": 15, "catchup_tokens": 0,
+               "planned_costs": planned, "learned_costs": mean, "policy": "sd"}
     assert predicted_speedup(summary, {}, at_load=True) == pytest.approx(1.0)
     assert predicted_speedup(summary, {}) == pytest.approx(1.5 * 1.4 / 2.2)
     assert predicted_speedup(dict(summary, learned_costs=None), {}) == pytest.approx(1.0)
+
+
+def test_an_adaptive_prediction_counts_the_tokens_its_steps_emitted_not_rates_pooled_over_lengths():
+    """10 steps of L = 1 that emitted 1 token each (nothing accepted) and 10 of L = 2 that emitted 3
+    each: 40 tokens. Pooled rates (a_1 = 10 / 20, a_2 = 1) would credit the L = 1 steps with 1.5
+    tokens each (45). Costs: AR 1.0; L = 1: 0.2 + 1.2; L = 2: 0.4 + 1.4; 10 catch-up tokens: the
+    draft's forward of 11 tokens less one of 1 (0.3 + 9 x 0.1 - 0.2 = 1.0): 40 / (14 + 18 + 1)."""
+    from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds
+    from pcgtts.tools.bench import predicted_speedup
+
+    planned = {"target_forward": [1.0, 1.2, 1.4], "draft_forward": [0.2, 0.3], "rule": 0.0, "sample": 0.0}
+    summary = {"conditional_acceptance": [0.5, 1.0], "length_counts": [0, 10, 10], "tokens": 40,
+               "catchup_tokens": 10, "planned_costs": planned, "learned_costs": None, "policy": "sd"}
+    assert counted_seconds(StepCosts(**planned), [0, 10, 10], 10) == pytest.approx(33.0)
+    assert predicted_speedup(summary, {}) == pytest.approx(40 / 33.0)
+    pooled = (10 * 1.5 + 10 * 3) / 33.0  # what rates pooled over the mix would have claimed
+    assert predicted_speedup(summary, {}) < pooled

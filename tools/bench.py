@@ -246,6 +246,7 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         "per_position_acceptance": per_position,
         "conditional_acceptance": conditional_acceptance(accepted_at, speculative_steps),
         "length_counts": length_counts,
+        "catchup_tokens": sum(r["catchup_tokens"] for r in records),
         "planned_costs": next((r["planned_costs"] for r in records if r.get("planned_costs")), None),
         "learned_costs": _mean_costs([r["learned_costs"] for r in records if r.get("learned_costs")]),
         # Share of wall time per phase: draft forwards, target forwards (verify passes or AR steps),
@@ -277,19 +278,21 @@ def _mean_costs(costs: list[dict]) -> dict | None:
 
 def predicted_speedup(summary: dict, ar: dict, at_load: bool = False) -> float | None:
     """Speed-up over `ar` the cost model predicts from this case's measured acceptance (per position)
-    and step costs: tokens(L) t_ar / (L t_draft + t_verify). For an adaptive case, over the mix
-    of draft lengths it ran, with the costs it planned with: as the loop's timings had moved them by
-    the end of each utterance (`learned_costs`), or as measured at load (`at_load`)."""
-    from pcgtts.runtime.decode.cost_model import StepCosts, expected_tokens, step_seconds
+    and step costs: tokens(L) t_ar / (L t_draft + t_verify). For an adaptive case: the tokens its
+    steps emitted over the seconds the cost model charges for those steps (`counted_seconds`: the
+    mix of draft lengths it ran and the draft's catch-up), with the costs it planned with: as the
+    loop's timings had moved them by the end of each utterance (`learned_costs`), or as measured at
+    load (`at_load`). Not tokens(L) from rates pooled over the mix: the adaptive length runs long
+    steps where acceptance is high and short ones where it is low, so pooled rates credit the short
+    steps with the long ones' acceptance and the prediction comes out high."""
+    from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds, expected_tokens
 
     rates = summary["conditional_acceptance"]
     planned = summary.get("planned_costs") if at_load else summary.get("learned_costs") or summary.get("planned_costs")
     if planned:
         costs = StepCosts(**planned)
-        counts = summary["length_counts"]
-        tokens = sum(c * expected_tokens(rates, n) for n, c in enumerate(counts))
-        seconds = sum(c * step_seconds(costs, rates, n) for n, c in enumerate(counts))
-        return tokens * costs.ar_step / seconds if seconds else None
+        seconds = counted_seconds(costs, summary["length_counts"], summary["catchup_tokens"])
+        return summary["tokens"] * costs.ar_step / seconds if seconds else None
     if summary["policy"] in STATE_POLICIES:  # one target pass and one proposer call per step
         step = summary["t_propose_step"] + summary["t_target_step"]
     else:
