@@ -73,7 +73,9 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--aa", action="store_true",
                    help="synth mode: run target AR a second time on other random streams (row 'ar A/A'); "
                         "its deltas to AR are the run's own noise floor")
-    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    p.add_argument("--temperature", dest="temperatures", type=_list(float), default=[0.8],
+                   help="sampling temperature (default 0.8); synth mode takes a comma list: every case at "
+                        "each, paired with AR at the first")
     p.add_argument("--max-tokens", type=positive(int), help="speech tokens per sentence at most")
     p.add_argument("--swap-fractions", type=_list(float), default=[0.25, 0.5, 1.0],
                    help="swap mode: fractions p of tokens replaced (default 0.25,0.5,1)")
@@ -86,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--testset", help="test-set JSON (default: quality/testset_v1.json)")
     p.add_argument("--cache-dir", help="where reference audio is rendered (default ~/.cache/pcgtts/eval)")
     p.add_argument("--out", help="output folder for results.json, tables.txt and curves_*.png")
-    p.set_defaults(func=run_eval, policy=None, seed=None)
+    p.set_defaults(func=run_eval, policy=None, seed=None, temperature=None)
     return p
 
 
@@ -109,7 +111,12 @@ def check_args(args: argparse.Namespace):
         DecodeConfig(ssd_beta=beta)
     for length in args.draft_length:
         DecodeConfig(draft_length=length)
-    SamplingConfig(temperature=args.temperature)
+    for temperature in args.temperatures:
+        SamplingConfig(temperature=temperature)
+    if len(set(args.temperatures)) != len(args.temperatures):
+        raise ValueError("--temperature values must be distinct")
+    if len(args.temperatures) > 1 and args.mode != "synth":
+        raise ValueError("--temperature takes one value outside --mode synth")
     if len(set(args.seeds)) != len(args.seeds):
         raise ValueError("--seeds must be distinct (the paired comparison matches them)")
     for p in args.swap_fractions:
@@ -224,7 +231,7 @@ def _run_cloning(args, sentences, progress):
         args.policy = "ar"
         progress("loading models")
         base, _ = load_synthesizer(args)
-        decode = replace(base.config.decode, sampling=replace(base.config.decode.sampling, temperature=args.temperature))
+        decode = replace(base.config.decode, sampling=replace(base.config.decode.sampling, temperature=args.temperatures[0]))
         if args.max_tokens:
             decode = replace(decode, max_new_tokens=args.max_tokens)
 
@@ -258,8 +265,8 @@ def _run_models(args, testset, sentences, recipe, progress):
     def groups_for(theta):
         return group_table(target_dir, base.target, theta)
 
-    plan = SynthPlan(tuple(sentences), tuple(args.seeds), args.temperature, args.max_tokens, not args.no_clone,
-                     aa_row=args.aa)
+    plan = SynthPlan(tuple(sentences), tuple(args.seeds), args.temperatures[0], args.max_tokens, not args.no_clone,
+                     aa_row=args.aa, sweep_temperatures=tuple(args.temperatures[1:]))
     if args.mode == "synth":
         sweep = argparse.Namespace(policy=args.policies, draft_length=args.draft_length, theta=args.theta,
                                    beta=args.beta)

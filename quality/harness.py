@@ -134,18 +134,22 @@ class SynthPlan:
 
     sentences: tuple[Sentence, ...]
     seeds: tuple[int, ...] = (0,)
-    temperature: float = 0.8
+    temperature: float = 0.8  # the baseline's (and every case's, without a sweep)
     max_tokens: int | None = None  # per sentence; None = the synthesizer's own budget
     clone: bool = True  # prompt with the reference voice's recording (zero-shot cloning)
     aa_row: bool = False  # also the baseline again on other random streams (`run_synth`)
+    # run_synth: every case again at each of these (rows "case T=t"), paired with the baseline
+    sweep_temperatures: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.sentences or not self.seeds:
             raise ValueError("a plan needs sentences and seeds")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds must be distinct")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not all(t >= 0 for t in (self.temperature, *self.sweep_temperatures)):
+            raise ValueError(f"temperatures must be >= 0, got {(self.temperature, *self.sweep_temperatures)}")
+        if len({self.temperature, *self.sweep_temperatures}) != 1 + len(self.sweep_temperatures):
+            raise ValueError("temperatures must be distinct")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
 
@@ -160,6 +164,7 @@ class _Row(NamedTuple):
     case: object  # tools/bench.py BenchCase
     synth: object  # its Synthesizer
     seed_offset: int  # added to every utterance's stream seed (the A/A row's other streams)
+    temperature: float
     records: list
 
 
@@ -171,11 +176,12 @@ def stream_seed(seed: int, sentence_id: str) -> int:
     return zlib.crc32(f"{seed}/{sentence_id}".encode())
 
 
-def synth_config(base_config, case, seed: int, plan: SynthPlan):
+def synth_config(base_config, case, seed: int, plan: SynthPlan, temperature: float | None = None):
+    """One utterance's settings: the case's, at `temperature` (default: the plan's)."""
     from pcgtts.tools.bench import case_config
 
     config = case_config(base_config, case, seed, plan.max_tokens)
-    sampling = replace(config.decode.sampling, temperature=plan.temperature)
+    sampling = replace(config.decode.sampling, temperature=plan.temperature if temperature is None else temperature)
     return replace(config, decode=replace(config.decode, sampling=sampling))
 
 
@@ -201,8 +207,9 @@ def synthesize_one(synth, text: str, config, voice) -> tuple[np.ndarray, dict]:
 def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, testset: TestSet, cache_dir=None,
               groups_for: Callable[[float], object] | None = None, progress: Progress = _noop,
               label: Callable[[object], str] | None = None) -> dict:
-    """Table 1: every case (BenchCase from tools/bench.py) on the same sentences and seeds.
-    The first case must be `ar`: speed-ups and paired deltas are measured against it."""
+    """Table 1: every case (BenchCase from tools/bench.py) on the same sentences and seeds, at the
+    plan's temperature and then at each of its `sweep_temperatures`. The first case must be `ar`:
+    speed-ups and paired deltas are measured against it (at the plan's temperature)."""
     if not cases or cases[0].policy != "ar":
         raise ValueError("the first case must be the target-AR baseline (policy 'ar')")
     from pcgtts.tools.bench import case_synthesizer
@@ -211,32 +218,36 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
     ref_path = render(recipe, testset.reference_text, cache_dir)
     ref_emb = reference_embedding(recipe, testset, cache_dir)
     voice = base.voice_from_audio(ref_path, testset.reference_text) if plan.clone else None
-    runs = [_Row(label(case), case, case_synthesizer(base, case, groups_for), 0, []) for case in cases]
+    synths = [case_synthesizer(base, case, groups_for) for case in cases]
+    temperatures = (plan.temperature, *plan.sweep_temperatures)
+    named = (lambda case, t: f"{label(case)} T={t:g}") if plan.sweep_temperatures else (lambda case, t: label(case))
+    runs = [_Row(named(case, t), case, synth, 0, t, []) for t in temperatures for case, synth in zip(cases, synths)]
     if plan.aa_row:
         # The baseline once more on other random streams, paired with it like every row: its deltas
         # are what two runs of one distribution show, the table's own noise floor.
         baseline = runs[0]
-        runs.insert(1, _Row(f"{baseline.name} A/A", baseline.case, baseline.synth, AA_SEED_OFFSET, []))
+        runs.insert(1, _Row(f"{baseline.name} A/A", baseline.case, baseline.synth, AA_SEED_OFFSET,
+                            baseline.temperature, []))
     # Interleaved (every case on one utterance before the next utterance) so that a change in the
     # machine's load during the run shifts all cases alike instead of biasing the speed-ups.
     for seed in plan.seeds:
         for s in plan.sentences:
-            for name, case, synth, offset, rows in runs:
+            for name, case, synth, offset, temperature, rows in runs:
                 progress(f"{name} seed {seed} {s.id}")
-                config = synth_config(base.config, case, stream_seed(seed, s.id) + offset, plan)
+                config = synth_config(base.config, case, stream_seed(seed, s.id) + offset, plan, temperature)
                 audio, speed = synthesize_one(synth, s.text, config, voice)
                 rows.append({"case": name, "sentence": s.id, "seed": seed, **speed,
                              **score_audio(audio, s.text, ref_emb)})
     base_rows = runs[0].records
     base_tps = _tokens_per_second(base_rows)
     summaries, records = [], []
-    for name, case, _, _, rows in runs:
+    for name, case, _, _, temperature, rows in runs:
         tps = _tokens_per_second(rows)
         drafted = sum(r["drafted"] for r in rows)
         steps = sum(r["steps"] for r in rows)
         summaries.append({
             "case": name, "policy": case.policy, "draft_length": case.draft_length, "theta": case.theta,
-            "ssd_beta": case.ssd_beta, "utterances": len(rows),
+            "ssd_beta": case.ssd_beta, "temperature": temperature, "utterances": len(rows),
             "tokens_per_second": tps, "speedup_vs_ar": tps / base_tps if base_tps > 0 else None,
             "acceptance_rate": sum(r["accepted"] for r in rows) / drafted if drafted else None,
             "mean_accepted_length": (sum(r["accepted"] for r in rows) + steps) / steps if steps and drafted else None,
@@ -245,7 +256,8 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
         })
         records += rows
     return {"mode": "synth", "voice": recipe.name, "cloned": plan.clone, "seeds": list(plan.seeds),
-            "temperature": plan.temperature, "summaries": summaries, "records": records}
+            "temperature": plan.temperature, "temperatures": list(temperatures), "summaries": summaries,
+            "records": records}
 
 
 def _tokens_per_second(rows: Sequence[dict]) -> float:

@@ -36,6 +36,8 @@ def parse(*argv):
     (["--mode", "melgroups", "--theta", "0.3,0.4"], "one θ"),
     (["--swap-fractions", "2"], "swap-fractions"),
     (["--temperature", "-1"], "temperature"),
+    (["--temperature", "0.8,0.2,0.8"], "distinct"),
+    (["--mode", "swap", "--temperature", "0.8,0.2", "--theta", "0.3"], "one value outside --mode synth"),
     (["--compute-device", "tpu"], "compute_device"),
     (["--mode", "swap", "--aa", "--theta", "0.3"], "--aa adds a row to --mode synth"),
 ])
@@ -105,6 +107,30 @@ def test_synth_pipeline_on_tiny_models(tiny_models, tmp_path):
             assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["mean_accepted_length"] >= 1.0
     assert len(result["records"]) == 10
     assert [p.name for p in plot_curves(result["summaries"], tmp_path)] == ["curves_draft_length.png"]
+
+
+@pytest.mark.slow
+def test_a_temperature_sweep_runs_every_case_at_each_temperature_paired_with_ar_at_the_first(tiny_models, tmp_path):
+    """At temperature 0 speculation must equal greedy AR, so the sweep's T=0 rows of ar and sd hear
+    the same audio: the same transcript and similarity on every (sentence, seed)."""
+    from pcgtts import Synthesizer
+    from pcgtts.quality.harness import SynthPlan, run_synth
+    from pcgtts.quality.testset import TestSet
+    from pcgtts.tools.bench import BenchCase
+
+    testset = TestSet.load()
+    base = Synthesizer.from_pretrained(**tiny_models, policy="sd", max_length=512)
+    plan = SynthPlan(testset.sentences[:1], seeds=(0, 1), max_tokens=20, clone=False, sweep_temperatures=(0.0,))
+    result = run_synth(base, [BenchCase("ar"), BenchCase("sd", 2)], plan, testset.voices[0], testset, tmp_path / "c")
+    assert [(s["case"], s["temperature"]) for s in result["summaries"]] == [
+        ("ar T=0.8", 0.8), ("sd L=2 T=0.8", 0.8), ("ar T=0", 0.0), ("sd L=2 T=0", 0.0)]
+    assert result["temperatures"] == [0.8, 0.0]
+    rows = {c: [r for r in result["records"] if r["case"] == c] for c in ("ar T=0", "sd L=2 T=0", "ar T=0.8")}
+    assert [(r["tokens"], r["hyp"], r["sim"]) for r in rows["ar T=0"]] == \
+        [(r["tokens"], r["hyp"], r["sim"]) for r in rows["sd L=2 T=0"]]
+    assert [r["sim"] for r in rows["ar T=0"]] != [r["sim"] for r in rows["ar T=0.8"]]
+    with pytest.raises(ValueError, match="distinct"):
+        SynthPlan(testset.sentences[:1], sweep_temperatures=(0.8,))
 
 
 @pytest.mark.slow
