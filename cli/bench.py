@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive, quiet_logger
 from pcgtts.cli.groups import DEFAULT_MAX_MEMORY_GB, DEFAULT_TOP_K, group_size_options
-from pcgtts.runtime.config import POLICIES, STATE_POLICIES
+from pcgtts.runtime.config import PCG_POLICIES, POLICIES, STATE_POLICIES
 
 DEFAULT_POLICIES = [p for p in POLICIES if p not in STATE_POLICIES]  # mtp-*, eagle-* need trained heads: asked for by name
 
@@ -90,7 +90,7 @@ def cases(args) -> list:
         if policy == "draft":
             if draft_length == args.draft_length[0]:
                 out.append(BenchCase("draft"))
-        elif policy in ("pcg", "mtp-pcg"):
+        elif policy in PCG_POLICIES:
             out += [BenchCase(policy, draft_length, theta) for theta in (args.theta or [None])]
         elif policy == "ssd":
             out += [BenchCase("ssd", draft_length, ssd_beta=beta) for beta in (args.beta or [None])]

@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace):
     """(TestSet, sentences, voices) after every cheap check; raises ValueError with one line."""
     from pcgtts.quality.testset import DEFAULT_TESTSET, TestSet
-    from pcgtts.runtime.config import POLICIES, DecodeConfig, SamplingConfig
+    from pcgtts.runtime.config import PCG_POLICIES, POLICIES, DecodeConfig, SamplingConfig
 
     testset = TestSet.load(args.testset or DEFAULT_TESTSET)
     sentences = testset.take(args.sentences)
@@ -149,8 +149,9 @@ def check_args(args: argparse.Namespace):
         v.check_available()
     if args.mode == "codec" and args.codec and not Path(args.codec).is_dir():
         raise ValueError(f"codec directory not found: {args.codec}")
-    if args.mode == "synth" and "pcg" in args.policies and not (args.groups or args.theta or not args.target):
-        raise ValueError("policy pcg needs --groups or --theta (tables are built from the target)")
+    grouped = [p for p in args.policies if p in PCG_POLICIES]
+    if args.mode == "synth" and grouped and not (args.groups or args.theta or not args.target):
+        raise ValueError(f"policy {grouped[0]} needs --groups or --theta (tables are built from the target)")
     if args.mode in ("swap", "melgroups"):
         if not args.theta and not args.groups and args.target:
             raise ValueError(f"--mode {args.mode} needs --theta (or --groups) for the group table")

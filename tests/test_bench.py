@@ -85,6 +85,17 @@ def test_codec_thread_both_runs_every_case_both_ways_against_its_own_ar():
     assert [s["speedup_vs_ar"] for s in summaries] == [1.0, 1.2, 1.0, 1.25]
 
 
+def test_a_theta_sweep_gives_every_pcg_rule_its_tables_and_leaves_the_others_alone():
+    import argparse
+
+    from pcgtts.cli.bench import cases
+
+    args = argparse.Namespace(policy=["ar", "eagle-pcg", "eagle-sd", "pcg"], draft_length=[3], theta=[0.8, 0.9],
+                              beta=None, adaptive=False, codec_thread=None)
+    assert [(c.policy, c.theta) for c in cases(args)] == [
+        ("ar", None), ("eagle-pcg", 0.8), ("eagle-pcg", 0.9), ("eagle-sd", None), ("pcg", 0.8), ("pcg", 0.9)]
+
+
 def test_an_adaptive_case_is_predicted_with_the_costs_its_loop_learned_and_with_those_measured_at_load():
     """The prediction for an adaptive case uses the costs each utterance's loop had moved its plan to
     (their mean over utterances); the load-time one is kept beside it. Hand-checked numbers: with

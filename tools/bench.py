@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
-from pcgtts.runtime.config import STATE_POLICIES
+from pcgtts.runtime.config import PCG_POLICIES, STATE_POLICIES
 from pcgtts.runtime.lm.protocol import common_prefix
 from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
 from pcgtts.runtime.text.prompt import build_prompt
@@ -172,7 +172,7 @@ def case_synthesizer(base: Synthesizer, case: BenchCase, groups_for: Callable[[f
     """A Synthesizer sharing `base`'s loaded models for one case: the draft only where the policy
     uses one, the target's heads for mtp-*, and the case's group table where it names a θ."""
     groups = base.groups
-    if case.policy in ("pcg", "mtp-pcg") and case.theta is not None:
+    if case.policy in PCG_POLICIES and case.theta is not None:
         if groups_for is None:
             raise ValueError("a pcg case with a θ needs a way to build its group table")
         groups = groups_for(case.theta)
