@@ -283,8 +283,9 @@ def predicted_speedup(summary: dict, ar: dict, at_load: bool = False) -> float |
     mix of draft lengths it ran and the draft's catch-up), with the costs it planned with: as the
     loop's timings had moved them by the end of each utterance (`learned_costs`), or as measured at
     load (`at_load`). Not tokens(L) from rates pooled over the mix: the adaptive length runs long
-    steps where acceptance is high and short ones where it is low, so pooled rates credit the short
-    steps with the long ones' acceptance and the prediction comes out high."""
+    steps where acceptance is high and short ones where it is low, and pooled rates mix the two
+    regimes (and under-count later positions, `conditional_acceptance`), off in either direction;
+    counted tokens leave the cost model's timing as the one thing the prediction can get wrong."""
     from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds, expected_tokens
 
     rates = summary["conditional_acceptance"]
