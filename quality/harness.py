@@ -176,12 +176,12 @@ def stream_seed(seed: int, sentence_id: str) -> int:
     return zlib.crc32(f"{seed}/{sentence_id}".encode())
 
 
-def synth_config(base_config, case, seed: int, plan: SynthPlan, temperature: float | None = None):
-    """One utterance's settings: the case's, at `temperature` (default: the plan's)."""
+def synth_config(base_config, case, seed: int, plan: SynthPlan, temperature: float):
+    """One utterance's settings: the case's, at `temperature` (the plan's or one of its sweep's)."""
     from pcgtts.tools.bench import case_config
 
     config = case_config(base_config, case, seed, plan.max_tokens)
-    sampling = replace(config.decode.sampling, temperature=plan.temperature if temperature is None else temperature)
+    sampling = replace(config.decode.sampling, temperature=temperature)
     return replace(config, decode=replace(config.decode, sampling=sampling))
 
 
