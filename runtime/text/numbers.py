@@ -69,18 +69,20 @@ def spell_year(n: int) -> str:
     return spell_number(high) + (" oh " + spell_number(low) if low < 10 else " " + spell_number(low))
 
 
+def _digit_by_digit(digits: str) -> str:
+    return " ".join(_ONES[int(d)] for d in digits)
+
+
 def _spell_digits(digits: str) -> str:
     """A run of digits (thousands commas allowed) as a number, or digit by digit past what
     `spell_number` reads (a card or phone number: 16 digits and more)."""
     digits = digits.replace(",", "")
-    if len(digits) > 15:
-        return " ".join(_ONES[int(d)] for d in digits)
-    return spell_number(int(digits))
+    return _digit_by_digit(digits) if len(digits) > 15 else spell_number(int(digits))
 
 
 def _spell_decimal(match: re.Match) -> str:
     whole, frac = match.group(1), match.group(2)
-    return f" {_spell_digits(whole)} point {' '.join(_ONES[int(d)] for d in frac)} "
+    return f" {_spell_digits(whole)} point {_digit_by_digit(frac)} "
 
 
 _NUMBER_PATTERNS = (
