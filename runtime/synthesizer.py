@@ -33,7 +33,7 @@ from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.calibrate import adopt_costs
-from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
+from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance, prepare
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.numbers import spell_numbers
@@ -43,6 +43,12 @@ from pcgtts.runtime.audio.voice import Voice
 log = logging.getLogger(__name__)
 
 _END = object()  # queue sentinel: the worker finished
+
+# The sentence an adaptive draft length's starting acceptance is measured on (in the model's own
+# voice, `Synthesizer.starting_acceptance`), and the most tokens that measurement decodes.
+CALIBRATION_TEXT = "The birch canoe slid on the smooth planks, and the wind rose over the grey water."
+CALIBRATION_TOKENS = 200
+_MAX_MEASURED = 16  # decode configurations whose measured acceptance is kept (oldest dropped first)
 
 
 @dataclass
@@ -250,6 +256,7 @@ class Synthesizer:
         self.config = config
         self._lock = threading.Lock()
         self._voices: dict[tuple, Voice] = {}
+        self._acceptance: dict[DecodeConfig, tuple[float, ...]] = {}  # `starting_acceptance`, per decode config
         self._full_codec = None  # the codec with its encoder, for reference audio
 
     @classmethod
@@ -321,12 +328,33 @@ class Synthesizer:
         return synth
 
     def plan(self, config: SynthesisConfig | None = None):
-        """Measure the step costs `config`'s adaptive draft length plans with, now rather than inside
-        the first utterance (where they would add to its time to first audio); once per policy
-        and temperature class while the models live (`calibrate` logs a measurement; a later call
-        returns the kept costs). -> the `StepCosts`, or None (nothing to plan)."""
+        """Measure the step costs `config`'s adaptive draft length plans with, and the acceptance it
+        starts from (`starting_acceptance`), now rather than inside the first utterance (where they
+        would add to its time to first audio); once per policy and temperature class while the
+        models live (`calibrate` logs a measurement; a later call returns the kept costs).
+        -> the `StepCosts`, or None (nothing to plan)."""
         decode_config = (config or self.config).decode
-        return prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
+        costs = prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
+        if costs is not None:
+            self.starting_acceptance(decode_config)
+        return costs
+
+    def starting_acceptance(self, decode_config: DecodeConfig) -> tuple[float, ...] | None:
+        """The per-position acceptance an adaptive draft length starts every utterance from: measured
+        once per decode configuration by decoding `CALIBRATION_TEXT` at the fixed draft length,
+        seeded (`speculative.measure_acceptance`); None when nothing is planned."""
+        if not decode_config.adaptive_draft or decode_config.policy in ("ar", "draft") or decode_config.steps_per_sync:
+            return None
+        key = replace(decode_config, max_new_tokens=CALIBRATION_TOKENS)
+        if key not in self._acceptance:
+            prompt = build_prompt(self.tokenizer, self.target.vocab, CALIBRATION_TEXT)
+            rates = measure_acceptance(self.target, self.draft, prompt, key, self.groups, self.proposer(key.policy))
+            log.info("%s at temperature %g starts from acceptance %s (measured on a calibration sentence)",
+                     key.policy, key.sampling.temperature, " / ".join(f"{r:.2f}" for r in rates) or "-")
+            if len(self._acceptance) >= _MAX_MEASURED:
+                del self._acceptance[next(iter(self._acceptance))]
+            self._acceptance[key] = rates
+        return self._acceptance[key]
 
     def warm_prefix(self) -> None:
         """Prefill the chat template's head, which every utterance and voice shares, into both
@@ -346,6 +374,7 @@ class Synthesizer:
         for mine, theirs in ((self.draft, other.draft), (self.eagle, other.eagle), (self.heads, other.heads)):
             if mine is not None and theirs is not None:
                 adopt_costs(self.target, mine, other.target, theirs)
+        self._acceptance.update(other._acceptance)
 
     def proposer(self, policy: str):
         """What proposes from the target's hidden states for `policy` (None for the other policies)."""
@@ -452,6 +481,7 @@ class Synthesizer:
             # A seeded stream plans its draft lengths with the costs measured at load, unchanged (not
             # refined by its own timings), so its utterances repeat within this process.
             costs = self.plan(config) if config.seed is not None else None
+            acceptance = self.starting_acceptance(config.decode)
             # A cloned voice's reference codes end every prompt: they are the first chunk's left
             # context, as in a one-shot decode of reference + speech.
             context = self.target.vocab.prompt_codes(prompts[0]).numpy() if prompts else None
@@ -473,7 +503,8 @@ class Synthesizer:
                     stats.sentences.append(sentence)
                     decode_config = replace(config.decode, max_new_tokens=budget)
                     for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
-                                        sentence, costs=costs, proposer=self.proposer(decode_config.policy)):
+                                        sentence, costs=costs, proposer=self.proposer(decode_config.policy),
+                                        acceptance=acceptance):
                         if not codec.push(burst) or stop.is_set():
                             return
                     if sentence.finish in ("max_tokens", "cache_full"):

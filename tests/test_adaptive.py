@@ -17,7 +17,7 @@ import pcgtts.runtime.decode.acceptance as acceptance
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance
 
 CPU = StepCosts(target_forward=(1.0, 1.5, 2.0, 2.5, 3.0), draft_forward=(0.45, 0.55, 0.65, 0.75, 0.85),
                 rule=0.03, sample=0.02)
@@ -44,12 +44,12 @@ def models(tiny_lm_factory):
 
 
 def run(target, draft, prompt, policy="sd", *, adaptive=True, length=L_MAX, temperature=1.0, tokens=160,
-        costs=CPU, seed=0):
+        costs=CPU, seed=0, acceptance=None):
     config = DecodeConfig(policy=policy, draft_length=length, adaptive_draft=adaptive, max_new_tokens=tokens,
                           sampling=SamplingConfig(temperature=temperature))
     stats = DecodeStats()
     out = [t for burst in decode(target, draft, prompt, config, torch.Generator().manual_seed(seed), stats=stats,
-                                 costs=costs) for t in burst]
+                                 costs=costs, acceptance=acceptance) for t in burst]
     return out, stats
 
 
@@ -109,6 +109,36 @@ def test_a_calibrated_run_reports_the_costs_its_loop_moved_them_to(models):
     assert isinstance(stats.learned_costs, StepCosts) and stats.costs is not None
     assert stats.learned_costs != StepCosts(**stats.costs)
     assert stats.as_dict()["learned_costs"] == stats.learned_costs.as_dict()
+
+
+# Costs at which the 0.5 prior plans AR (L = 1 predicted at 0.98x of it) but a draft equal to
+# the target wins by far at L = 4 (1.6x).
+MID = StepCosts(target_forward=(1.0, 1.3, 1.6, 1.9, 2.2), draft_forward=(0.2, 0.21, 0.22, 0.23, 0.24),
+                rule=0.03, sample=0.02)
+
+
+def test_measured_acceptance_follows_the_draft_and_repeats(models):
+    target, same, useless, prompt = models
+    config = DecodeConfig(policy="sd", draft_length=L_MAX, max_new_tokens=120)
+    good = measure_acceptance(target, same, prompt, config)
+    assert len(good) == L_MAX and min(good) == 1.0  # SD accepts a draft equal to the target always
+    bad = measure_acceptance(target, useless, prompt, config)
+    assert 1 <= len(bad) < L_MAX and bad[0] < 0.3  # the later positions are too rarely tried to keep
+    assert measure_acceptance(target, useless, prompt, config) == bad  # seeded: the same every time
+    assert measure_acceptance(target, useless, prompt, config, seed=1) != bad
+
+
+def test_a_measured_start_speculates_from_the_first_step(models):
+    """From the 0.5 prior the policy starts on AR and waits for a probe; from the measured rates it
+    speculates at once. With the useless draft's measured rates it stays within 5 % of AR."""
+    target, same, useless, prompt = models
+    config = DecodeConfig(policy="sd", draft_length=L_MAX, max_new_tokens=120)
+    _, cold = run(target, same, prompt, costs=MID)
+    _, warm = run(target, same, prompt, costs=MID, acceptance=measure_acceptance(target, same, prompt, config))
+    assert cold.length_counts[0] >= 10 and warm.length_counts[0] == 0
+    assert cost_per_token(warm, MID) < 0.9 * cost_per_token(cold, MID)
+    _, stats = run(target, useless, prompt, costs=MID, acceptance=measure_acceptance(target, useless, prompt, config))
+    assert cost_per_token(stats, MID) <= 1.05 * MID.ar_step
 
 
 def test_adaptive_setting_is_validated():

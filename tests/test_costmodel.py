@@ -55,7 +55,7 @@ def test_costs_are_validated():
 
 
 def test_acceptance_counter_counts_tried_positions_only():
-    c = AcceptanceCounter(4, prior_rate=0.5, prior_weight=2.0, decay=1.0)
+    c = AcceptanceCounter(4, prior=(0.5,), prior_weight=2.0, decay=1.0)
     c.update(3, 1)  # position 1 accepted, 2 rejected, 3 never tried
     assert c.tried == [1, 1, 0, 0] and c.accepted == [1, 0, 0, 0]
     r = c.rates()
@@ -108,7 +108,7 @@ def simulated_rate(costs: StepCosts, rate: float, seed: int, steps: int = 3000, 
     import random
 
     rng = random.Random(seed)
-    policy = DraftLengthPolicy(planned or costs, 3, counter=AcceptanceCounter(3, prior_rate=0.66))
+    policy = DraftLengthPolicy(planned or costs, 3, counter=AcceptanceCounter(3, prior=(0.66,)))
     tokens = seconds = 0.0
     for _ in range(steps):
         length = policy.choose()
@@ -157,7 +157,7 @@ def test_speculation_switches_on_only_for_a_gain_beyond_the_margin_and_then_stay
     costs = StepCosts(target_forward=(1.0, 1.4), draft_forward=(0.4, 0.5), rule=0.0, sample=0.0)
 
     def sure(rate: float, weight: float = 1e6) -> AcceptanceCounter:
-        return AcceptanceCounter(1, prior_rate=rate, prior_weight=weight)
+        return AcceptanceCounter(1, prior=(rate,), prior_weight=weight)
 
     for rate, on in ((0.9, False), (1.0, True)):  # L = 1: +0.5 % and +5.3 % over AR
         gain = predict(costs, [rate], 1)[1] / predict(costs, [rate], 1)[0] - 1

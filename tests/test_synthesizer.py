@@ -195,6 +195,40 @@ def test_load_measures_the_adaptive_costs_and_seeded_streams_plan_with_them(mode
     assert measured == [1] and len(learning) == 3  # a fixed draft length plans nothing
 
 
+def test_load_measures_where_the_adaptive_length_starts_and_every_stream_starts_there(models, groups_file,
+                                                                                     monkeypatch):
+    """The per-position acceptance an utterance's draft length starts from is measured once per
+    decode configuration (the loaded one by `load`, another by its first stream), seeded or not."""
+    from pcgtts.runtime import synthesizer as module
+    from pcgtts.runtime.decode import speculative
+
+    measured, priors = [], []
+    original = module.measure_acceptance
+    monkeypatch.setattr(module, "measure_acceptance", lambda *a, **k: measured.append(a[3]) or original(*a, **k))
+
+    class Spy(speculative.DraftLengthPolicy):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            priors.append(self.counter.prior)
+
+    monkeypatch.setattr(speculative, "DraftLengthPolicy", Spy)
+    config = SynthesisConfig(decode=DecodeConfig(policy="sd", max_new_tokens=30), seed=3, tokens_per_char=1.0,
+                             min_tokens=20)
+    synth = Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
+                                        max_length=1024, config=config)
+    rates = synth.starting_acceptance(config.decode)
+    assert len(measured) == 1
+    assert rates and all(0 <= r <= 1 for r in rates)
+    synth.synthesize("Hello there.")
+    synth.synthesize("Hello there.", config=replace(config, seed=None))
+    assert len(measured) == 1 and priors == [rates, rates]
+    colder = replace(config, decode=replace(config.decode, sampling=SamplingConfig(temperature=0.3)))
+    synth.synthesize("Hello there.", config=colder)
+    assert len(measured) == 2 and priors[-1] == synth.starting_acceptance(colder.decode)
+    assert synth.starting_acceptance(replace(config.decode, policy="ar")) is None
+    assert synth.starting_acceptance(replace(config.decode, adaptive_draft=False)) is None
+
+
 def test_a_worker_that_adopts_anothers_plan_repeats_its_seeded_audio(models, groups_file):
     """Two loads of the same models measure two sets of step costs (timing noise), so their adaptive
     draft lengths, and with them a seeded utterance's draws, can differ; `adopt_plan` (what the

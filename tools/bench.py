@@ -28,6 +28,7 @@ import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
 from pcgtts.runtime.config import PCG_POLICIES, STATE_POLICIES
+from pcgtts.runtime.decode.cost_model import StepCosts, conditional_acceptance, counted_seconds, expected_tokens
 from pcgtts.runtime.lm.protocol import common_prefix
 from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
 from pcgtts.runtime.text.prompt import build_prompt
@@ -149,6 +150,7 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
         "length_counts": length_counts,  # steps per draft length (index 0: AR steps of an adaptive run)
         "catchup_tokens": sum(sentence.catchup_tokens for sentence in s.sentences),
         "planned_costs": next((sentence.costs for sentence in s.sentences if sentence.costs), None),
+        "starting_acceptance": synth.starting_acceptance(config.decode),  # measured at load: where L starts from
         "learned_costs": next((sentence.learned_costs.as_dict() for sentence in reversed(s.sentences)
                                if sentence.learned_costs is not None), None),
         "time_draft": total.time_draft,
@@ -197,17 +199,6 @@ def _percentiles(values) -> dict:
     return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
 
 
-def conditional_acceptance(per_position_accepted: list[int], speculative_steps: int) -> list[float]:
-    """a_i = P(position i accepted | 1..i-1 accepted) from counts of accepted proposals per position
-    over `speculative_steps` steps (exact for a fixed L; for an adaptive run, steps that drafted
-    fewer positions make the later rates an under-estimate)."""
-    rates, tried = [], speculative_steps
-    for accepted in per_position_accepted:
-        rates.append(accepted / tried if tried else 0.0)
-        tried = accepted
-    return rates
-
-
 def summarize(case: BenchCase, records: list[dict]) -> dict:
     tokens = sum(r["tokens"] for r in records)
     seconds = sum(r["total_seconds"] for r in records)
@@ -248,6 +239,7 @@ def summarize(case: BenchCase, records: list[dict]) -> dict:
         "length_counts": length_counts,
         "catchup_tokens": sum(r["catchup_tokens"] for r in records),
         "planned_costs": next((r["planned_costs"] for r in records if r.get("planned_costs")), None),
+        "starting_acceptance": next((r["starting_acceptance"] for r in records if r.get("starting_acceptance")), None),
         "learned_costs": _mean_costs([r["learned_costs"] for r in records if r.get("learned_costs")]),
         # Share of wall time per phase: draft forwards, target forwards (verify passes or AR steps),
         # the rule (acceptance + sampling), other (prefill, the codec, the loop's Python, the player).
@@ -286,8 +278,6 @@ def predicted_speedup(summary: dict, ar: dict, at_load: bool = False) -> float |
     steps where acceptance is high and short ones where it is low, and pooled rates mix the two
     regimes (and under-count later positions, `conditional_acceptance`), off in either direction;
     counted tokens leave the cost model's timing as the one thing the prediction can get wrong."""
-    from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds, expected_tokens
-
     rates = summary["conditional_acceptance"]
     planned = summary.get("planned_costs") if at_load else summary.get("learned_costs") or summary.get("planned_costs")
     if planned:

@@ -118,20 +118,21 @@ def fastest(per_length: Sequence[float], shortest: int = 0) -> int:
 
 
 class AcceptanceCounter:
-    """Running per-position acceptance: a_i = (accepted_i + w a_{i-1}) / (tried_i + w).
+    """Running per-position acceptance: a_i = (accepted_i + w p_i) / (tried_i + w).
 
     Position i is *tried* in a step when the draft proposed it and 1..i-1 were accepted. The
-    prior pulls an untried position toward the previous one's rate (position 1 toward
-    `prior_rate`), so estimates exist for lengths never run. Counts decay by `decay` per step,
-    so the estimate follows an utterance whose acceptance drifts.
+    prior p_i is `prior[i]`, or past the end of `prior` the previous position's estimate (so
+    estimates exist for lengths never run); w is `prior_weight`, the prior's worth in steps.
+    Counts decay by `decay` per step, so the estimate follows an utterance whose acceptance drifts.
     """
 
-    def __init__(self, max_length: int, prior_rate: float = 0.5, prior_weight: float = 2.0, decay: float = 0.98):
+    def __init__(self, max_length: int, prior: Sequence[float] = (0.5,), prior_weight: float = 2.0,
+                 decay: float = 0.98):
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        if not (0 <= prior_rate <= 1 and prior_weight > 0 and 0 < decay <= 1):
-            raise ValueError("need 0 <= prior_rate <= 1, prior_weight > 0, 0 < decay <= 1")
-        self.prior_rate, self.prior_weight, self.decay = prior_rate, prior_weight, decay
+        if not (prior and all(0 <= p <= 1 for p in prior) and prior_weight > 0 and 0 < decay <= 1):
+            raise ValueError("need 1 or more prior rates in [0, 1], prior_weight > 0, 0 < decay <= 1")
+        self.prior, self.prior_weight, self.decay = tuple(float(p) for p in prior), prior_weight, decay
         self.tried = [0.0] * max_length
         self.accepted = [0.0] * max_length
 
@@ -148,11 +149,41 @@ class AcceptanceCounter:
     def rates(self, optimism: float = 0.0) -> list[float]:
         """Per-position estimates; `optimism` z > 0 adds z standard errors to each (an upper
         confidence bound: what the evidence does not yet rule out)."""
-        out, prior = [], self.prior_rate
-        for tried, accepted in zip(self.tried, self.accepted):
-            prior = (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
-            out.append(min(1.0, prior + optimism * math.sqrt(prior * (1 - prior) / (tried + self.prior_weight))))
+        out, rate = [], self.prior[0]
+        for i, (tried, accepted) in enumerate(zip(self.tried, self.accepted)):
+            prior = self.prior[i] if i < len(self.prior) else rate
+            rate = (accepted + self.prior_weight * prior) / (tried + self.prior_weight)
+            out.append(min(1.0, rate + optimism * math.sqrt(rate * (1 - rate) / (tried + self.prior_weight))))
         return out
+
+
+def conditional_acceptance(per_position_accepted: Sequence[int], speculative_steps: int) -> list[float]:
+    """a_i = P(position i accepted | 1..i-1 accepted) from counts of accepted proposals per position
+    over `speculative_steps` steps (exact for a fixed L; for an adaptive run, steps that drafted
+    fewer positions make the later rates an under-estimate); 0 for a position never tried."""
+    rates, tried = [], speculative_steps
+    for accepted in per_position_accepted:
+        rates.append(accepted / tried if tried else 0.0)
+        tried = accepted
+    return rates
+
+
+# What a measured starting acceptance (`measure_acceptance`: one fixed-length utterance at load) is
+# worth against an utterance's own steps, in steps. Simulated on lab-v2's eagle-pcg costs and rates
+# (`benchmarks/simulate_length_policy.py`, BENCHMARKS §32): from the 0.5 prior the policy reached
+# 1.06x AR in model time; from the measured rates 1.11x at weight 2, 1.14x at 6, 1.15x at 8 and 10
+# (fixed L = 3: 1.13x). More weight slows the move away from a start that is wrong for the voice.
+MEASURED_PRIOR_WEIGHT = 8.0
+
+
+def starting_counter(max_length: int, measured: Sequence[float] | None,
+                     recorded: float | None) -> AcceptanceCounter:
+    """The acceptance an adaptive draft length starts an utterance from: `measured` per-position
+    rates for this pair, rule and sampling if there are any (weighted as `MEASURED_PRIOR_WEIGHT`
+    steps), else the draft's `recorded` rate (from its trainer: SD's, for every rule), else 0.5."""
+    if measured:
+        return AcceptanceCounter(max_length, prior=measured, prior_weight=MEASURED_PRIOR_WEIGHT)
+    return AcceptanceCounter(max_length, prior=(recorded if recorded is not None else 0.5,))
 
 
 def counted_seconds(costs: StepCosts, length_counts: Sequence[int], catchup_tokens: int) -> float:

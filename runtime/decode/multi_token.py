@@ -36,14 +36,14 @@ No I/O, logging or tokenization here; restricted-vocabulary indices in and out, 
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
 from pcgtts.runtime.config import MTP_POLICIES, PCG_POLICIES, STATE_POLICIES, policy_rule
 from pcgtts.runtime.decode import compiled_rule
 from pcgtts.runtime.decode.calibrate import calibrated_costs
-from pcgtts.runtime.decode.cost_model import AcceptanceCounter, DraftLengthPolicy, StepCosts
+from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts, starting_counter
 from pcgtts.runtime.decode.acceptance import draw_uniforms, outcome, verify_threshold, verify_top_m
 from pcgtts.runtime.decode.acceptance_cpu import DigitRows, verify_one
 from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
@@ -309,7 +309,8 @@ def planned_costs(target, proposer: HeadProposer | EagleProposer, config, groups
 
 
 def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_ids: torch.Tensor, config, generator: torch.Generator,
-                       groups, stats, timer, costs: StepCosts | None = None) -> Iterator[list[int]]:
+                       groups, stats, timer, costs: StepCosts | None = None,
+                       acceptance: Sequence[float] | None = None) -> Iterator[list[int]]:
     """Yield bursts of speech codes, as `speculative.decode`; `timer` is its `_Timer`."""
     policy, sampling, vocab = config.policy, config.sampling, target.vocab
     if policy in PCG_POLICIES and groups is None and not sampling.greedy:
@@ -323,8 +324,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
     if config.adaptive_draft:
         learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
         costs = costs or planned_costs(target, proposer, config, groups, timer.sync)
-        prior = proposer.acceptance  # what the trainer measured, if it recorded it
-        counter = AcceptanceCounter(max_length, prior_rate=prior) if prior is not None else None
+        counter = starting_counter(max_length, acceptance, proposer.acceptance)
         length_policy = DraftLengthPolicy(costs, max_length, counter=counter, learn=learn)
         stats.costs = costs.as_dict()
     digits = digits_to_draw(target, sampling)

@@ -21,8 +21,8 @@ token ids in and restricted-vocabulary indices (speech codes) out, in bursts as 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -31,7 +31,8 @@ from pcgtts.runtime.decode import compiled_rule
 from pcgtts.runtime.decode.acceptance import draw_uniforms
 from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
 from pcgtts.runtime.decode.calibrate import calibrated_costs
-from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts
+from pcgtts.runtime.decode.cost_model import (MEASURED_PRIOR_WEIGHT, DraftLengthPolicy, StepCosts, conditional_acceptance,
+                                              starting_counter)
 from pcgtts.runtime.config import STATE_POLICIES, DecodeConfig, policy_rule
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
@@ -98,13 +99,16 @@ class _Timer:
 def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: DecodeConfig,
            generator: torch.Generator, groups: DeviceGroupTable | None = None,
            stats: DecodeStats | None = None, sync: Callable[[], None] | None = None,
-           costs: StepCosts | None = None, proposer=None) -> Iterator[list[int]]:
+           costs: StepCosts | None = None, proposer=None,
+           acceptance: Sequence[float] | None = None) -> Iterator[list[int]]:
     """Yield bursts of speech codes for `prompt_ids` [T] until the stop token or a limit.
 
     `generator` lives on the target's device; `sync` (e.g. torch.cuda.synchronize) makes the
     per-phase timings in `stats` exact on asynchronous devices at the cost of extra syncs.
     With `config.adaptive_draft`, `costs` are the step costs the draft length is planned with
-    (default: measured once per model pair by `runtime/decode/calibrate.py`). The `mtp-*`
+    (default: measured once per model pair by `runtime/decode/calibrate.py`) and `acceptance` the
+    per-position rates it starts from (`measure_acceptance`; default: the draft's recorded rate, else
+    0.5: `cost_model.starting_counter`). The `mtp-*`
     policies propose with `proposer` (a `multi_token.HeadProposer` or `EagleProposer`) reading the target's states.
     """
     stats = stats if stats is not None else DecodeStats()
@@ -115,7 +119,7 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
             raise ValueError(f"policy {config.policy!r} needs a proposer on the target's states (multi-token heads "
                              "for mtp-*, an EAGLE draft for eagle-*)")
         return decode_multi_token(target, proposer, prompt_ids, config, generator, groups, stats, _Timer(stats, sync),
-                                  costs)
+                                  costs, acceptance)
     if config.policy != "ar" and draft is None:
         raise ValueError(f"policy {config.policy!r} needs a draft model")
     if config.policy == "pcg" and groups is None and not config.sampling.greedy:
@@ -128,7 +132,7 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
         return _autoregressive(target, prompt_ids, config, generator, stats, sync, "target")
     if config.policy == "draft":
         return _autoregressive(draft, prompt_ids, config, generator, stats, sync, "draft")
-    return _speculative(target, draft, prompt_ids, config, generator, groups, stats, sync, costs)
+    return _speculative(target, draft, prompt_ids, config, generator, groups, stats, sync, costs, acceptance)
 
 
 def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGroupTable | None = None,
@@ -150,6 +154,25 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
 
         return planned_costs(target, proposer, config, groups, sync) if proposer is not None else None
     return _planned_costs(target, draft, config, groups, sync) if draft is not None else None
+
+
+def measure_acceptance(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: DecodeConfig,
+                       groups: DeviceGroupTable | None = None, proposer=None, seed: int = 0) -> tuple[float, ...]:
+    """Per-position acceptance P(i accepted | 1..i-1 were) of `config`'s rule and sampling on this
+    pair, from one seeded decode of `prompt_ids` at the fixed draft length: where an adaptive draft
+    length starts each utterance (`cost_model.starting_counter`), instead of a guess its own steps
+    must first disprove (at 0.5, lab-v2's eagle-pcg parked 77-93 % of its steps on AR, BENCHMARKS §31).
+    Positions tried fewer than `MEASURED_PRIOR_WEIGHT` times are left out (the counter takes the
+    previous position's rate for them). Deterministic given the models, so seeded utterances repeat."""
+    fixed = replace(config, adaptive_draft=False)
+    stats = DecodeStats()
+    generator = torch.Generator(device=target.device).manual_seed(seed)
+    for _ in decode(target, draft, prompt_ids, fixed, generator, groups, stats, proposer=proposer):
+        pass
+    speculative_steps = sum(stats.length_counts[1:])
+    rates = conditional_acceptance(stats.per_position_accepted, speculative_steps)
+    tried = [speculative_steps, *stats.per_position_accepted[:-1]]
+    return tuple(rate for rate, n in zip(rates, tried) if n >= MEASURED_PRIOR_WEIGHT)  # tried never grows: a prefix
 
 
 def _planned_costs(target: LM, draft: LM, config: DecodeConfig, groups, sync) -> StepCosts:
@@ -246,7 +269,7 @@ _CATCH_UP_CHUNK = 64  # tokens per draft forward while it catches up (bounds the
 
 
 def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, stats, sync,
-                 costs: StepCosts | None = None) -> Iterator[list[int]]:
+                 costs: StepCosts | None = None, acceptance: Sequence[float] | None = None) -> Iterator[list[int]]:
     timer = _Timer(stats, sync)
     vocab, max_length, sampling = target.vocab, config.draft_length, config.sampling
     rule = "greedy" if sampling.greedy else config.policy
@@ -260,7 +283,8 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
     if config.adaptive_draft:
         learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
         costs = costs or _planned_costs(target, draft, config, groups, sync)
-        policy = DraftLengthPolicy(costs, max_length, learn=learn)
+        policy = DraftLengthPolicy(costs, max_length, learn=learn,
+                                   counter=starting_counter(max_length, acceptance, None))
         stats.costs = costs.as_dict()
     _start(target, prompt_ids)
     last = prompt_ids[-1:].to(device)  # the newest token; the target's cache holds everything before it
