@@ -47,7 +47,7 @@ _END = object()  # queue sentinel: the worker finished
 # The sentence an adaptive draft length's starting acceptance is measured on (in the model's own
 # voice, `Synthesizer.starting_acceptance`), and the most tokens that measurement decodes.
 CALIBRATION_TEXT = "The birch canoe slid on the smooth planks, and the wind rose over the grey water."
-CALIBRATION_TOKENS = 100  # ~30 steps at L = 3; ~0.8 s of the built-in voice's load on a 2-core CPU
+CALIBRATION_TOKENS = 100  # ~30-50 steps at L = 3; ~0.7 s of the built-in voice's load on a 2-core CPU
 _MAX_MEASURED = 16  # decode configurations whose measured acceptance is kept (oldest dropped first)
 
 
