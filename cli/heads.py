@@ -44,9 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--heldout", type=positive(int), help="sequences for the before/after figures (default 12)")
     eagle.add_argument("--steps", type=positive(int), help="optimiser steps (default 3,000)")
     eagle.add_argument("--temperature", type=positive(float), default=0.8, help="of the on-policy sampling")
-    eagle.add_argument("--match-temperature", type=positive(float),
-                       help="fit the draft's distributions at this decoding temperature (loss and figures; "
-                            "default 1); resuming a finished run with another value fine-tunes it")
     eagle.add_argument("--max-tokens", type=positive(int), default=400, help="speech tokens per sequence at most")
     eagle.add_argument("--mlp-size", type=positive(int), help="the block's MLP width (default: the target's; "
                        "narrower = cheaper proposals)")
@@ -108,8 +105,7 @@ def _eagle(args) -> int:
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, train_eagle
 
-    given = {name: getattr(args, name) for name in ("sequences", "heldout", "steps", "passes", "batch_sequences",
-                                                    "match_temperature")
+    given = {name: getattr(args, name) for name in ("sequences", "heldout", "steps", "passes", "batch_sequences")
              if getattr(args, name) is not None}
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,

@@ -230,39 +230,6 @@ def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, fa
     assert all(after > before for after, before in zip(last[1]["accept"], first[1]["accept"]))
 
 
-def test_the_loss_head_tempers_both_distributions_as_sampling_does(factorised_target):
-    """`TargetHead(model, T)` fits the draft at decoding temperature T: a digit head's closed-form KL
-    of scores divided by T equals the KL of the expanded distributions softmax(logits / T) (what
-    sampling at T draws from), it is not the KL at T 1, and the figures' 1 - TV is taken at T too."""
-    from pcgtts.runtime.lm.torch_lm import TorchLM
-    from pcgtts.train.eagle import TargetHead
-
-    model = TorchLM.load(factorised_target, max_length=64).model
-    gen = torch.Generator().manual_seed(0)
-    p_states = torch.randn(6, model.args.hidden_size, generator=gen)
-    q_states = p_states + 0.5 * torch.randn(6, model.args.hidden_size, generator=gen)
-    with torch.no_grad():
-        for t in (1.0, 0.2):
-            head = TargetHead(model, t)
-            assert head.digits
-            closed = head.kl(p_states, [q_states])[0]
-            p = torch.softmax(model.logits(p_states).double() / t, -1)
-            q = torch.log_softmax(model.logits(q_states).double() / t, -1)
-            expanded = torch.where(p > 0, p * (torch.log(p) - q), 0.0).sum(-1)
-            assert torch.allclose(closed.double(), expanded, rtol=1e-3, atol=1e-5), t
-            accept, _ = head.figures(p_states, [q_states])[0]
-            q_probs = torch.softmax(model.logits(q_states).double() / t, -1)
-            assert accept == pytest.approx(float(1 - 0.5 * (p - q_probs).abs().sum(-1).mean()), abs=1e-4)
-            assert float(head.kl(p_states, [p_states])[0].abs().max()) < 1e-4
-        cold, warm = TargetHead(model, 0.2).kl(p_states, [q_states])[0], TargetHead(model).kl(p_states, [q_states])[0]
-        assert not torch.allclose(cold, warm, rtol=0.05)
-    with pytest.raises(ValueError, match="match_temperature"):
-        from pcgtts.train.eagle import EagleTrainConfig
-
-        EagleTrainConfig(target=factorised_target, out=factorised_target / "x", work_dir=factorised_target,
-                         sentences=("a",), match_temperature=0.0)
-
-
 def test_eagle_policies_need_their_draft(tiny_models, tmp_path, target, prompt):
     """Without the draft the eagle-* policies are refused before anything loads; a draft saved
     next to the target is found and streams audio."""

@@ -14,11 +14,9 @@ The draft reads (h_j, x_{j+1}) and must give the target's distribution of x_{j+2
 Pass k is what the draft meets at its k-th proposal (its own predictions in place of the
 target's states). With a digit-factorised target head the KL of every row is taken in closed
 form (`digit_head.digit_kl`, 34 scores a row); with any other head on a random subset of rows
-(the 65,537-way distributions are the cost). Both distributions are taken at `match_temperature`
-(default 1): the decoding temperature the draft is to serve (a voice played at T 0.2 is served by a
-draft fitted at 0.2, where what matters is agreeing on the few codes the cold target keeps). The
-block runs over whole sequences. Reported on held-out sequences, before and after: the SD acceptance
-1 - TV(p, q) at that temperature and top-1 agreement, per pass.
+(the 65,537-way distributions are the cost). The block runs over whole sequences. Reported on
+held-out sequences, before and after: the SD acceptance 1 - TV(p, q) at temperature 1 and top-1
+agreement, per pass.
 """
 
 from __future__ import annotations
@@ -46,14 +44,9 @@ class EagleTrainConfig(OnPolicyConfig):
     regression: float = 0.1
     intermediate_size: int | None = None  # the block's MLP width (default: the target's)
     block: str = "attention"  # or "mlp": attention-free, half the ops a proposal (runtime/lm/eagle.py)
-    # The temperature of the distributions the draft is fitted to (loss and figures). Not part of a
-    # checkpoint's identity: resuming a finished run with another value fine-tunes it toward that one.
-    match_temperature: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.match_temperature > 0:
-            raise ValueError(f"match_temperature must be > 0, got {self.match_temperature}")
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
         if min(self.batch_sequences, self.kl_rows, self.figure_rows, self.passes) < 1 or self.regression < 0:
@@ -93,39 +86,37 @@ def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> S
 
 
 class TargetHead:
-    """The frozen target's head as the loss reads it, at `temperature` (scores and logits divided by
-    it). With a digit table (`Llama.samples_digits`) the KL of every row is exact and cheap
-    (`digit_head.digit_kl`: 34 scores a row, no 65,537-way expansion; a code's logit is a sum of
-    scores, so dividing the scores tempers it); any other head expands rows, so only `kl_rows` random
-    rows a batch enter the loss."""
+    """The frozen target's head as the loss reads it. With a digit table (`Llama.samples_digits`)
+    the KL of every row is exact and cheap (`digit_head.digit_kl`: 34 scores a row, no 65,537-way
+    expansion); any other head expands rows, so only `kl_rows` random rows a batch enter the loss."""
 
-    def __init__(self, model, temperature: float = 1.0):
-        self.model, self.temperature = model, temperature
+    def __init__(self, model):
+        self.model = model
         self.digits = model.digits if model.samples_digits else 0
 
     def kl(self, p_states: torch.Tensor, q_states: list[torch.Tensor]) -> list[torch.Tensor]:
         """KL(target(. | p_states) || target head(. | q)) per row for each q in `q_states`
         (the passes): [R, D], k x [R, D] -> k x [R]; the target's side is computed once."""
-        model, t = self.model, self.temperature
+        model = self.model
         if self.digits:
             with torch.no_grad():
-                p_scores = model.head_scores(p_states) / t
-            return [digit_kl(p_scores, model.head_scores(q) / t, self.digits).float() for q in q_states]
+                p_scores = model.head_scores(p_states)
+            return [digit_kl(p_scores, model.head_scores(q), self.digits).float() for q in q_states]
         with torch.no_grad():
-            p = torch.softmax(model.logits(p_states) / t, -1)
+            p = torch.softmax(model.logits(p_states), -1)
             log_p = torch.log(p.clamp_min(1e-30))
-        return [torch.where(p > 0, p * (log_p - torch.log_softmax(model.logits(q) / t, -1)), 0.0).sum(-1)
+        return [torch.where(p > 0, p * (log_p - torch.log_softmax(model.logits(q), -1)), 0.0).sum(-1)
                 for q in q_states]
 
     @torch.no_grad()
     def figures(self, p_states: torch.Tensor, q_states: list[torch.Tensor]) -> list[tuple[float, float]]:
-        """(SD acceptance 1 - TV at `temperature`, top-1 agreement), mean over rows (expanded), for
+        """(SD acceptance 1 - TV at temperature 1, top-1 agreement), mean over rows (expanded), for
         each q in `q_states`; the target's rows are expanded once."""
-        p = torch.softmax(self.model.logits(p_states) / self.temperature, -1)
+        p = torch.softmax(self.model.logits(p_states), -1)
         p_top = p.argmax(-1)
         out = []
         for q_states_k in q_states:
-            q = torch.softmax(self.model.logits(q_states_k) / self.temperature, -1)
+            q = torch.softmax(self.model.logits(q_states_k), -1)
             out.append((float(1.0 - 0.5 * (p - q).abs().sum(-1).mean()), float((q.argmax(-1) == p_top).float().mean())))
         return out
 
@@ -157,7 +148,7 @@ def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, inde
 
 def evaluate_eagle(draft: EagleDraft, head: TargetHead, data: StateSequences, kl_rows: int = 512,
                    passes: int = 2) -> dict:
-    """Held-out acceptance (1 - TV at the head's temperature) and agreement per pass (pass 1: the first
+    """Held-out acceptance (1 - TV at temperature 1) and agreement per pass (pass 1: the first
     proposal, pass k: the k-th), per sequence pooled."""
     sums, count = {"accept": [0.0] * passes, "agree": [0.0] * passes}, 0
     rng = random.Random(0)
@@ -174,7 +165,7 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     """Generate (or reuse) on-policy sequences, train the draft (resumable), write `cfg.out`."""
     target, train_pairs, heldout_pairs = frozen_target_and_pairs(cfg, generation_progress)
     data, heldout = state_sequences(target, train_pairs), state_sequences(target, heldout_pairs)
-    head = TargetHead(target.model, cfg.match_temperature)
+    head = TargetHead(target.model)
     draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
         m = draft.args.intermediate_size  # (a narrower MLP keeps the first m hidden units)
