@@ -33,7 +33,7 @@ from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.calibrate import adopt_costs
-from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance, prepare
+from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance, plans_draft_length, prepare
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.numbers import spell_numbers
@@ -343,7 +343,7 @@ class Synthesizer:
         """The per-position acceptance an adaptive draft length starts every utterance from: measured
         once per decode configuration by decoding `CALIBRATION_TEXT` at the fixed draft length,
         seeded (`speculative.measure_acceptance`); None when nothing is planned."""
-        if not decode_config.adaptive_draft or decode_config.policy in ("ar", "draft") or decode_config.steps_per_sync:
+        if not plans_draft_length(decode_config):
             return None
         key = replace(decode_config, max_new_tokens=CALIBRATION_TOKENS)
         if key not in self._acceptance:

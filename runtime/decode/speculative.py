@@ -135,6 +135,12 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
     return _speculative(target, draft, prompt_ids, config, generator, groups, stats, sync, costs, acceptance)
 
 
+def plans_draft_length(config: DecodeConfig) -> bool:
+    """Whether `decode` with `config` chooses its draft length step by step (`DraftLengthPolicy`):
+    adaptive, with a policy that drafts (whole steps on the device take a fixed length: `DecodeConfig`)."""
+    return config.adaptive_draft and config.policy not in ("ar", "draft")
+
+
 def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGroupTable | None = None,
             proposer=None, sync: Callable[[], None] | None = None) -> StepCosts | None:
     """Measure now what `decode` with `config` would measure in its first step: the step costs an
@@ -147,7 +153,7 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
         proposer.warm_up(config)
     # a compiled rule's package is built or loaded now (sd / pcg, and their mtp- / eagle- forms)
     compiled_rule.for_loop(target, policy_rule(config.policy), config.sampling, groups, config.pcg_thinning_trials)
-    if not config.adaptive_draft or config.policy in ("ar", "draft"):
+    if not plans_draft_length(config):
         return None
     if config.policy in STATE_POLICIES:
         from pcgtts.runtime.decode.multi_token import planned_costs
