@@ -34,6 +34,28 @@ if [ "$step" = all ] || [ "$step" = lmc ]; then
         --policies ar,sd --steps-per-sync 0,8 --compile-steps --no-hf \
         --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lmc.err" | tee "$OUT/lmc.log" | tail -10
 fi
+if [ "$step" = labs ]; then
+    # Several `pcgtts lab lm` runs side by side on the one GPU (one run's host-side batch building leaves
+    # most of an H100 idle): LAB_RUNS="name:flags;name:flags", each trained in /tmp/lab/<name> for at most
+    # MINUTES (resumes when called again on the same machine); its weights come back as float16 parts in
+    # $OUT/<name>, every run's log tail in $OUT/labs.log.
+    [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('.carry/lab.npz', '/tmp/lab')" || exit 1
+    IFS=';' read -ra runs <<<"${LAB_RUNS:?LAB_RUNS names the runs}"
+    for run in "${runs[@]}"; do
+        name=${run%%:*}
+        mkdir -p "/tmp/lab/$name" && ln -sf /tmp/lab/codes.npz "/tmp/lab/$name/codes.npz"
+        # shellcheck disable=SC2086
+        python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" lab lm --corpus /tmp/lab/corpus \
+            --codec /tmp/lab/codec --out "/tmp/lab/$name" --device cuda --checkpoint-minutes 100 \
+            --max-minutes "${MINUTES:-8}" ${run#*:} >"/tmp/lab/$name.log" 2>&1 &
+    done
+    wait
+    for run in "${runs[@]}"; do
+        name=${run%%:*}
+        { echo "== $name: ${run#*:}"; grep -E "heldout|stopping|conditioning|Error" "/tmp/lab/$name.log" | tail -4; } | tee -a "$OUT/labs.log"
+        python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; split_checkpoint('/tmp/lab/$name/checkpoint.pt', '$OUT/$name', dtype=torch.float16)"
+    done
+fi
 if [ "$step" = lab ]; then
     # The lab's target LM trained here (not part of "all"): .carry/lab.npz is `pcgtts.train.lm.pack_codes`'s
     # file, made on the CPU machine and carried (device tool: carry [".carry"]); LAB_ARGS adds `pcgtts lab lm`
