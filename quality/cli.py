@@ -89,7 +89,28 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="where reference audio is rendered (default ~/.cache/pcgtts/eval)")
     p.add_argument("--out", help="output folder for results.json, tables.txt and curves_*.png")
     p.set_defaults(func=run_eval, policy=None, seed=None, temperature=None)
+
+    d = sub.add_parser("eval-diff", help="two synth runs of eval compared utterance by utterance (e.g. two models)")
+    d.add_argument("base", type=Path, help="the baseline run's results.json (eval --out)")
+    d.add_argument("new", type=Path, help="the compared run's results.json, on the same sentences and seeds")
+    d.set_defaults(func=run_diff)
     return p
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from pcgtts.quality.diff import diff_runs, render
+
+    runs = []
+    for path in (args.base, args.new):
+        try:
+            runs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: not an eval results.json ({err})") from None
+    rows = diff_runs(*runs)
+    names = [run.get("models", {}).get("target") or str(path) for run, path in zip(runs, (args.base, args.new))]
+    print(render(rows, *names))
+    print(json.dumps({"base": str(args.base), "new": str(args.new), "rows": rows}))
+    return 0
 
 
 # -- validation (before any model loads) ---------------------------------------------------

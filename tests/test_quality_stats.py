@@ -83,3 +83,38 @@ def test_each_utterance_gets_its_own_random_stream():
     assert len(seeds) == 60
     assert stream_seed(0, "s01") == stream_seed(0, "s01") == 1199378483  # zlib.crc32(b"0/s01")
     assert stream_seed(0, "s01") + AA_SEED_OFFSET not in seeds
+
+
+def test_eval_diff_pairs_two_runs_by_case_sentence_and_seed(tmp_path, capsys):
+    """Two synth runs (e.g. two models): the difference is taken utterance by utterance, cases only one
+    run has are left out, and runs on different utterances or of another mode are refused."""
+    import json
+
+    from pcgtts.cli import main
+    from pcgtts.quality.diff import diff_runs
+
+    def run(wer_of, cases=("ar",), sentences=("s1", "s2", "s3")):
+        records = [{"case": c, "sentence": s, "seed": seed, "wer": wer_of(i, seed), "cer": 0.5, "sim": 0.7}
+                   for c in cases for i, s in enumerate(sentences) for seed in (0, 1)]
+        return {"mode": "synth", "temperature": 0.2, "records": records, "models": {"target": "m"}}
+
+    base = run(lambda i, seed: 0.2 * i + 0.1 * seed)  # sentences differ a lot, the change below is small
+    new = run(lambda i, seed: 0.2 * i + 0.1 * seed - 0.05 - 0.01 * seed, cases=("ar", "pcg L=3"))
+    (row,) = diff_runs(base, new)
+    assert (row["case"], row["temperature"], row["utterances"]) == ("ar", 0.2, 6)
+    delta = row["wer"]["delta"]
+    assert delta["mean"] == pytest.approx(-0.055) and delta["high"] < 0  # consistent: the interval excludes 0
+    assert row["wer"]["base"]["high"] > row["wer"]["new"]["low"]  # where the unpaired intervals overlap
+    assert row["cer"]["delta"]["mean"] == 0.0
+    with pytest.raises(ValueError, match="same utterances"):
+        diff_runs(base, run(lambda i, seed: 0.0, sentences=("s1", "s2")))
+    with pytest.raises(ValueError, match="synth runs"):
+        diff_runs(base, {"mode": "codec", "records": []})
+
+    (tmp_path / "a.json").write_text(json.dumps(base))
+    (tmp_path / "b.json").write_text(json.dumps(new))
+    assert main(["eval-diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "-5.5 ±" in out and json.loads(out.splitlines()[-1])["rows"][0]["case"] == "ar"
+    (tmp_path / "c.json").write_text("{not json")
+    assert main(["eval-diff", str(tmp_path / "a.json"), str(tmp_path / "c.json")]) == 2
