@@ -9,12 +9,10 @@ speculation off when no L beats AR, and probes with L = 1 now and then to re-est
 Model of one speculative step with draft length L (a_i = P(position i accepted | 1..i-1 were)):
 
     tokens(L) = 1 + sum_{k=1..L} prod_{i<=k} a_i                   (accepted + recovered/bonus)
-    time(L)   = propose(L) + P(all L accepted) (draft(2) - draft(1)) + target(L + 1) + rule + other(1)
-    time(0)   = target(1) + sample + other(0)                       (tokens(0) = 1)
+    time(L)   = propose(L) + P(all L accepted) (draft(2) - draft(1)) + target(L + 1) + rule
+    time(0)   = target(1) + sample                                  (tokens(0) = 1)
 
-(the middle term: after a fully accepted step the draft is fed two tokens; other: the step's work
-outside the timed parts, the loop's bookkeeping and the stream's consumer, learnt by the loop and
-larger for a speculative step than a plain one). propose(L) is L draft
+(the middle term: after a fully accepted step the draft is fed two tokens). propose(L) is L draft
 steps, L draft(1), unless the draft proposes its L tokens in one call (a compiled chain: a fixed
 cost per call plus a little per token) and they were timed as such (`StepCosts.proposals`). This is the
 i.i.d. formula of Leviathan et al. with the product of per-position rates instead of alpha^k.
@@ -45,19 +43,14 @@ class StepCosts:
     sample: float = 0.0  # probabilities + sampling one token, per AR step
     # k proposals drafted in one call, k = 1 .. len (a draft that chains them: `propose`); empty: k draft steps
     proposals: tuple[float, ...] = ()
-    # per step, outside the timed parts (the loop's own work, the stream's consumer): (AR step, speculative step)
-    step_overhead: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target_forward", tuple(float(x) for x in self.target_forward))
         object.__setattr__(self, "draft_forward", tuple(float(x) for x in self.draft_forward))
         object.__setattr__(self, "proposals", tuple(float(x) for x in self.proposals))
-        object.__setattr__(self, "step_overhead", tuple(float(x) for x in self.step_overhead))
-        if len(self.target_forward) < 2 or not self.draft_forward or len(self.step_overhead) != 2:
-            raise ValueError("StepCosts needs target costs for >= 2 token counts, draft costs for >= 1 "
-                             "and a step overhead for AR and speculative steps")
-        values = (*self.target_forward, *self.draft_forward, *self.proposals, *self.step_overhead, self.rule,
-                  self.sample)
+        if len(self.target_forward) < 2 or not self.draft_forward:
+            raise ValueError("StepCosts needs target costs for >= 2 token counts and draft costs for >= 1")
+        values = (*self.target_forward, *self.draft_forward, *self.proposals, self.rule, self.sample)
         if not all(math.isfinite(v) and v >= 0 for v in values) or min(self.target_forward) <= 0:
             raise ValueError(f"costs must be finite and >= 0 (target > 0), got {values}")
 
@@ -73,7 +66,7 @@ class StepCosts:
 
     @property
     def ar_step(self) -> float:
-        return self.target(1) + self.sample + self.step_overhead[0]
+        return self.target(1) + self.sample
 
     def catch_up(self, missed: int) -> float:
         """Extra draft time to feed `missed` tokens it skipped while speculation was off."""
@@ -81,7 +74,7 @@ class StepCosts:
 
     def as_dict(self) -> dict:
         out = {"target_forward": list(self.target_forward), "draft_forward": list(self.draft_forward),
-               "rule": self.rule, "sample": self.sample, "step_overhead": list(self.step_overhead)}
+               "rule": self.rule, "sample": self.sample}
         return {**out, "proposals": list(self.proposals)} if self.proposals else out
 
 
@@ -106,7 +99,7 @@ def step_seconds(costs: StepCosts, acceptance: Sequence[float], length: int) -> 
         return costs.ar_step
     all_accepted = survival(acceptance, length)[-1]
     return (costs.propose(length) + all_accepted * (costs.draft(2) - costs.draft(1))
-            + costs.target(length + 1) + costs.rule + costs.step_overhead[1])
+            + costs.target(length + 1) + costs.rule)
 
 
 def predict(costs: StepCosts, acceptance: Sequence[float], max_length: int) -> list[float]:
@@ -197,8 +190,7 @@ def counted_seconds(costs: StepCosts, length_counts: Sequence[int], catchup_toke
     """Time the cost model charges for a finished decode: `length_counts[L]` steps of draft length
     L (0 = AR) plus the draft's catch-up on `catchup_tokens` tokens (fed late, at its per-token
     rate). What the adaptive policy is judged by in tests: model time, not wall time."""
-    steps = sum(count * (costs.ar_step if n == 0 else
-                         costs.propose(n) + costs.target(n + 1) + costs.rule + costs.step_overhead[1])
+    steps = sum(count * (costs.ar_step if n == 0 else costs.propose(n) + costs.target(n + 1) + costs.rule)
                 for n, count in enumerate(length_counts))
     return steps + costs.catch_up(catchup_tokens)
 
@@ -206,7 +198,7 @@ def counted_seconds(costs: StepCosts, length_counts: Sequence[int], catchup_toke
 def _moved(costs: StepCosts, length: int, seconds: dict[str, float], timed: dict, rate: float) -> StepCosts:
     """`costs` with the parts `seconds` measured for one step of draft length `length` moved toward
     the measurements; `timed` counts the measurements of each entry (("target", k), ("draft", 0) or
-    ("proposals", L - 1), "rule", "sample", ("overhead", 0 or 1)) and is updated. An entry's n-th measurement moves it by max(1 / n, `rate`): the
+    ("proposals", L - 1), "rule", "sample") and is updated. An entry's n-th measurement moves it by max(1 / n, `rate`): the
     first replaces the load-time value, the next ones average, then `rate` follows drift (a part
     timed only by the rare probes would otherwise need dozens of probes to leave a wrong value)."""
     def toward(key, old: float, new: float | None) -> float:
@@ -215,20 +207,17 @@ def _moved(costs: StepCosts, length: int, seconds: dict[str, float], timed: dict
         timed[key] = timed.get(key, 0) + 1
         return old + max(1.0 / timed[key], rate) * (new - old)
 
-    target, overhead = list(costs.target_forward), list(costs.step_overhead)
+    target = list(costs.target_forward)
     if length < len(target) and seconds.get("time_target"):
         target[length] = toward(("target", length), target[length], seconds["time_target"])
-    kind = min(length, 1)
-    overhead[kind] = toward(("overhead", kind), overhead[kind], seconds.get("time_other"))
     if length == 0:
-        return replace(costs, target_forward=target, step_overhead=overhead,
-                       sample=toward("sample", costs.sample, seconds.get("time_verify")))
+        return replace(costs, target_forward=target, sample=toward("sample", costs.sample, seconds.get("time_verify")))
     draft, proposals = list(costs.draft_forward), list(costs.proposals)
     if seconds.get("time_draft") and length <= len(proposals):  # the step's proposals, drafted in one call
         proposals[length - 1] = toward(("proposals", length - 1), proposals[length - 1], seconds["time_draft"])
     elif seconds.get("time_draft"):
         draft[0] = toward(("draft", 0), draft[0], seconds["time_draft"] / length)
-    return replace(costs, target_forward=target, draft_forward=draft, proposals=proposals, step_overhead=overhead,
+    return replace(costs, target_forward=target, draft_forward=draft, proposals=proposals,
                    rule=toward("rule", costs.rule, seconds.get("time_verify")))
 
 
@@ -238,10 +227,7 @@ def _scaled(costs: StepCosts, loaded: StepCosts, timed: dict) -> StepCosts:
     runs above its load-time cost (the other work evicts its data from the caches); learning only
     the parts that run would make those that do not look cheap by comparison: on the built-in
     voice, with speculation off, the AR step rose 20 % toward its in-loop cost while the untimed
-    speculative step kept its load-time cost, until the policy switched on for a gain that was not there.
-    Likewise a speculative step's overhead, until timed, is taken as at least an AR step's."""
-    if ("overhead", 1) not in timed and costs.step_overhead[0] > costs.step_overhead[1]:
-        costs = replace(costs, step_overhead=(costs.step_overhead[0], costs.step_overhead[0]))
+    speculative step kept its load-time cost, until the policy switched on for a gain that was not there."""
     ratios = sorted(costs.target_forward[k] / loaded.target_forward[k]
                     for k in range(len(loaded.target_forward)) if ("target", k) in timed)
     if not ratios:
@@ -251,7 +237,7 @@ def _scaled(costs: StepCosts, loaded: StepCosts, timed: dict) -> StepCosts:
     draft = [c if ("draft", k) in timed else loaded.draft_forward[k] * f for k, c in enumerate(costs.draft_forward)]
     proposals = [c if ("proposals", k) in timed else loaded.proposals[k] * f for k, c in enumerate(costs.proposals)]
     return StepCosts(target, draft, costs.rule if "rule" in timed else loaded.rule * f,
-                     costs.sample if "sample" in timed else loaded.sample * f, proposals, costs.step_overhead)
+                     costs.sample if "sample" in timed else loaded.sample * f, proposals)
 
 
 class DraftLengthPolicy:
@@ -326,8 +312,7 @@ class DraftLengthPolicy:
     def record(self, length: int, num_accepted: int, seconds: dict[str, float] | None = None) -> None:
         """A finished step of draft length `length`; `seconds` (optional) are its measured parts,
         as the decode loop times them: "time_draft" (all its proposals), "time_target" (the
-        target's forward of length + 1 tokens), "time_verify" (the rule, or the AR sample) and
-        "time_other" (the rest of the step: `step_overhead`).
+        target's forward of length + 1 tokens) and "time_verify" (the rule, or the AR sample).
         With `learn`, each moves the cost it measures toward the measurement (`_moved`),
         so costs calibrated on a quiet machine follow what the steps really cost inside the loop
         (where the codec and the other model evict each other's weights from the caches); the costs

@@ -81,7 +81,6 @@ class _Timer:
     def __init__(self, stats: DecodeStats, sync: Callable[[], None] | None):
         self.stats, self.sync = stats, sync
         self.step: dict[str, float] = {}  # the current step's parts, until `take()`
-        self._taken: float | None = None  # when `take()` was last called
 
     def __call__(self, name: str, start: float) -> float:
         if self.sync is not None:
@@ -92,14 +91,8 @@ class _Timer:
         return now
 
     def take(self) -> dict[str, float]:
-        """The parts timed since the last call (what `DraftLengthPolicy.record` learns costs from),
-        and from the second call on "time_other": the rest of the time since the last call (the
-        loop's own work and whatever the consumer of its tokens did in between)."""
-        now = time.perf_counter()
+        """The parts timed since the last call (what `DraftLengthPolicy.record` learns costs from)."""
         step, self.step = self.step, {}
-        if self._taken is not None:
-            step["time_other"] = max(0.0, now - self._taken - sum(step.values()))
-        self._taken = now
         return step
 
 
