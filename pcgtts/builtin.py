@@ -47,29 +47,9 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
     return ModelPaths(**{name: str(paths[name]) for name in names})
 
 
-def voice_settings(pack_dir: Path | None = None) -> dict:
-    """The shipped voice's own settings (voice.json's "settings", e.g. the temperature it reads best
-    at): `resolve_settings` puts them under the config file and the flags when no target is named.
-    {} when no trained voice ships. Only sampling and decoding settings may be there."""
-    import json
-
-    from pcgtts.runtime.config import KEYS
-
-    path = Path(pack_dir if pack_dir is not None else VOICE_DIR) / "voice.json"
-    if not path.is_file():
-        return {}
-    settings = json.loads(path.read_text()).get("settings", {})
-    wrong = [key for key in settings if key not in KEYS or KEYS[key][:2] != ("synthesis", "decode")]
-    if wrong:
-        raise ValueError(f"{path}: a voice may set decoding and sampling settings only, not {', '.join(wrong)}")
-    return settings
-
-
 def builtin_models() -> ModelPaths:
     voice = trained_voice()
     if voice is not None:
-        if voice_settings():
-            log.info("the built-in voice plays at its own settings unless given: %s", voice_settings())
         return voice
     from pcgtts.tools.demo import NOT_SPEECH_NOTICE, ensure_demo
 

@@ -39,10 +39,9 @@ def test_pack_and_expand_round_trip(tmp_path):
     codec = _lab_folders(tmp_path)
     heads = MTPHeads(2, 64, "stale-fingerprint").save(tmp_path / "heads.safetensors")
     pack = pack_voice(tmp_path / "voice", tmp_path / "lm", tmp_path / "draft", codec, name="test", heads_file=heads,
-                      mean_group_size=20, group_cap=64, figures={"stoi": 0.5}, settings={"temperature": 0.2})
+                      mean_group_size=20, group_cap=64, figures={"stoi": 0.5})
     meta = read_voice(pack)
     assert meta["target"]["step"] == 7 and meta["draft"]["layers"] == [1] and meta["figures"] == {"stoi": 0.5}
-    assert meta["settings"] == {"temperature": 0.2}
     paths = expand_voice(pack, tmp_path / "expanded", progress=False)
 
     # The expanded target is the factorised model, materialised (fp16 rounding only).

@@ -57,9 +57,8 @@ def _save_half(state: dict[str, torch.Tensor], path: Path) -> None:
 def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, codec_dir: str | Path, *,
                name: str, heads_file: str | Path | None = None, eagle_file: str | Path | None = None,
                mean_group_size: int = 140,
-               group_cap: int = 512, figures: dict | None = None, settings: dict | None = None) -> Path:
-    """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders.
-    `settings`: what the voice is played at when the user names none (`builtin.voice_settings`)."""
+               group_cap: int = 512, figures: dict | None = None) -> Path:
+    """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders."""
     from pcgtts.train.progress import load_checkpoint
 
     out = Path(out_dir)
@@ -68,8 +67,6 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     tmp.mkdir(parents=True)
     meta = {"format": FORMAT, "version": VERSION, "name": name, "created": time.strftime("%Y-%m-%d"),
             "groups": {"mean_size": mean_group_size, "cap": group_cap}, "figures": figures or {}}
-    if settings:
-        meta["settings"] = dict(settings)
     for role, folder in (("target", lm_dir), ("draft", draft_dir)):
         state = load_checkpoint(Path(folder) / "checkpoint.pt")
         _save_half(state["model"], tmp / f"{role}.safetensors")
