@@ -1,6 +1,6 @@
 """`pcgtts bench`: the latency harness (`tools/bench.py`) as a command, with sweeps and plots.
 
-    pcgtts bench                                   # demo models, every rule, built-in sentences
+    pcgtts bench                                   # the built-in voice, every rule, built-in sentences
     pcgtts bench --policy ar,pcg --theta 0.2,0.3 --draft-length 1,3,5 --json out.json --plot out.png
 
 Models are loaded once; each configuration of the sweep (rule x draft_length x theta for pcg x
@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--texts", help="text file, one utterance per line (default: built-in sentences)")
     bench.add_argument("--runs", type=positive(int), default=1, help="measured runs over the text set")
     bench.add_argument("--warmup", type=non_negative_int, default=1, help="warm-up utterances per configuration (excluded)")
-    bench.add_argument("--max-tokens", type=positive(int), help="cap speech tokens per sentence (default: 150 on the demo)")
+    bench.add_argument("--max-tokens", type=positive(int), help="cap speech tokens per sentence (default: 150 on the random-weight demo pair)")
     bench.add_argument("--temperature", type=float, default=0.8)
     bench.add_argument("--speed", type=positive(float), default=1.0, help="simulated playback speed (< 1: a slower listener)")
     bench.add_argument("--seed", type=int, default=0)
@@ -106,7 +106,7 @@ def cases(args) -> list:
 def check_state_policies(policies, args) -> None:
     """Before any model loads: the heads, transitions and EAGLE draft the mtp-* / eagle-* policies asked for exist."""
     mtp = sorted({p for p in policies if p in STATE_POLICIES})
-    if not mtp:
+    if not mtp or args.target is None:  # the built-in voice's own proposers are checked as it loads
         return
     from pcgtts.runtime.config import ModelPaths
     from pcgtts.cli.commands import resolve_settings_from_flags
@@ -162,7 +162,9 @@ def _bench(args) -> int:
         texts = [line.strip() for line in Path(args.texts).read_text().splitlines() if line.strip()]
         if not texts:
             raise ValueError(f"{args.texts} holds no text")
-    demo = not args.target  # no target: the built-in demo models
+    from pcgtts.builtin import ships_trained_voice
+
+    demo = not args.target and not ships_trained_voice()  # the built-in voice is the random-weight demo pair
     max_tokens = args.max_tokens if args.max_tokens is not None else (150 if demo else None)
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)

@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 VOICE_DIR = Path(__file__).with_name("voice")  # the committed trained voice, when there is one
 
 
+def ships_trained_voice() -> bool:
+    """Whether the built-in voice is the trained one (else the random-weight demo pair); nothing loads."""
+    return (VOICE_DIR / "voice.json").is_file()
+
+
 def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) -> ModelPaths | None:
     """The trained voice's models, expanded on first use into the cache; None if none ships."""
     pack_dir = Path(pack_dir) if pack_dir is not None else VOICE_DIR

@@ -263,7 +263,9 @@ def _run_cloning(args, sentences, progress):
 
     result = run_cloning(args.cloning_plan, args.corpus, speak, sentences, progress=progress, seed=args.seeds[0])
     result.update({"corpus": args.corpus, "summaries": []})
-    return result, not args.oracle and not args.target
+    from pcgtts.builtin import ships_trained_voice
+
+    return result, not args.oracle and not args.target and not ships_trained_voice()
 
 
 def _run_models(args, testset, sentences, recipe, progress):
@@ -272,7 +274,9 @@ def _run_models(args, testset, sentences, recipe, progress):
     from pcgtts.quality.harness import SynthPlan, run_synth
     from pcgtts.runtime.config import STATE_POLICIES
 
-    demo = not args.target
+    from pcgtts.builtin import ships_trained_voice
+
+    demo = not args.target and not ships_trained_voice()  # the built-in voice is the random-weight demo pair
     args.max_tokens = args.max_tokens or (150 if demo else None)
     if args.mode == "synth":
         check_state_policies(args.policies, args)
@@ -321,9 +325,9 @@ def _group_tables(args, base, target_dir) -> dict:
     if args.groups:
         path = args.groups
     else:
-        from pcgtts.tools.demo import ensure_demo
+        from pcgtts.builtin import builtin_models
 
-        path = ensure_demo()["groups"]  # the built-in voice's table
+        path = builtin_models().groups  # the built-in voice's table
     table = GroupTable.load(path, expect_fingerprint=base.target.fingerprint)
     return {table.theta: table}
 

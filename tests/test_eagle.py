@@ -379,6 +379,19 @@ def test_bench_checks_state_policies_on_the_backend_in_force(tiny_lms, target, t
         check_state_policies(["eagle-pcg"], parse())
     with pytest.raises(ValueError, match="exported with the target"):
         check_state_policies(["eagle-pcg"], parse("--backend", "onnxruntime"))
+    # No --target: the built-in voice, whose own EAGLE draft is checked as it loads (lab-v3 ships one).
+    check_state_policies(["eagle-pcg"], _build_parser().parse_args(["bench"]))
+
+
+def test_the_built_in_voice_is_the_demo_only_where_no_trained_voice_ships(tmp_path, monkeypatch):
+    """bench and eval flag their reports as the random demo's (and cap its sentences at 150 tokens)
+    only when no trained voice ships; with one they are the trained voice's figures."""
+    from pcgtts import builtin
+
+    assert not builtin.ships_trained_voice()  # conftest hides the shipped voice from other tests
+    (tmp_path / "voice.json").write_text("{}")
+    monkeypatch.setattr(builtin, "VOICE_DIR", tmp_path)
+    assert builtin.ships_trained_voice()
 
 
 def test_heads_eagle_help_states_the_trainers_defaults():
