@@ -8,7 +8,7 @@ in another order than a fresh prefill's, so a seeded utterance depended on the o
 
     python benchmarks/bench_prefix_reuse.py [--utterances 60] [--target D --draft D --codec D --groups F]
 
-With no --target: the built-in voice (on a CPU, its onnxruntime exports).
+With no --target: the built-in voice (on a CPU, its int8 onnxruntime exports).
 """
 
 from __future__ import annotations

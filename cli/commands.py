@@ -98,7 +98,7 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
         parser.add_argument("--policy", choices=POLICIES, help="decoding rule (default: pcg)")
     parser.add_argument("--backend", choices=BACKENDS,
                         help="auto (default: onnxruntime for an exported --target, torch for a checkpoint; the "
-                             "built-in voice on a CPU runs on onnxruntime), torch, onnxruntime or tensorrt")
+                             "built-in voice on a CPU runs on onnxruntime, int8), torch, onnxruntime or tensorrt")
     parser.add_argument("--compute-device", help="cpu (default), cuda or cuda:N")
     parser.add_argument("--dtype", choices=DTYPES, help="float32 (default), bfloat16 or float16")
     parser.add_argument("--quantize", choices=QUANTIZE,

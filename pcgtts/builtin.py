@@ -4,12 +4,11 @@ The speech lab's trained voice when this package ships one (`pcgtts/voice/`: com
 expanded once into the released layouts in the user's cache by `train/package.py`); otherwise
 the random-weight demo pair (`tools/demo.py`), whose every use says that its audio is not speech.
 
-On a CPU with the backend left at "auto", the voice's target, draft and codec decoder run on
-onnxruntime as float32 graphs, the fastest float32 CPU route (lab-v3: ~2x torch's eager steps,
-BENCHMARKS.md §37): exported once beside the voice's checkpoints on first use (about 30 s on a 2-core
-CPU, each graph checked against PyTorch). Not int8: on lab-v3 its weight-only int8 graphs step 1.46x
-faster and cost intelligibility (CER +7.6 ± 4.1 points, QUALITY.md session 27); `pcgtts export onnx
---quantize int8` still makes them for whoever wants the speed. Without onnxruntime's export tools installed, or
+On a CPU with the backend left at "auto", the voice's target and draft run on onnxruntime as
+weight-only int8 graphs (and its codec decoder as a float32 graph), the fastest CPU route
+(BENCHMARKS.md §18-19, §22; its quality cost is within noise, QUALITY.md): exported once beside
+the voice's checkpoints on first use (about 40 s on a 2-core CPU, each graph checked against
+PyTorch). Without onnxruntime's export tools installed, or
 with `backend="torch"`, the torch checkpoints run.
 """
 
@@ -63,7 +62,7 @@ def builtin_models() -> ModelPaths:
     return ModelPaths(**{name: str(path) for name, path in paths.items()})
 
 
-ONNX_FOLDER = "onnx"  # beside the built-in voice's checkpoints: its onnxruntime exports (float32)
+ONNX_FOLDER = "onnx-int8"  # beside the built-in voice's checkpoints: its onnxruntime exports (LM int8, codec float32)
 
 
 def onnx_export_available() -> bool:
@@ -74,8 +73,8 @@ def onnx_export_available() -> bool:
 
 
 def onnx_models(models: ModelPaths) -> ModelPaths:
-    """`models` with the target and draft replaced by their float32 onnxruntime exports and the
-    codec by its decoder graph, made once in `ONNX_FOLDER` beside the target (each
+    """`models` with the target and draft replaced by their weight-only int8 onnxruntime exports
+    and the codec by its float32 decoder graph, made once in `ONNX_FOLDER` beside the target (each
     checked against PyTorch, staged and then moved into place, so an interrupted export is made
     again next time). The codec's graph runs a window without holding Python's GIL, so the LM's
     loop is not slowed by the codec thread's per-op handoffs (BENCHMARKS §22); references are still
@@ -93,9 +92,10 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
             from pcgtts.export.onnx_lm import export_lm
             from pcgtts.runtime.synthesizer import proposer_files
 
-            log.warning("exporting the built-in voice's %s for onnxruntime into %s: once, about 15 s", name, out)
+            log.warning("exporting the built-in voice's %s for onnxruntime (int8) into %s: once, about 20 s",
+                        name, out)
             heads, _, eagle = proposer_files(ModelPaths(target=source))  # a target's own, carried with it
-            export_lm(source, out, **({"eagle": eagle, "heads": heads} if name == "target" else {}))
+            export_lm(source, out, quantize="int8", **({"eagle": eagle, "heads": heads} if name == "target" else {}))
         exported[name] = str(out)
     if models.codec is not None:
         from pcgtts.runtime.audio.onnx_codec import is_exported_codec
@@ -114,7 +114,7 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
 def with_builtin_models(settings: Settings) -> Settings:
     """`settings` with the built-in voice's models when no target is given (refusing draft, codec or
     groups without a target: they would be ignored); on a CPU with the backend at "auto" (or
-    "onnxruntime"), their onnxruntime exports and that backend."""
+    "onnxruntime"), their onnxruntime int8 exports and that backend."""
     models, device = settings.models, settings.device
     if models.target is not None:
         return settings
@@ -125,7 +125,7 @@ def with_builtin_models(settings: Settings) -> Settings:
     models = builtin_models()
     if device.backend == "onnxruntime":
         if device.dtype != "float32":
-            raise ValueError("the built-in voice runs on onnxruntime as a float32 graph; leave dtype at float32")
+            raise ValueError("the built-in voice runs on onnxruntime as an int8 graph; leave dtype at float32")
         if not onnx_export_available():
             raise ValueError("the built-in voice on onnxruntime is exported on first use, which needs "
                              "pip install 'pcgtts[onnx]' (or leave --backend at auto / torch)")
@@ -133,7 +133,7 @@ def with_builtin_models(settings: Settings) -> Settings:
         return replace(settings, models=models)
     elif not (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
               and not device.compile and onnx_export_available()):
-        log.info("the built-in voice runs on torch (its onnxruntime graphs need a CPU, float32, no "
+        log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
                  "--quantize or --compile and pcgtts[onnx] installed)")
         return replace(settings, models=models)
     return replace(settings, models=onnx_models(models), device=replace(device, backend="onnxruntime"))

@@ -152,9 +152,10 @@ def test_a_loaded_synthesizer_has_the_template_head_cached_for_its_first_utteran
 
 @pytest.mark.slow
 @pytest.mark.builtin_onnx
-def test_builtin_voice_on_a_cpu_runs_its_onnxruntime_exports(tiny_models, tiny_groups_file, tmp_path, monkeypatch):
-    """Backend "auto" with no target: the built-in voice's target, draft and codec decoder are
-    exported once (float32) beside its checkpoints and run on onnxruntime; a reference is
+def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, tiny_groups_file, tmp_path,
+                                                                  monkeypatch):
+    """Backend "auto" with no target: the built-in voice's target and draft are exported once (int8)
+    beside its checkpoints, and its codec decoder (float32), and run on onnxruntime; a reference is
     still encoded by the codec's checkpoint; the next load reuses the exports; backend="torch" and
     --quantize int8 keep the torch checkpoints."""
     import shutil
@@ -178,13 +179,13 @@ def test_builtin_voice_on_a_cpu_runs_its_onnxruntime_exports(tiny_models, tiny_g
     assert isinstance(synth.target, OrtLM) and isinstance(synth.draft, OrtLM)
     for name in ("target", "draft"):
         record = json.loads((tmp_path / "voice" / builtin.ONNX_FOLDER / name / "pcgtts-lm.json").read_text())
-        assert record["extra"].get("quantize", "none") == "none" and record["extra"]["check"]["ok"]
+        assert record["extra"]["quantize"] == "int8" and record["extra"]["check"]["ok"]
     assert len(synth.synthesize("Hello there.")) > 0
     assert isinstance(synth.codec, OrtCodec) and synth.codec.checkpoint_dir == tiny_models["codec"]
     reference = tmp_path / "me.wav"
     sf.write(reference, 0.1 * np.sin(np.arange(48000) / 16000 * 2 * np.pi * 220), 16000)
     assert len(synth.voice_from_audio(reference, "A reference.").codes) in (150, 151)  # 3 s at 50 codes/s
-    # Greedy speculation equals greedy decoding on these graphs too. They are not bit
+    # Greedy speculation equals greedy decoding on these int8 graphs too. They are not bit
     # batch-invariant (a token's logits in a verify pass and in a one-token step differ by ~1e-3:
     # BENCHMARKS §22), so this holds unless a top-two gap is that small; it guards README's claim.
     greedy = dict(temperature=0.0, adaptive_draft=False, max_new_tokens=60)
