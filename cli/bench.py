@@ -162,9 +162,9 @@ def _bench(args) -> int:
         texts = [line.strip() for line in Path(args.texts).read_text().splitlines() if line.strip()]
         if not texts:
             raise ValueError(f"{args.texts} holds no text")
-    from pcgtts.builtin import ships_trained_voice
+    from pcgtts.builtin import runs_demo_models
 
-    demo = not args.target and not ships_trained_voice()  # the built-in voice is the random-weight demo pair
+    demo = runs_demo_models(args.target)
     max_tokens = args.max_tokens if args.max_tokens is not None else (150 if demo else None)
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)

@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 VOICE_DIR = Path(__file__).with_name("voice")  # the committed trained voice, when there is one
 
 
-def ships_trained_voice() -> bool:
-    """Whether the built-in voice is the trained one (else the random-weight demo pair); nothing loads."""
-    return (VOICE_DIR / "voice.json").is_file()
+def runs_demo_models(target: str | None) -> bool:
+    """Whether a command given `target` (None: the built-in voice) runs the random-weight demo pair:
+    no target, and no trained voice ships. Reports say so and cap its sentences; nothing loads."""
+    return target is None and not (VOICE_DIR / "voice.json").is_file()
 
 
 def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) -> ModelPaths | None:

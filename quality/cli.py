@@ -263,9 +263,9 @@ def _run_cloning(args, sentences, progress):
 
     result = run_cloning(args.cloning_plan, args.corpus, speak, sentences, progress=progress, seed=args.seeds[0])
     result.update({"corpus": args.corpus, "summaries": []})
-    from pcgtts.builtin import ships_trained_voice
+    from pcgtts.builtin import runs_demo_models
 
-    return result, not args.oracle and not args.target and not ships_trained_voice()
+    return result, not args.oracle and runs_demo_models(args.target)
 
 
 def _run_models(args, testset, sentences, recipe, progress):
@@ -274,9 +274,9 @@ def _run_models(args, testset, sentences, recipe, progress):
     from pcgtts.quality.harness import SynthPlan, run_synth
     from pcgtts.runtime.config import STATE_POLICIES
 
-    from pcgtts.builtin import ships_trained_voice
+    from pcgtts.builtin import runs_demo_models
 
-    demo = not args.target and not ships_trained_voice()  # the built-in voice is the random-weight demo pair
+    demo = runs_demo_models(args.target)
     args.max_tokens = args.max_tokens or (150 if demo else None)
     if args.mode == "synth":
         check_state_policies(args.policies, args)

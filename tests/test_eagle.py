@@ -385,13 +385,14 @@ def test_bench_checks_state_policies_on_the_backend_in_force(tiny_lms, target, t
 
 def test_the_built_in_voice_is_the_demo_only_where_no_trained_voice_ships(tmp_path, monkeypatch):
     """bench and eval flag their reports as the random demo's (and cap its sentences at 150 tokens)
-    only when no trained voice ships; with one they are the trained voice's figures."""
+    only for no target where no trained voice ships: a shipped voice's figures are its own."""
     from pcgtts import builtin
 
-    assert not builtin.ships_trained_voice()  # conftest hides the shipped voice from other tests
+    assert builtin.runs_demo_models(None)  # conftest hides the shipped voice from other tests
+    assert not builtin.runs_demo_models("some/target")
     (tmp_path / "voice.json").write_text("{}")
     monkeypatch.setattr(builtin, "VOICE_DIR", tmp_path)
-    assert builtin.ships_trained_voice()
+    assert not builtin.runs_demo_models(None)
 
 
 def test_heads_eagle_help_states_the_trainers_defaults():
