@@ -34,11 +34,18 @@ if [ "$step" = all ] || [ "$step" = lmc ]; then
         --policies ar,sd --steps-per-sync 0,8 --compile-steps --no-hf \
         --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lmc.err" | tee "$OUT/lmc.log" | tail -10
 fi
+if [ "$step" = lab ]; then  # one run, named lm: the labs step below with LAB_ARGS as its flags
+    LAB_RUNS="lm:${LAB_ARGS:-}"
+    step=labs
+fi
 if [ "$step" = labs ]; then
-    # Several `pcgtts lab lm` runs side by side on the one GPU (one run's host-side batch building leaves
-    # most of an H100 idle): LAB_RUNS="name:flags;name:flags", each trained in /tmp/lab/<name> for at most
-    # MINUTES (resumes when called again on the same machine); its weights come back as float16 parts in
-    # $OUT/<name>, every run's log tail in $OUT/labs.log.
+    # The lab's target LM trained here (not part of "all"), several runs side by side on the one GPU (one
+    # run's host-side batch building leaves most of an H100 idle): LAB_RUNS="name:flags;name:flags", the
+    # flags `pcgtts lab lm`'s (e.g. "--size small --steps 4000 --align-weight 2"; batch 64 unless given).
+    # .carry/lab.npz is `pcgtts.train.lm.pack_codes`'s file, made on the CPU machine and carried (device
+    # tool: carry [".carry"]). Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
+    # called again on the same machine; its weights come back as float16 parts in $OUT/<name>
+    # (join_checkpoint), every run's log tail in $OUT/labs.log.
     [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('.carry/lab.npz', '/tmp/lab')" || exit 1
     IFS=';' read -ra runs <<<"${LAB_RUNS:?LAB_RUNS names the runs}"
     for run in "${runs[@]}"; do
@@ -46,7 +53,7 @@ if [ "$step" = labs ]; then
         mkdir -p "/tmp/lab/$name" && ln -sf /tmp/lab/codes.npz "/tmp/lab/$name/codes.npz"
         # shellcheck disable=SC2086
         python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" lab lm --corpus /tmp/lab/corpus \
-            --codec /tmp/lab/codec --out "/tmp/lab/$name" --device cuda --checkpoint-minutes 100 \
+            --codec /tmp/lab/codec --out "/tmp/lab/$name" --device cuda --batch-size 64 --checkpoint-minutes 100 \
             --max-minutes "${MINUTES:-8}" ${run#*:} >"/tmp/lab/$name.log" 2>&1 &
     done
     wait
@@ -55,17 +62,4 @@ if [ "$step" = labs ]; then
         { echo "== $name: ${run#*:}"; grep -E "heldout|stopping|conditioning|Error" "/tmp/lab/$name.log" | tail -4; } | tee -a "$OUT/labs.log"
         python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; split_checkpoint('/tmp/lab/$name/checkpoint.pt', '$OUT/$name', dtype=torch.float16)"
     done
-fi
-if [ "$step" = lab ]; then
-    # The lab's target LM trained here (not part of "all"): .carry/lab.npz is `pcgtts.train.lm.pack_codes`'s
-    # file, made on the CPU machine and carried (device tool: carry [".carry"]); LAB_ARGS adds `pcgtts lab lm`
-    # flags (e.g. "--size small --steps 4000 --align-weight 2"); MINUTES caps the run, which resumes when
-    # called again on the same machine. The weights come back as float16 parts in $OUT/lm (join_checkpoint).
-    python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('.carry/lab.npz', '/tmp/lab')" || exit 1
-    mkdir -p /tmp/lab/lm && ln -sf /tmp/lab/codes.npz /tmp/lab/lm/codes.npz
-    # shellcheck disable=SC2086
-    python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" lab lm --corpus /tmp/lab/corpus \
-        --codec /tmp/lab/codec --out /tmp/lab/lm --device cuda --batch-size 64 --checkpoint-minutes 100 \
-        --max-minutes "${MINUTES:-8}" ${LAB_ARGS:-} 2>"$OUT/lab.err" | tee "$OUT/lab.log" | tail -12
-    python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; split_checkpoint('/tmp/lab/lm/checkpoint.pt', '$OUT/lm', dtype=torch.float16)"
 fi
