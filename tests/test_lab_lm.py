@@ -297,3 +297,31 @@ def test_packed_codes_rebuild_what_lab_lm_reads(tiny_corpus, tmp_path):
     np.savez(tmp_path / "bad.npz", **{k: v + 65536 for k, v in codes.items()})
     with pytest.raises(ValueError, match="uint16"):
         pack_codes(corpus, tmp_path / "codec", tmp_path / "bad.npz", tmp_path / "bad-pack.npz")
+
+
+def test_packed_codes_join_more_text_without_leaking_heldout(tiny_corpus, tmp_path):
+    """A second corpus (more sentences, same codec) joins the pack: its new-text train utterances under
+    prefixed ids with their codes; a sentence the first corpus has (held out there or not) stays out."""
+    from pcgtts.train.corpus import read_manifest
+    from pcgtts.train.lm import pack_codes, unpack_codes
+
+    corpus, codes = tiny_corpus
+    (tmp_path / "codec").mkdir()
+    (tmp_path / "codec" / "config.json").write_text("{}")
+    np.savez(tmp_path / "codes.npz", **codes)
+    more = tmp_path / "more"
+    more.mkdir()
+    rows = [{"id": f"a-{i:05d}", "speaker": "a", "source": "test", "variant": "original", "text": text,
+             "split": "train", "seconds": 0.4, "path": f"audio/a-{i:05d}.flac"}
+            for i, text in enumerate([TEXTS[3], "A sentence the first corpus never had.", TEXTS[0]])]
+    (more / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    more_codes = {r["id"]: np.full(7, i, np.int32) for i, r in enumerate(rows)}
+    np.savez(tmp_path / "more.npz", **more_codes)
+    packed = pack_codes(corpus, tmp_path / "codec", tmp_path / "codes.npz", tmp_path / "lab.npz",
+                        extra=[(more, tmp_path / "more.npz")])
+    paths = unpack_codes(packed, tmp_path / "device")
+    got = read_manifest(paths["corpus"])
+    assert got[:len(read_manifest(corpus))] == read_manifest(corpus)
+    added = got[len(read_manifest(corpus)):]
+    assert [(r["id"], r["text"], r["split"]) for r in added] == [("more/a-00001", rows[1]["text"], "train")]
+    assert np.array_equal(np.load(paths["codes"])["more/a-00001"], more_codes["a-00001"])

@@ -24,6 +24,7 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -230,16 +231,30 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
     return codes
 
 
-def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path) -> Path:
+def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
+               extra: Sequence[tuple[Path, Path]] = ()) -> Path:
     """An LM run's inputs as one compact file, for a machine with neither the audio nor the codec (a GPU
     lease carries at most 64 MiB): the manifest rows with codes, each utterance's codes as uint16 (half
-    of codes.npz's int32) and the codec's config.json. `unpack_codes` rebuilds what `lab lm` reads."""
+    of codes.npz's int32) and the codec's config.json. `unpack_codes` rebuilds what `lab lm` reads.
+
+    `extra`: further (corpus, codes) pairs encoded with the same codec, e.g. another `lab corpus --seed`
+    rendered for more distinct text. Their train utterances join under ids prefixed "<corpus dir name>/";
+    one whose text an earlier corpus already has is left out, so the first corpus's held-out sentences
+    stay held out (and no sentence is counted twice)."""
     import gzip
 
     codes = dict(np.load(codes_path))
     records = [r for r in read_manifest(corpus) if r["id"] in codes]
     if not records:
         raise ValueError(f"no utterance of {corpus} has codes in {codes_path}")
+    texts = {r["text"] for r in read_manifest(corpus)}
+    for more_corpus, more_codes_path in extra:
+        more_codes, prefix = np.load(more_codes_path), Path(more_corpus).name + "/"
+        for r in read_manifest(more_corpus):
+            if r["split"] == "train" and r["id"] in more_codes and r["text"] not in texts:
+                texts.add(r["text"])
+                records.append({**r, "id": prefix + r["id"]})
+                codes[prefix + r["id"]] = more_codes[r["id"]]
     flat = np.concatenate([codes[r["id"]] for r in records])
     if flat.min() < 0 or flat.max() >= NUM_SPEECH_TOKENS:
         raise ValueError("codes outside 0..65535 cannot be packed as uint16")
