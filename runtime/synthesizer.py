@@ -32,7 +32,8 @@ from pcgtts.runtime.audio.codec import SpeechCodec
 from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
                                    resolve_settings)
 from pcgtts.runtime.text.prompt import build_prompt
-from pcgtts.runtime.decode.calibrate import adopt_costs
+from pcgtts.runtime.decode.calibrate import adopt_costs, keep_costs
+from pcgtts.runtime.decode.cost_model import in_loop_costs
 from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance, plans_draft_length, prepare
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
@@ -257,6 +258,7 @@ class Synthesizer:
         self._lock = threading.Lock()
         self._voices: dict[tuple, Voice] = {}
         self._acceptance: dict[DecodeConfig, tuple[float, ...]] = {}  # `starting_acceptance`, per decode config
+        self._loop_steps: dict[DecodeConfig, dict] = {}  # its calibration decode's step timings, until `plan` uses them
         self._full_codec = None  # the codec with its encoder, for reference audio
 
     @classmethod
@@ -331,12 +333,20 @@ class Synthesizer:
         """Measure the step costs `config`'s adaptive draft length plans with, and the acceptance it
         starts from (`starting_acceptance`), now rather than inside the first utterance (where they
         would add to its time to first audio); once per policy and temperature class while the
-        models live (`calibrate` logs a measurement; a later call returns the kept costs).
-        -> the `StepCosts`, or None (nothing to plan)."""
+        models live (`calibrate` logs a measurement; a later call returns the kept costs). The costs
+        kept are the isolated timings moved to what the calibration decode's steps took inside the
+        loop (`cost_model.in_loop_costs`). -> the `StepCosts`, or None (nothing to plan)."""
         decode_config = (config or self.config).decode
-        costs = prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
+        proposer = self.proposer(decode_config.policy)
+        costs = prepare(self.target, self.draft, decode_config, self.groups, proposer)
         if costs is not None:
             self.starting_acceptance(decode_config)
+            # the calibration decode's in-loop timings replace the isolated ones, once per measurement
+            loop_step = self._loop_steps.pop(replace(decode_config, max_new_tokens=CALIBRATION_TOKENS), None)
+            if loop_step:
+                planned = in_loop_costs(costs, loop_step["length"], loop_step["seconds"])
+                keep_costs(self.target, proposer if decode_config.policy in STATE_POLICIES else self.draft, costs, planned)
+                costs = planned
         return costs
 
     def starting_acceptance(self, decode_config: DecodeConfig) -> tuple[float, ...] | None:
@@ -349,12 +359,17 @@ class Synthesizer:
         if key not in self._acceptance:
             started = time.perf_counter()
             prompt = build_prompt(self.tokenizer, self.target.vocab, CALIBRATION_TEXT)
-            rates = measure_acceptance(self.target, self.draft, prompt, key, self.groups, self.proposer(key.policy))
+            loop_step: dict = {}
+            rates = measure_acceptance(self.target, self.draft, prompt, key, self.groups, self.proposer(key.policy),
+                                       loop_step=loop_step)
+            self._loop_steps[key] = loop_step
             log.info("%s at temperature %g starts from acceptance %s (measured on a calibration sentence in %.2f s)",
                      key.policy, key.sampling.temperature, " / ".join(f"{r:.2f}" for r in rates) or "-",
                      time.perf_counter() - started)
             if len(self._acceptance) >= _MAX_MEASURED:
-                del self._acceptance[next(iter(self._acceptance))]
+                oldest = next(iter(self._acceptance))
+                del self._acceptance[oldest]
+                self._loop_steps.pop(oldest, None)
             self._acceptance[key] = rates
         return self._acceptance[key]
 

@@ -128,6 +128,29 @@ def test_measured_acceptance_follows_the_draft_and_repeats(models):
     assert measure_acceptance(target, useless, prompt, config, seed=1) != bad
 
 
+def test_the_calibration_decode_times_its_steps_and_the_plan_takes_those_times(models):
+    """`measure_acceptance` reports a step's mean in-loop parts at the length its steps ran;
+    `in_loop_costs` puts each where `DraftLengthPolicy.record` would and scales the untimed entries
+    by the target's in-loop ratio."""
+    from pcgtts.runtime.decode.cost_model import in_loop_costs
+
+    target, same, _, prompt = models
+    loop_step: dict = {}
+    config = DecodeConfig(policy="sd", draft_length=L_MAX, max_new_tokens=60)
+    rates = measure_acceptance(target, same, prompt, config, loop_step=loop_step)
+    assert rates == measure_acceptance(target, same, prompt, config)  # timing changes nothing it measures
+    assert loop_step["length"] == L_MAX
+    assert set(loop_step["seconds"]) == {"time_draft", "time_target", "time_verify"}
+    assert all(t > 0 for t in loop_step["seconds"].values())
+    seconds = {"time_draft": 0.4, "time_target": 3.8, "time_verify": 0.06}
+    planned = in_loop_costs(MID, 3, seconds)  # MID's 4-token verify 1.9: in the loop 2x
+    assert planned.target_forward[3] == 3.8 and planned.rule == 0.06
+    assert planned.draft_forward[0] == pytest.approx(0.4 / 3)  # no chained proposals: per draft step
+    assert planned.target_forward[0] == pytest.approx(2 * MID.target_forward[0])  # untimed: scaled
+    assert planned.sample == pytest.approx(2 * MID.sample)
+    assert planned.draft_forward[1:] == pytest.approx(tuple(2 * c for c in MID.draft_forward[1:]))
+
+
 def test_a_measured_start_speculates_from_the_first_step(models):
     """From the 0.5 prior the policy starts on AR and waits for a probe; from the measured rates it
     speculates at once. With the useless draft's measured rates it stays within 5 % of AR."""

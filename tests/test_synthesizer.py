@@ -195,6 +195,33 @@ def test_load_measures_the_adaptive_costs_and_seeded_streams_plan_with_them(mode
     assert measured == [1] and len(learning) == 3  # a fixed draft length plans nothing
 
 
+def test_load_plans_with_the_calibration_decodes_in_loop_costs(models, groups_file, monkeypatch):
+    """The costs `load` keeps are the isolated timings moved to the calibration decode's in-loop
+    ones (once): `plan` returns them again later, and a seeded stream's decode plans with them."""
+    from pcgtts.runtime import synthesizer as module
+    from pcgtts.runtime.decode import speculative
+
+    made, planned_with = [], []
+    original = module.in_loop_costs
+    monkeypatch.setattr(module, "in_loop_costs", lambda *a: made.append((a[0], original(*a))) or made[-1][1])
+
+    class Spy(speculative.DraftLengthPolicy):
+        def __init__(self, costs, *args, **kwargs):
+            super().__init__(costs, *args, **kwargs)
+            planned_with.append(costs)
+
+    monkeypatch.setattr(speculative, "DraftLengthPolicy", Spy)
+    config = SynthesisConfig(decode=DecodeConfig(policy="sd", max_new_tokens=30), seed=3, tokens_per_char=1.0,
+                             min_tokens=20)
+    synth = Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
+                                        max_length=1024, config=config)
+    assert len(made) == 1
+    isolated, in_loop = made[0]
+    assert in_loop != isolated and synth.plan() is in_loop and len(made) == 1
+    synth.synthesize("Hello there.")
+    assert planned_with and all(costs is in_loop for costs in planned_with)
+
+
 def test_load_measures_where_the_adaptive_length_starts_and_every_stream_starts_there(models, groups_file,
                                                                                      monkeypatch):
     """The per-position acceptance an utterance's draft length starts from is measured once per

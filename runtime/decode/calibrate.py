@@ -249,6 +249,18 @@ def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling
     return cached[key]
 
 
+def keep_costs(target: LM, draft, measured: StepCosts, planned: StepCosts) -> None:
+    """Plan `target` with `draft` (or a proposer) with `planned` wherever the costs kept for them are
+    `measured` (e.g. `cost_model.in_loop_costs` of them)."""
+    try:
+        kept = _CACHE.get(target, {}).get(draft, {})
+    except TypeError:  # a model object that cannot be weakly referenced: nothing is kept for it
+        return
+    for key, costs in kept.items():
+        if costs is measured:
+            kept[key] = planned
+
+
 def adopt_costs(target: LM, draft, source_target: LM, source_draft) -> int:
     """Plan `target` with `draft` (or a proposer) with every cost measured so far for
     `source_target` with `source_draft`, replacing its own: for copies of the same models on the

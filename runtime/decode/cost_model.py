@@ -240,6 +240,16 @@ def _scaled(costs: StepCosts, loaded: StepCosts, timed: dict) -> StepCosts:
                      costs.sample if "sample" in timed else loaded.sample * f, proposals)
 
 
+def in_loop_costs(costs: StepCosts, length: int, seconds: dict[str, float]) -> StepCosts:
+    """`costs` with the parts a decode at draft length `length` timed inside its loop (`seconds`: a
+    step's mean, as `DraftLengthPolicy.record` takes them) in place of their isolated timings, and every
+    part it did not time scaled by the target's in-loop ratio (`_scaled`). Isolated timings undercount
+    the loop's (lab-v2's three chained EAGLE proposals 0.62 ms alone, 1.05 ms in the loop; its PCG rule
+    0.15 and 0.27: BENCHMARKS §35); `Synthesizer.plan` plans with these after its calibration decode."""
+    timed: dict = {}
+    return _scaled(_moved(costs, length, seconds, timed, 1.0), costs, timed)
+
+
 class DraftLengthPolicy:
     """Chooses L per step from the cost model; L = 0 (plain AR) when speculation cannot win.
 

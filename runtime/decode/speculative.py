@@ -163,18 +163,30 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
 
 
 def measure_acceptance(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: DecodeConfig,
-                       groups: DeviceGroupTable | None = None, proposer=None, seed: int = 0) -> tuple[float, ...]:
+                       groups: DeviceGroupTable | None = None, proposer=None, seed: int = 0,
+                       loop_step: dict | None = None) -> tuple[float, ...]:
     """Per-position acceptance P(i accepted | 1..i-1 were) of `config`'s rule and sampling on this
     pair, from one seeded decode of `prompt_ids` at the fixed draft length: where an adaptive draft
     length starts each utterance (`cost_model.starting_counter`), instead of a guess its own steps
     must first disprove (at 0.5, lab-v2's eagle-pcg parked 77-93 % of its steps on AR, BENCHMARKS §31).
     Positions tried fewer than `MEASURED_PRIOR_WEIGHT` times are left out (the counter takes the
-    previous position's rate for them). Deterministic given the models, so seeded utterances repeat."""
+    previous position's rate for them). Deterministic given the models, so seeded utterances repeat.
+
+    `loop_step` (filled when given): {"length": the draft length most steps ran, "seconds": the mean
+    seconds a step spent in each timed part (`DecodeStats` names, as `DraftLengthPolicy.record`
+    takes them)}, from the second step on (the first also prefills the draft)."""
     fixed = replace(config, adaptive_draft=False)
     stats = DecodeStats()
     generator = torch.Generator(device=target.device).manual_seed(seed)
+    parts = ("time_draft", "time_target", "time_verify")
+    first = None  # the counters after the first step
     for _ in decode(target, draft, prompt_ids, fixed, generator, groups, stats, proposer=proposer):
-        pass
+        if first is None:
+            first = (stats.steps, *(getattr(stats, name) for name in parts))
+    if loop_step is not None and first is not None and stats.steps > first[0]:
+        n = stats.steps - first[0]
+        loop_step["length"] = max(range(len(stats.length_counts)), key=stats.length_counts.__getitem__)
+        loop_step["seconds"] = {name: (getattr(stats, name) - t) / n for name, t in zip(parts, first[1:])}
     speculative_steps = sum(stats.length_counts[1:])
     rates = conditional_acceptance(stats.per_position_accepted, speculative_steps)
     tried = [speculative_steps, *stats.per_position_accepted[:-1]]
