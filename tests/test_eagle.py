@@ -379,7 +379,7 @@ def test_bench_checks_state_policies_on_the_backend_in_force(tiny_lms, target, t
         check_state_policies(["eagle-pcg"], parse())
     with pytest.raises(ValueError, match="exported with the target"):
         check_state_policies(["eagle-pcg"], parse("--backend", "onnxruntime"))
-    # No --target: the built-in voice, whose own EAGLE draft is checked as it loads (lab-v3 ships one).
+    # No --target: the built-in voice, whose own EAGLE draft is checked as it loads (the shipped voice has one).
     check_state_policies(["eagle-pcg"], _build_parser().parse_args(["bench"]))
 
 
