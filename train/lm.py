@@ -249,7 +249,7 @@ def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
         raise ValueError(f"no utterance of {corpus} has codes in {codes_path}")
     texts = {r["text"] for r in read_manifest(corpus)}
     for more_corpus, more_codes_path in extra:
-        more_codes, prefix = np.load(more_codes_path), Path(more_corpus).name + "/"
+        more_codes, prefix = dict(np.load(more_codes_path)), Path(more_corpus).name + "/"
         for r in read_manifest(more_corpus):
             if r["split"] == "train" and r["id"] in more_codes and r["text"] not in texts:
                 texts.add(r["text"])
