@@ -83,12 +83,20 @@ def test_pack_and_expand_round_trip(tmp_path):
     with pytest.raises(ValueError, match="choose the matching --size"):
         init_weights(build_model(LMModelConfig.tiny(), tok, 1), pack, "target", asdict(LMModelConfig.tiny()))
 
-    # A damaged file is named before anything is expanded.
+    # A damaged file is named before anything is expanded; a run that starts from the target alone
+    # needs only the target's file intact (what a GPU lease carries).
     data = bytearray((pack / "draft.safetensors").read_bytes())
     data[-1] ^= 1
     (pack / "draft.safetensors").write_bytes(bytes(data))
     with pytest.raises(ValueError, match="draft.safetensors is missing or damaged"):
         read_voice(pack)
+    (pack / "codec.safetensors").unlink()
+    init_weights(fresh, pack, "target", state["model_config"])
+    data = bytearray((pack / "target.safetensors").read_bytes())
+    data[-1] ^= 1
+    (pack / "target.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="target.safetensors is missing or damaged"):
+        init_weights(fresh, pack, "target", state["model_config"])
 
 
 @pytest.mark.slow

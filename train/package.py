@@ -121,8 +121,9 @@ def add_to_voice(pack_dir: str | Path, src: str | Path, name: str) -> None:
     tmp.replace(pack / "voice.json")
 
 
-def read_voice(pack_dir: str | Path) -> dict:
-    """voice.json, checked: format, version, every file present with its recorded checksum."""
+def read_voice(pack_dir: str | Path, files: tuple[str, ...] | None = None) -> dict:
+    """voice.json, checked: format, version, every file (or only `files`) present with its recorded
+    checksum."""
     pack = Path(pack_dir)
     try:
         meta = json.loads((pack / "voice.json").read_text())
@@ -132,6 +133,8 @@ def read_voice(pack_dir: str | Path) -> dict:
         raise ValueError(f"{pack}/voice.json: format {meta.get('format')!r} version {meta.get('version')!r}, "
                          f"expected {FORMAT!r} {VERSION}")
     for file, digest in meta["sha256"].items():
+        if files is not None and file not in files:
+            continue
         if not (pack / file).is_file() or _sha256(pack / file) != digest:
             raise ValueError(f"{pack}/{file} is missing or damaged (checksum differs from voice.json)")
     return meta
@@ -139,10 +142,11 @@ def read_voice(pack_dir: str | Path) -> dict:
 
 def init_weights(model: torch.nn.Module, pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:
     """Start a lab run from a committed voice's weights (`--init-from`): load `role`
-    ("target" or "codec") into `model`; a target must have the same model config. Returns voice.json."""
+    ("target" or "codec") into `model`; a target must have the same model config. Only that file must be
+    there (a GPU lease carries what it trains from, under 64 MiB with the data). Returns voice.json."""
     from safetensors.torch import load_file
 
-    meta = read_voice(pack_dir)
+    meta = read_voice(pack_dir, files=(f"{role}.safetensors",))
     if role == "target" and model_config is not None and meta["target"]["model_config"] != model_config:
         raise ValueError(f"{pack_dir}: its target was trained with {meta['target']['model_config']}, "
                          f"not {model_config}; choose the matching --size")
