@@ -337,15 +337,14 @@ class Synthesizer:
         kept are the isolated timings moved to what the calibration decode's steps took inside the
         loop (`cost_model.in_loop_costs`). -> the `StepCosts`, or None (nothing to plan)."""
         decode_config = (config or self.config).decode
-        proposer = self.proposer(decode_config.policy)
-        costs = prepare(self.target, self.draft, decode_config, self.groups, proposer)
+        costs = prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
         if costs is not None:
             self.starting_acceptance(decode_config)
             # the calibration decode's in-loop timings replace the isolated ones, once per measurement
             loop_step = self._loop_steps.pop(replace(decode_config, max_new_tokens=CALIBRATION_TOKENS), None)
             if loop_step:
                 planned = in_loop_costs(costs, loop_step["length"], loop_step["seconds"])
-                keep_costs(self.target, proposer if decode_config.policy in STATE_POLICIES else self.draft, costs, planned)
+                keep_costs(self.target, costs, planned)
                 costs = planned
         return costs
 

@@ -244,10 +244,11 @@ def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
     import gzip
 
     codes = dict(np.load(codes_path))
-    records = [r for r in read_manifest(corpus) if r["id"] in codes]
+    rows = read_manifest(corpus)
+    records = [r for r in rows if r["id"] in codes]
     if not records:
         raise ValueError(f"no utterance of {corpus} has codes in {codes_path}")
-    texts = {r["text"] for r in read_manifest(corpus)}
+    texts = {r["text"] for r in rows}
     for more_corpus, more_codes_path in extra:
         more_codes, prefix = dict(np.load(more_codes_path)), Path(more_corpus).name + "/"
         for r in read_manifest(more_corpus):

@@ -249,16 +249,17 @@ def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling
     return cached[key]
 
 
-def keep_costs(target: LM, draft, measured: StepCosts, planned: StepCosts) -> None:
-    """Plan `target` with `draft` (or a proposer) with `planned` wherever the costs kept for them are
+def keep_costs(target: LM, measured: StepCosts, planned: StepCosts) -> None:
+    """Plan `target` with `planned` wherever the costs kept for it (with any draft or proposer) are
     `measured` (e.g. `cost_model.in_loop_costs` of them)."""
     try:
-        kept = _CACHE.get(target, {}).get(draft, {})
+        per_draft = _CACHE.get(target, {})
     except TypeError:  # a model object that cannot be weakly referenced: nothing is kept for it
         return
-    for key, costs in kept.items():
-        if costs is measured:
-            kept[key] = planned
+    for kept in per_draft.values():
+        for key, costs in kept.items():
+            if costs is measured:
+                kept[key] = planned
 
 
 def adopt_costs(target: LM, draft, source_target: LM, source_draft) -> int:
