@@ -21,8 +21,10 @@ def test_subcommands_parse():
 
 
 def test_bad_values_rejected():
-    with pytest.raises(SystemExit):
-        _parser().parse_args(["lab", "codec", "--steps", "0"])
+    for argv in (["--steps", "0"], ["--lr", "0"], ["--lr", "-1e-4"]):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["lab", "codec", *argv])
+    assert _parser().parse_args(["lab", "codec", "--lr", "3e-4"]).lr == 3e-4
 
 
 def test_missing_inputs_fail_before_work(tmp_path, capsys):

@@ -50,6 +50,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "codec")
     p.add_argument("--steps", type=_positive_int, default=20000)
     p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--lr", type=_positive_float, default=6e-4,
+                   help="peak learning rate (warm-up, then cosine to 5%% of it at --steps)")
     p.add_argument("--threads", type=_positive_int, default=1)
     p.add_argument("--checkpoint-minutes", type=_positive_float, default=5.0)
     p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
@@ -170,7 +172,7 @@ def _cmd_codec(args) -> dict:
     model = CodecModelConfig(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
                              semantic_hidden=32, semantic_intermediate=64) if args.tiny else CodecModelConfig()
     cfg = CodecTrainConfig(corpus=args.corpus, out_dir=args.out, model=model, steps=args.steps,
-                           batch_size=args.batch_size, threads=args.threads,
+                           batch_size=args.batch_size, lr=args.lr, threads=args.threads,
                            checkpoint_minutes=args.checkpoint_minutes, freeze_encoder=args.freeze_encoder,
                            init_from=args.init_from)
     return train_codec(cfg, progress=_Bar("codec", "step"))
@@ -225,7 +227,7 @@ def _cmd_all(args) -> dict:
     out["corpus"] = _cmd_corpus(ns(out=root / "corpus", per_speaker=260, heldout_sentences=24, max_sentences=None,
                                    speakers=None, seed=0))["hours"]
     out["codec"] = _cmd_codec(ns(corpus=root / "corpus", out=root / "codec", steps=20000, batch_size=8,
-                                 threads=args.threads, checkpoint_minutes=5.0, tiny=False, eval=False,
+                                 lr=6e-4, threads=args.threads, checkpoint_minutes=5.0, tiny=False, eval=False,
                                  freeze_encoder=False, init_from=None))["export"]
     out["lm"] = _cmd_lm(ns(corpus=root / "corpus", codec=root / "codec" / "export", out=root / "lm", steps=6000,
                            batch_size=8, threads=args.threads, checkpoint_minutes=5.0, tiny=False, size="base",
