@@ -117,3 +117,38 @@ def test_the_shipped_voice_is_the_default_and_speaks(tmp_path, monkeypatch):
     synth = Synthesizer.from_pretrained(seed=0, max_new_tokens=40)
     audio = synth.synthesize("Hello world.")
     assert audio.size >= 320 and abs(audio).max() > 0
+
+
+def test_replace_codec_keeps_the_codes_the_target_was_trained_on(tmp_path):
+    """A decoder fine-tuned with the encoder frozen replaces the voice's codec (checksummed); a codec
+    whose encoder moved is refused before the voice is touched."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from pcgtts.train.package import pack_voice, read_voice, replace_codec
+
+    codec = _lab_folders(tmp_path)
+    pack = pack_voice(tmp_path / "voice", tmp_path / "lm", tmp_path / "draft", codec, name="test")
+    before = (pack / "codec.safetensors").read_bytes()
+
+    def retrained(name, key_part):
+        out = tmp_path / name / "export"
+        shutil.copytree(codec, out)
+        state = load_file(str(out / "model.safetensors"))
+        key = next(k for k in state if k.startswith(key_part) and state[k].dtype.is_floating_point)
+        state[key] = state[key] + 0.5
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out, key
+
+    moved, _ = retrained("moved", "fc_encoder.")
+    with pytest.raises(ValueError, match="encoder differs"):
+        replace_codec(pack, moved)
+    assert (pack / "codec.safetensors").read_bytes() == before and not (pack / "codec.safetensors.tmp").exists()
+
+    tuned, key = retrained("tuned", "acoustic_decoder.")
+    replace_codec(pack, tuned)
+    meta = read_voice(pack)  # every checksum still holds
+    new = load_file(str(pack / "codec.safetensors"))
+    assert torch.equal(new[key], load_file(str(tuned / "model.safetensors"))[key].half())
+    assert "codec.safetensors" in meta["sha256"] and (pack / "codec.safetensors").read_bytes() != before

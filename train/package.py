@@ -73,13 +73,7 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
         meta[role] = {"model_config": state["model_config"], "step": state["step"]}
         if role == "draft":
             meta[role]["layers"] = state.get("layers")
-    from safetensors.torch import load_file
-
-    codec_dir = Path(codec_dir)
-    _save_half(load_file(str(codec_dir / "model.safetensors")), tmp / "codec.safetensors")
-    frozen = codec_dir.parent / "encoder_frozen.json"  # the lab's stage-2 marker: codes fixed since then
-    meta["codec"] = {"config": json.loads((codec_dir / "config.json").read_text()),
-                     "encoder_frozen": json.loads(frozen.read_text()) if frozen.is_file() else None}
+    meta["codec"] = _write_codec(Path(codec_dir), tmp / "codec.safetensors")
     from pcgtts.runtime.lm.eagle import EAGLE_FILE
     from pcgtts.runtime.lm.heads import HEADS_FILE
 
@@ -96,6 +90,55 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def _write_codec(codec_dir: Path, dst: Path) -> dict:
+    """The lab's `codec/export` folder as the voice's fp16 `codec.safetensors`; its voice.json entry."""
+    from safetensors.torch import load_file
+
+    _save_half(load_file(str(codec_dir / "model.safetensors")), dst)
+    frozen = codec_dir.parent / "encoder_frozen.json"  # the lab's stage-2 marker: codes fixed since then
+    return {"config": json.loads((codec_dir / "config.json").read_text()),
+            "encoder_frozen": json.loads(frozen.read_text()) if frozen.is_file() else None}
+
+
+def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
+    """Put a retrained codec (a lab `codec/export` folder) into a committed voice, keeping its target.
+
+    Only a codec whose encoder side (everything up to and including the quantizer) is bit-identical
+    to the voice's is accepted: the target was trained on that encoder's codes, so a decoder
+    fine-tuned with the encoder frozen (`pcgtts lab codec --init-from VOICE --freeze-encoder`)
+    fits, and anything else is refused before the voice is touched."""
+    from safetensors.torch import load_file
+
+    from pcgtts.train.codec import ENCODER_PARTS
+
+    pack = Path(pack_dir)
+    meta = read_voice(pack, files=("codec.safetensors",))
+    tmp = pack / "codec.safetensors.tmp"
+    entry = _write_codec(Path(codec_dir), tmp)
+    try:
+        old, new = load_file(str(pack / "codec.safetensors")), load_file(str(tmp))
+        if old.keys() != new.keys():
+            raise ValueError(f"{codec_dir}: another codec layout than the voice's (different tensors)")
+        encoder = (*ENCODER_PARTS, "acoustic_encoder")
+        changed = sorted(k for k in old if k.split(".")[0] in encoder and not torch.equal(old[k], new[k]))
+        if changed:
+            raise ValueError(f"{codec_dir}: its encoder differs from the voice's ({changed[0]}, ...), so its codes "
+                             "are not the ones the target was trained on; fine-tune with --freeze-encoder")
+    except BaseException:
+        tmp.unlink()
+        raise
+    tmp.replace(pack / "codec.safetensors")
+    meta["codec"] = {**entry, "encoder_frozen": entry["encoder_frozen"] or meta["codec"].get("encoder_frozen")}
+    meta["sha256"]["codec.safetensors"] = _sha256(pack / "codec.safetensors")
+    _write_meta(pack, meta)
+
+
+def _write_meta(pack: Path, meta: dict) -> None:
+    tmp = pack / "voice.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    tmp.replace(pack / "voice.json")
 
 
 def _rekeyed_copy(src: Path, dst: Path, fingerprint: str) -> None:
@@ -116,9 +159,7 @@ def add_to_voice(pack_dir: str | Path, src: str | Path, name: str) -> None:
     meta = read_voice(pack)
     shutil.copyfile(src, pack / name)
     meta["sha256"][name] = _sha256(pack / name)
-    tmp = pack / "voice.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    tmp.replace(pack / "voice.json")
+    _write_meta(pack, meta)
 
 
 def read_voice(pack_dir: str | Path, files: tuple[str, ...] | None = None) -> dict:
@@ -211,4 +252,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "add_to_voice", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "add_to_voice", "replace_codec", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
