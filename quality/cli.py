@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder for results.json, tables.txt and curves_*.png")
     p.set_defaults(func=run_eval, policy=None, seed=None, temperature=None)
 
-    d = sub.add_parser("eval-diff", help="two synth runs of eval compared utterance by utterance (e.g. two models)")
+    d = sub.add_parser("eval-diff", help="two synth (or two codec) runs of eval compared utterance by utterance (e.g. two models)")
     d.add_argument("base", type=Path, help="the baseline run's results.json (eval --out)")
     d.add_argument("new", type=Path, help="the compared run's results.json, on the same sentences and seeds")
     d.set_defaults(func=run_diff)

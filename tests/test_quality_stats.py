@@ -108,8 +108,10 @@ def test_eval_diff_pairs_two_runs_by_case_sentence_and_seed(tmp_path, capsys):
     assert row["cer"]["delta"]["mean"] == 0.0
     with pytest.raises(ValueError, match="same utterances"):
         diff_runs(base, run(lambda i, seed: 0.0, sentences=("s1", "s2")))
-    with pytest.raises(ValueError, match="synth runs"):
+    with pytest.raises(ValueError, match="cannot be paired"):
         diff_runs(base, {"mode": "codec", "records": []})
+    with pytest.raises(ValueError, match="synth or codec runs"):
+        diff_runs({"mode": "swap", "records": []}, {"mode": "swap", "records": []})
 
     (tmp_path / "a.json").write_text(json.dumps(base))
     (tmp_path / "b.json").write_text(json.dumps(new))
@@ -118,3 +120,21 @@ def test_eval_diff_pairs_two_runs_by_case_sentence_and_seed(tmp_path, capsys):
     assert "-5.5 ±" in out and json.loads(out.splitlines()[-1])["rows"][0]["case"] == "ar"
     (tmp_path / "c.json").write_text("{not json")
     assert main(["eval-diff", str(tmp_path / "a.json"), str(tmp_path / "c.json")]) == 2
+
+
+def test_eval_diff_pairs_two_codecs_by_voice_and_sentence(capsys):
+    """Two `--mode codec` runs (the same recordings resynthesised by two codecs) pair by voice and
+    sentence, STOI and MCD beside WER."""
+    from pcgtts.quality.diff import diff_runs, render
+
+    def run(shift):
+        return {"mode": "codec", "records": [
+            {"voice": v, "sentence": f"s{i}", "seed": 0, "wer": 0.1 * i + shift, "cer": 0.1, "sim": 0.8,
+             "stoi": 0.7 + 0.05 * i - shift, "mcd": 2.0} for v in ("a", "b") for i in range(4)]}
+
+    rows = diff_runs(run(0.0), run(-0.02))
+    assert [(r["case"], r["temperature"], r["utterances"]) for r in rows] == [("a", None, 4), ("b", None, 4)]
+    assert rows[0]["wer"]["delta"]["mean"] == pytest.approx(-0.02)
+    assert rows[0]["stoi"]["delta"]["mean"] == pytest.approx(0.02) and rows[0]["mcd"]["delta"]["mean"] == 0.0
+    table = render(rows, "old", "new")
+    assert "ΔSTOI" in table and "+0.020" in table
