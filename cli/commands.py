@@ -272,9 +272,10 @@ def check_speak_args(args) -> None:
 
 def resolve_settings_from_flags(args, **overrides):
     """The flags' settings without filling in the built-in voice (cheap: validates names and values)."""
+    from pcgtts.builtin import voice_settings
     from pcgtts.runtime.config import resolve_settings
 
-    return resolve_settings(_explicit(args, overrides), getattr(args, "config", None))
+    return resolve_settings(_explicit(args, overrides), getattr(args, "config", None), voice=voice_settings())
 
 
 def speak_report(stats, playback) -> dict:

@@ -52,9 +52,35 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
     return ModelPaths(**{name: str(paths[name]) for name in names})
 
 
+def voice_settings(pack_dir: Path | None = None) -> dict:
+    """The shipped voice's own settings (voice.json's "settings", e.g. the temperature it reads best
+    at): `resolve_settings` puts them under the config file and the flags when no target is named.
+    {} when no trained voice ships. Only sampling and decoding settings may be there."""
+    import json
+
+    path = Path(pack_dir if pack_dir is not None else VOICE_DIR) / "voice.json"
+    if not path.is_file():
+        return {}
+    return check_voice_settings(json.loads(path.read_text()).get("settings", {}), path)
+
+
+def check_voice_settings(settings: dict, where: Path | str) -> dict:
+    """`settings` if a voice may hold them (decoding and sampling keys only, valid values); else a
+    ValueError naming `where`."""
+    from pcgtts.runtime.config import KEYS, resolve_settings
+
+    wrong = [key for key in settings if key not in KEYS or KEYS[key][:2] != ("synthesis", "decode")]
+    if wrong:
+        raise ValueError(f"{where}: a voice may set decoding and sampling settings only, not {', '.join(wrong)}")
+    resolve_settings({}, voice=settings)  # the values themselves (e.g. a negative temperature)
+    return settings
+
+
 def builtin_models() -> ModelPaths:
     voice = trained_voice()
     if voice is not None:
+        if voice_settings():
+            log.info("the built-in voice plays at its own settings unless given: %s", voice_settings())
         return voice
     from pcgtts.tools.demo import NOT_SPEECH_NOTICE, ensure_demo
 

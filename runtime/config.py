@@ -15,7 +15,7 @@
 
 `resolve_settings(explicit, config_file)` is where a value is decided, with one precedence order:
 an explicit argument (a `from_pretrained` keyword or a CLI flag that was given) > the config file
-> the default. Field names are unique across the sections, so a key names one setting wherever it
+> the built-in voice's own settings (when no target is named) > the default. Field names are unique across the sections, so a key names one setting wherever it
 is written: a TOML config file may use the section tables above (`[decode] policy = "sd"`) or flat
 keys. Change a resolved setting with `dataclasses.replace`.
 """
@@ -333,11 +333,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str | Path | None = None,
-                     base: Settings | None = None) -> Settings:
-    """The settings in force: `explicit` (None values count as not given) > `config_file` > `base`
-    (the defaults when None). Unknown keys and invalid values raise ValueError."""
+                     base: Settings | None = None, voice: Mapping[str, Any] | None = None) -> Settings:
+    """The settings in force: `explicit` (None values count as not given) > `config_file` > `voice`
+    > `base` (the defaults when None). `voice`: the built-in voice's own settings (its voice.json,
+    e.g. the temperature it reads best at), in force only when neither layer above names a target.
+    Unknown keys and invalid values raise ValueError."""
     layers = [read_config_file(config_file) if config_file is not None else {},
               {k: v for k, v in (explicit or {}).items() if v is not None}]
+    if voice and not any(layer.get("target") is not None for layer in layers):
+        layers.insert(0, dict(voice))
     updates: dict[tuple[str, ...], Any] = {}
     for layer in layers:  # later layers win
         for key, value in layer.items():

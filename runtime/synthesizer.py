@@ -270,14 +270,16 @@ class Synthesizer:
 
         Any setting of `runtime/config.py` may be given by name (`policy="sd"`, `temperature=0.6`,
         `compute_device="cuda"`, `draft_length=4`, ...); precedence is keyword > `config_file`
-        (TOML) > `config` > default. Everything is validated before a model is loaded.
+        (TOML) > `config` > the built-in voice's own settings (no `target`, no `config`; e.g. its
+        temperature) > default. Everything is validated before a model is loaded.
         """
         if config is not None and config_file is not None:
             raise ValueError("give either config= or config_file=, not both")
-        explicit = {"target": target, "draft": draft, "codec": codec, "groups": groups, **settings}
-        resolved = resolve_settings(explicit, config_file, Settings(synthesis=config or SynthesisConfig()))
-        from pcgtts.builtin import with_builtin_models  # the built-in voice when no target is given
+        from pcgtts.builtin import voice_settings, with_builtin_models  # the built-in voice when no target is given
 
+        explicit = {"target": target, "draft": draft, "codec": codec, "groups": groups, **settings}
+        resolved = resolve_settings(explicit, config_file, Settings(synthesis=config or SynthesisConfig()),
+                                    voice=voice_settings() if config is None else None)
         resolved = with_builtin_models(resolved)
         return cls.load(resolved.models, resolved.device, resolved.synthesis, force_export=force_export)
 

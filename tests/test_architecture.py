@@ -114,6 +114,31 @@ def test_settings_precedence_explicit_over_file_over_default(tmp_path):
     assert resolve_settings({}).synthesis.decode.policy == defaults.synthesis.decode.policy == "pcg"
 
 
+def test_the_built_in_voice_s_own_settings_sit_under_file_and_flags_and_leave_other_targets_alone(tmp_path):
+    """voice.json's "settings" (e.g. the temperature a trained voice reads best at) are in force when
+    no target is named, below a config file and the flags; a named target, in either, ignores them."""
+    import json
+
+    from pcgtts.builtin import voice_settings
+    from pcgtts.runtime.config import resolve_settings
+
+    assert voice_settings(tmp_path) == {}  # no voice shipped: nothing
+    (tmp_path / "voice.json").write_text(json.dumps({"settings": {"temperature": 0.2}}))
+    voice = voice_settings(tmp_path)
+    temperature = lambda s: s.synthesis.decode.sampling.temperature  # noqa: E731
+    assert temperature(resolve_settings({}, voice=voice)) == 0.2
+    assert temperature(resolve_settings({"temperature": 0.6}, voice=voice)) == 0.6
+    config = tmp_path / "pcgtts.toml"
+    config.write_text("[sampling]\ntemperature = 0.5\n")
+    assert temperature(resolve_settings({}, config, voice=voice)) == 0.5
+    assert temperature(resolve_settings({"target": "elsewhere"}, voice=voice)) == 0.8  # another model: the default
+    config.write_text('[models]\ntarget = "t"\n')
+    assert temperature(resolve_settings({}, config, voice=voice)) == 0.8
+    (tmp_path / "voice.json").write_text(json.dumps({"settings": {"codec": "x", "temperature": 0.2}}))
+    with pytest.raises(ValueError, match="decoding and sampling settings only, not codec"):
+        voice_settings(tmp_path)
+
+
 def test_checks_across_fields_see_the_resolved_combination(tmp_path):
     """A dataclass is rebuilt once with every key that reaches it, whichever layer or order they come
     in: `steps_per_sync` needs `adaptive_draft` false, written before it in the file or given apart."""

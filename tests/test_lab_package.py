@@ -39,9 +39,10 @@ def test_pack_and_expand_round_trip(tmp_path):
     codec = _lab_folders(tmp_path)
     heads = MTPHeads(2, 64, "stale-fingerprint").save(tmp_path / "heads.safetensors")
     pack = pack_voice(tmp_path / "voice", tmp_path / "lm", tmp_path / "draft", codec, name="test", heads_file=heads,
-                      mean_group_size=20, group_cap=64, figures={"stoi": 0.5})
+                      mean_group_size=20, group_cap=64, figures={"stoi": 0.5}, settings={"temperature": 0.2})
     meta = read_voice(pack)
     assert meta["target"]["step"] == 7 and meta["draft"]["layers"] == [1] and meta["figures"] == {"stoi": 0.5}
+    assert meta["settings"] == {"temperature": 0.2}
     paths = expand_voice(pack, tmp_path / "expanded", progress=False)
 
     # The expanded target is the factorised model, materialised (fp16 rounding only).
@@ -121,7 +122,8 @@ def test_the_shipped_voice_is_the_default_and_speaks(tmp_path, monkeypatch):
 
 def test_replace_codec_keeps_the_codes_the_target_was_trained_on(tmp_path):
     """A decoder fine-tuned with the encoder frozen replaces the voice's codec (checksummed); a codec
-    whose encoder moved is refused before the voice is touched."""
+    whose encoder moved is refused before the voice is touched. The voice's own settings are set
+    apart, checked, and survive the swap."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -152,3 +154,16 @@ def test_replace_codec_keeps_the_codes_the_target_was_trained_on(tmp_path):
     new = load_file(str(pack / "codec.safetensors"))
     assert torch.equal(new[key], load_file(str(tuned / "model.safetensors"))[key].half())
     assert "codec.safetensors" in meta["sha256"] and (pack / "codec.safetensors").read_bytes() != before
+
+    # What the voice is played at when the user names nothing: recorded, checked, kept by a codec swap.
+    from pcgtts.builtin import voice_settings
+    from pcgtts.train.package import set_settings
+
+    set_settings(pack, {"temperature": 0.2})
+    for bad, needle in (({"temperature": -1.0}, "temperature"), ({"codec": "x"}, "not codec")):
+        with pytest.raises(ValueError, match=needle):
+            set_settings(pack, bad)
+    replace_codec(pack, codec)
+    assert voice_settings(pack) == {"temperature": 0.2} and read_voice(pack)["codec"]["config"]
+    set_settings(pack, {})
+    assert voice_settings(pack) == {}

@@ -102,6 +102,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--eagle", type=Path, help="EAGLE draft file trained for the target (optional)")
     p.add_argument("--mean-group-size", type=_positive_int, default=140, help="θ of the built group table (paper: ~140)")
     p.add_argument("--figures", type=Path, help="JSON of measured figures to record (WER, STOI, similarity, ...)")
+    p.add_argument("--temperature", type=float, help="the temperature the voice is played at when the user gives "
+                                                     "none (recorded in voice.json; default: the runtime's)")
     p.set_defaults(lab_func=_cmd_package)
 
     p = sub.add_parser("all", help="corpus, codec, lm and draft in order, each resumed where it stopped")
@@ -205,6 +207,7 @@ def _cmd_draft(args) -> dict:
 
 def _cmd_package(args) -> dict:
     from pcgtts.builtin import VOICE_DIR
+    from pcgtts.runtime.config import SamplingConfig
     from pcgtts.train.package import pack_voice
 
     needed = [args.root / "lm" / "checkpoint.pt", args.root / "draft" / "checkpoint.pt",
@@ -212,10 +215,13 @@ def _cmd_package(args) -> dict:
     for path in needed + [p for p in (args.heads, args.eagle, args.figures) if p is not None]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found")
+    if args.temperature is not None:
+        SamplingConfig(temperature=args.temperature)  # refused here, not at the voice's first use
     figures = json.loads(args.figures.read_text()) if args.figures else {}
     out = pack_voice(args.out or VOICE_DIR, args.root / "lm", args.root / "draft", args.root / "codec" / "export",
                      name=args.name, heads_file=args.heads, eagle_file=args.eagle,
-                     mean_group_size=args.mean_group_size, figures=figures)
+                     mean_group_size=args.mean_group_size, figures=figures,
+                     settings={"temperature": args.temperature} if args.temperature is not None else None)
     size = sum(p.stat().st_size for p in out.iterdir())
     return {"voice": str(out), "megabytes": round(size / 2**20, 1), "name": args.name}
 

@@ -57,8 +57,9 @@ def _save_half(state: dict[str, torch.Tensor], path: Path) -> None:
 def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, codec_dir: str | Path, *,
                name: str, heads_file: str | Path | None = None, eagle_file: str | Path | None = None,
                mean_group_size: int = 140,
-               group_cap: int = 512, figures: dict | None = None) -> Path:
-    """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders."""
+               group_cap: int = 512, figures: dict | None = None, settings: dict | None = None) -> Path:
+    """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders.
+    `settings`: what the voice is played at when the user names none (`builtin.voice_settings`)."""
     from pcgtts.train.progress import load_checkpoint
 
     out = Path(out_dir)
@@ -67,6 +68,8 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     tmp.mkdir(parents=True)
     meta = {"format": FORMAT, "version": VERSION, "name": name, "created": time.strftime("%Y-%m-%d"),
             "groups": {"mean_size": mean_group_size, "cap": group_cap}, "figures": figures or {}}
+    if settings:
+        meta["settings"] = dict(settings)
     for role, folder in (("target", lm_dir), ("draft", draft_dir)):
         state = load_checkpoint(Path(folder) / "checkpoint.pt")
         _save_half(state["model"], tmp / f"{role}.safetensors")
@@ -132,6 +135,19 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
     tmp.replace(pack / "codec.safetensors")
     meta["codec"] = {**entry, "encoder_frozen": entry["encoder_frozen"] or meta["codec"].get("encoder_frozen")}
     meta["sha256"]["codec.safetensors"] = _sha256(pack / "codec.safetensors")
+    _write_meta(pack, meta)
+
+
+def set_settings(pack_dir: str | Path, settings: dict) -> None:
+    """Record what a committed voice is played at when the user names none (voice.json "settings",
+    read by `builtin.voice_settings`), checked first; {} removes them."""
+    from pcgtts.builtin import check_voice_settings
+
+    pack = Path(pack_dir)
+    meta = read_voice(pack, files=())
+    meta.pop("settings", None)
+    if check_voice_settings(dict(settings), pack / "voice.json"):
+        meta["settings"] = dict(settings)
     _write_meta(pack, meta)
 
 
@@ -252,4 +268,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "add_to_voice", "replace_codec", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
