@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="choose the draft length per step from measured costs (up to --draft-length), and "
                             "decode without the draft when speculation cannot win (default on; --no-adaptive-draft: "
                             "always --draft-length, for output that repeats across processes with --seed)")
-    speak.add_argument("--temperature", type=float, help="sampling temperature (default 0.8; 0 = greedy)")
+    speak.add_argument("--temperature", type=float,
+                       help="sampling temperature (default 0.8, or the built-in voice's own; 0 = greedy)")
     speak.add_argument("--max-tokens", type=positive(int), help="speech tokens per sentence at most (50 per s; default 2000)")
     speak.set_defaults(func=_speak)
 
