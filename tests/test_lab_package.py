@@ -167,3 +167,13 @@ def test_replace_codec_keeps_the_codes_the_target_was_trained_on(tmp_path):
     assert voice_settings(pack) == {"temperature": 0.2} and read_voice(pack)["codec"]["config"]
     set_settings(pack, {})
     assert voice_settings(pack) == {}
+
+
+def test_pack_voice_refuses_bad_settings_before_writing(tmp_path):
+    from pcgtts.train.package import pack_voice
+
+    codec = _lab_folders(tmp_path)
+    with pytest.raises(ValueError, match="temperature"):
+        pack_voice(tmp_path / "voice", tmp_path / "lm", tmp_path / "draft", codec, name="t",
+                   settings={"temperature": -0.5})
+    assert not (tmp_path / "voice").exists() and not (tmp_path / "voice.tmp").exists()

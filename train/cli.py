@@ -207,7 +207,6 @@ def _cmd_draft(args) -> dict:
 
 def _cmd_package(args) -> dict:
     from pcgtts.builtin import VOICE_DIR
-    from pcgtts.runtime.config import SamplingConfig
     from pcgtts.train.package import pack_voice
 
     needed = [args.root / "lm" / "checkpoint.pt", args.root / "draft" / "checkpoint.pt",
@@ -215,8 +214,6 @@ def _cmd_package(args) -> dict:
     for path in needed + [p for p in (args.heads, args.eagle, args.figures) if p is not None]:
         if not path.is_file():
             raise FileNotFoundError(f"{path} not found")
-    if args.temperature is not None:
-        SamplingConfig(temperature=args.temperature)  # refused here, not at the voice's first use
     figures = json.loads(args.figures.read_text()) if args.figures else {}
     out = pack_voice(args.out or VOICE_DIR, args.root / "lm", args.root / "draft", args.root / "codec" / "export",
                      name=args.name, heads_file=args.heads, eagle_file=args.eagle,

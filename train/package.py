@@ -60,9 +60,11 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
                group_cap: int = 512, figures: dict | None = None, settings: dict | None = None) -> Path:
     """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders.
     `settings`: what the voice is played at when the user names none (`builtin.voice_settings`)."""
+    from pcgtts.builtin import check_voice_settings
     from pcgtts.train.progress import load_checkpoint
 
     out = Path(out_dir)
+    check_voice_settings(dict(settings or {}), out / "voice.json")  # refused before anything is written
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
