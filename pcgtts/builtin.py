@@ -79,8 +79,9 @@ def check_voice_settings(settings: dict, where: Path | str) -> dict:
 def builtin_models() -> ModelPaths:
     voice = trained_voice()
     if voice is not None:
-        if voice_settings():
-            log.info("the built-in voice plays at its own settings unless given: %s", voice_settings())
+        settings = voice_settings()
+        if settings:
+            log.info("the built-in voice plays at its own settings unless given: %s", settings)
         return voice
     from pcgtts.tools.demo import NOT_SPEECH_NOTICE, ensure_demo
 
