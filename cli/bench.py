@@ -20,21 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from pcgtts.cli.flags import deprecated_alias, non_negative_int, positive, quiet_logger
-from pcgtts.cli.groups import DEFAULT_MAX_MEMORY_GB, DEFAULT_TOP_K, group_size_options
+from pcgtts.cli.flags import comma_list, deprecated_alias, non_negative_int, positive, quiet_logger
+from pcgtts.cli.groups import add_sweep_options, check_sweep_options, group_table, sweep_thetas
 from pcgtts.runtime.config import PCG_POLICIES, POLICIES, STATE_POLICIES
 
 DEFAULT_POLICIES = [p for p in POLICIES if p not in STATE_POLICIES]  # mtp-*, eagle-* need trained heads: asked for by name
 
 log = logging.getLogger(__name__)
-
-
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def _policies(text: str) -> list[str]:
@@ -53,21 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--policy", type=_policies, default=DEFAULT_POLICIES,
                        help=f"comma list (default: {','.join(DEFAULT_POLICIES)}; the mtp-* policies need the "
                             "target's heads, `pcgtts heads train`, the eagle-* ones its EAGLE draft, `pcgtts heads eagle`)")
-    bench.add_argument("--theta", type=_floats, help="comma list of group thresholds to sweep (pcg; builds tables)")
-    bench.add_argument("--mean-size", type=_floats,
-                       help="comma list of target mean group sizes to sweep (pcg; theta chosen per size, as groups build)")
-    bench.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
-                       help=f"group cap for tables the sweep builds (default {DEFAULT_TOP_K}; 0 = none)")
-    bench.add_argument("--max-memory-gb", type=float, default=DEFAULT_MAX_MEMORY_GB,
-                       help="refuse a swept table whose estimated build memory exceeds this")
-    bench.add_argument("--draft-length", type=_ints, default=[3], help="comma list of draft lengths L")
-    deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=_ints)
+    add_sweep_options(bench)
+    bench.add_argument("--draft-length", type=comma_list(int), default=[3], help="comma list of draft lengths L")
+    deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=comma_list(int))
     bench.add_argument("--codec-thread", choices=("on", "off", "both"),
                        help="decode codec windows on their own thread (on, the default), in line with the LM "
                             "(off), or run every case both ways, side by side")
     bench.add_argument("--adaptive", action="store_true",
                        help="also run each speculative rule with the adaptive draft length (L <= the longest --draft-length)")
-    bench.add_argument("--beta", type=_floats, help="comma list of SSD betas")
+    bench.add_argument("--beta", type=comma_list(float), help="comma list of SSD betas")
     bench.add_argument("--texts", help="text file, one utterance per line (default: built-in sentences)")
     bench.add_argument("--runs", type=positive(int), default=1, help="measured runs over the text set")
     bench.add_argument("--warmup", type=non_negative_int, default=1, help="warm-up utterances per configuration (excluded)")
@@ -123,23 +109,6 @@ def check_state_policies(policies, args) -> None:
                      eagle=eagle is not None)
 
 
-def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = None, max_bytes: int | None = None):
-    """A group table for the loaded target at `theta` (capped at `top_k`), built once and cached
-    beside the user's cache; refused with an estimate past `max_bytes` (groups/build.py)."""
-    from pcgtts.tools.model_groups import build_groups_for_model
-    from pcgtts.groups.table import GroupTable
-    from pcgtts.tools.demo import default_cache_dir
-
-    fingerprint = target_lm.fingerprint
-    cap = "" if top_k is None else f"-k{top_k}"
-    path = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-t{theta:.4f}{cap}.pcg"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        build_groups_for_model(target_dir, theta, top_k, device=target_lm.device.type, progress=True,
-                               max_bytes=max_bytes).save(path)
-    return GroupTable.load(path, expect_fingerprint=fingerprint).to_device(target_lm.device)
-
-
 # The harness caps tokens on purpose; each utterance's finish reason is in the JSON instead.
 @quiet_logger("pcgtts.runtime.synthesizer")
 def _bench(args) -> int:
@@ -171,21 +140,16 @@ def _bench(args) -> int:
     policies = args.policy
     needs_draft = any(c.policy not in ("ar",) + STATE_POLICIES for c in todo)
     args.policy = "pcg" if any(c.policy == "pcg" for c in todo) else ("sd" if needs_draft else "ar")
-    sizing = group_size_options(args)
-    if args.mean_size and any(m < 1 for m in args.mean_size):
-        raise ValueError("--mean-size values must be >= 1")
+    sizing = check_sweep_options(args)
     check_state_policies([c.policy for c in todo], args)
     base, settings = load_synthesizer(args)
     models = dataclasses.asdict(settings.models)
     if args.mean_size:  # each target mean group size becomes the theta that gives it on this target
-        from pcgtts.groups.build import theta_for_mean_size
-        from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
-
-        rows = load_speech_embeddings(models["target"])[0]
-        args.theta = (args.theta or []) + [theta_for_mean_size(rows, m, sizing["top_k"]) for m in args.mean_size]
+        args.theta = sweep_thetas(args, models["target"], sizing["top_k"])
         todo = cases(argparse.Namespace(**{**vars(args), "policy": policies}))
 
-    synths = [case_synthesizer(base, case, lambda theta: group_table(models["target"], base.target, theta, **sizing))
+    synths = [case_synthesizer(base, case, lambda theta: group_table(models["target"], base.target, theta, **sizing)
+                                                .to_device(base.target.device))
               for case in todo]
     records: list[list[dict]] = [[] for _ in todo]
     total = len(todo) * (args.warmup + args.runs * len(texts))

@@ -37,6 +37,20 @@ def positive(kind):
     return parse
 
 
+def comma_list(kind):
+    """argparse type: a non-empty comma list of `kind` ("0.3,0.4"), with a one-line message otherwise."""
+    def parse(text: str):
+        try:
+            values = [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {kind.__name__}, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError("empty list")
+        return values
+    parse.__name__ = f"{kind.__name__} list"
+    return parse
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:

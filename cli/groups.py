@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pcgtts.cli.flags import deprecated_alias
+from pcgtts.cli.flags import comma_list, deprecated_alias
 
 DEFAULT_TOP_K = 512  # members per G(t): bounds the table (and PCG's gather width) on clustered embeddings
 DEFAULT_MAX_MEMORY_GB = 4.0
@@ -19,6 +19,63 @@ def group_size_options(args) -> dict:
     if args.max_memory_gb <= 0:
         raise ValueError(f"--max-memory-gb must be > 0, got {args.max_memory_gb}")
     return {"top_k": args.top_k or None, "max_bytes": int(args.max_memory_gb * 2**30)}
+
+
+def add_sweep_options(parser: argparse.ArgumentParser) -> None:
+    """--theta / --mean-size / --top-k / --max-memory-gb for the commands that sweep group tables
+    (`pcgtts bench`, `pcgtts eval`): the same table options as `groups build`, as comma lists."""
+    parser.add_argument("--theta", type=comma_list(float),
+                        help="comma list of group thresholds θ to sweep (pcg rules; tables built and cached)")
+    parser.add_argument("--mean-size", type=comma_list(float),
+                        help="comma list of target mean group sizes to sweep (pcg rules; θ chosen per size on the "
+                             "target, as groups build does)")
+    parser.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
+                        help=f"group cap for the tables a sweep builds (default {DEFAULT_TOP_K}; 0 = none)")
+    parser.add_argument("--max-memory-gb", type=float, default=DEFAULT_MAX_MEMORY_GB,
+                        help="refuse a swept table whose estimated build memory exceeds this "
+                             f"(default {DEFAULT_MAX_MEMORY_GB:g})")
+
+
+def check_sweep_options(args) -> dict:
+    """Before any model loads: the sweep's θs and sizes in range; returns group_size_options(args)."""
+    sizing = group_size_options(args)
+    for theta in args.theta or []:
+        if not -1.0 <= theta < 1.0:
+            raise ValueError(f"--theta values must lie in [-1, 1), got {theta}")
+    for size in args.mean_size or []:
+        if size < 1:
+            raise ValueError(f"--mean-size values must be >= 1, got {size:g}")
+        if sizing["top_k"] is not None and size > sizing["top_k"]:
+            raise ValueError(f"--mean-size {size:g} cannot exceed the cap --top-k {sizing['top_k']}")
+    return sizing
+
+
+def sweep_thetas(args, target_dir: str, top_k: int | None) -> list[float] | None:
+    """--theta, then the θ that gives each --mean-size on this target's speech embeddings (None: no sweep)."""
+    if not args.mean_size:
+        return args.theta
+    from pcgtts.groups.build import theta_for_mean_size
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+
+    rows = load_speech_embeddings(target_dir)[0]
+    return (args.theta or []) + [theta_for_mean_size(rows, size, top_k) for size in args.mean_size]
+
+
+def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = None, max_bytes: int | None = None):
+    """The host GroupTable for the loaded target at `theta` (capped at `top_k`), built once and cached
+    beside the user's cache; refused with an estimate past `max_bytes` (groups/build.py)."""
+    from pcgtts.tools.model_groups import build_groups_for_model
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.tools.demo import default_cache_dir
+
+    fingerprint = target_lm.fingerprint
+    cap = "" if top_k is None else f"-k{top_k}"
+    path = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-t{theta:.4f}{cap}.pcg"
+    if not path.is_file():  # GroupTable.save writes atomically
+        path.parent.mkdir(parents=True, exist_ok=True)
+        build_groups_for_model(target_dir, theta, top_k, device=target_lm.device.type, progress=True,
+                               max_bytes=max_bytes).save(path)
+    return GroupTable.load(path, expect_fingerprint=fingerprint)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

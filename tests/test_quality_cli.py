@@ -32,8 +32,13 @@ def parse(*argv):
     (["--mode", "source", "--voices", "nobody"], "unknown voice"),
     (["--mode", "codec", "--codec", "/no/such/codec"], "codec directory not found"),
     (["--voices", "flite-slt"], "--voice "),
-    (["--target", "t", "--policies", "ar,pcg"], "needs --groups or --theta"),
+    (["--target", "t", "--policies", "ar,pcg"], "needs --groups, --theta or --mean-size"),
     (["--mode", "melgroups", "--theta", "0.3,0.4"], "one θ"),
+    (["--mode", "melgroups", "--theta", "0.3", "--mean-size", "40"], "one θ"),
+    (["--mean-size", "0.5"], "--mean-size values must be >= 1"),
+    (["--mean-size", "600"], "cannot exceed the cap --top-k 512"),
+    (["--top-k", "-1", "--mean-size", "40"], "--top-k"),
+    (["--max-memory-gb", "0", "--theta", "0.3"], "--max-memory-gb"),
     (["--swap-fractions", "2"], "swap-fractions"),
     (["--temperature", "-1"], "temperature"),
     (["--temperature", "0.8,0.2,0.8"], "distinct"),
@@ -51,8 +56,9 @@ def test_parser_types():
         parse("--theta", "a,b")
     with pytest.raises(SystemExit):
         parse("--mode", "nope")
-    args = parse("--theta", "0.3,0.4", "--seeds", "1,2", "--draft-length", "1,3")
+    args = parse("--theta", "0.3,0.4", "--seeds", "1,2", "--draft-length", "1,3", "--mean-size", "40,140")
     assert args.theta == [0.3, 0.4] and args.seeds == [1, 2] and args.draft_length == [1, 3]
+    assert args.mean_size == [40.0, 140.0] and args.top_k == 512  # groups build's cap, as bench sweeps
 
 
 def test_source_mode_end_to_end(tmp_path, capsys):
@@ -107,6 +113,26 @@ def test_synth_pipeline_on_tiny_models(tiny_models, tmp_path):
             assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["mean_accepted_length"] >= 1.0
     assert len(result["records"]) == 10
     assert [p.name for p in plot_curves(result["summaries"], tmp_path)] == ["curves_draft_length.png"]
+
+
+@pytest.mark.slow
+def test_eval_sweeps_group_tables_by_mean_size_through_the_command(tiny_models, tmp_path, monkeypatch, capsys):
+    """`pcgtts eval --mean-size` (as `bench --mean-size`): θ chosen per size on the target, tables built
+    capped and cached, each pcg row labelled by its θ and carrying its table's measured mean size."""
+    monkeypatch.setenv("PCGTTS_CACHE", str(tmp_path / "cache"))  # the built tables land here, not in ~
+    args = parse("--target", tiny_models["target"], "--draft", tiny_models["draft"], "--codec", tiny_models["codec"],
+                 "--policies", "ar,pcg", "--draft-length", "2", "--mean-size", "4,24", "--top-k", "32",
+                 "--sentences", "1", "--seeds", "0", "--no-clone", "--max-tokens", "12",
+                 "--cache-dir", str(tmp_path / "audio"), "--out", str(tmp_path / "out"))
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    pcg = [s for s in report["summaries"] if s["policy"] == "pcg"]
+    assert len(pcg) == 2
+    small, large = (s["mean_group_size"] for s in pcg)
+    assert 2 <= small <= 8 and 12 <= large <= 32 and pcg[0]["theta"] > pcg[1]["theta"]
+    built = sorted(p.name for p in (tmp_path / "cache" / "groups").glob("*.pcg"))
+    assert len(built) == 2 and all(name.endswith("-k32.pcg") for name in built)
+    assert "|G|" in (tmp_path / "out" / "tables.txt").read_text()
 
 
 @pytest.mark.slow
