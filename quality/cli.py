@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "its deltas to AR are the run's own noise floor")
     p.add_argument("--temperature", dest="temperatures", type=comma_list(float), default=[0.8],
                    help="sampling temperature (default 0.8); synth mode takes a comma list: every case at "
-                        "each, paired with AR at the first")
+                        "each, paired with AR at the same temperature (AR's own rows with AR at the first)")
     p.add_argument("--max-tokens", type=positive(int), help="speech tokens per sentence at most")
     p.add_argument("--swap-fractions", type=comma_list(float), default=[0.25, 0.5, 1.0],
                    help="swap mode: fractions p of tokens replaced (default 0.25,0.5,1)")

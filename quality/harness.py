@@ -209,7 +209,9 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
               label: Callable[[object], str] | None = None) -> dict:
     """Table 1: every case (BenchCase from tools/bench.py) on the same sentences and seeds, at the
     plan's temperature and then at each of its `sweep_temperatures`. The first case must be `ar`:
-    speed-ups and paired deltas are measured against it (at the plan's temperature)."""
+    speed-ups and paired deltas are measured against it at the row's own temperature (a rule's cost
+    is against plain decoding at the same T), except for AR's own rows at the swept temperatures,
+    which are measured against AR at the plan's temperature (what the temperature itself does)."""
     if not cases or cases[0].policy != "ar":
         raise ValueError("the first case must be the target-AR baseline (policy 'ar')")
     from pcgtts.tools.bench import case_synthesizer
@@ -238,16 +240,17 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
                 audio, speed = synthesize_one(synth, s.text, config, voice)
                 rows.append({"case": name, "sentence": s.id, "seed": seed, **speed,
                              **score_audio(audio, s.text, ref_emb)})
-    base_rows = runs[0].records
-    base_tps = _tokens_per_second(base_rows)
+    ar_at = {row.temperature: row for row in runs if row.case is cases[0] and row.seed_offset == 0}
     summaries, records = [], []
     for name, case, _, _, temperature, rows in runs:
+        baseline = runs[0] if case is cases[0] else ar_at[temperature]  # AR (and A/A) against the plan's T
+        base_rows, base_tps = baseline.records, _tokens_per_second(baseline.records)
         tps = _tokens_per_second(rows)
         drafted = sum(r["drafted"] for r in rows)
         steps = sum(r["steps"] for r in rows)
         summaries.append({
             "case": name, "policy": case.policy, "draft_length": case.draft_length, "theta": case.theta,
-            "ssd_beta": case.ssd_beta, "temperature": temperature, "utterances": len(rows),
+            "ssd_beta": case.ssd_beta, "temperature": temperature, "baseline": baseline.name, "utterances": len(rows),
             "tokens_per_second": tps, "speedup_vs_ar": tps / base_tps if base_tps > 0 else None,
             "acceptance_rate": sum(r["accepted"] for r in rows) / drafted if drafted else None,
             "mean_accepted_length": (sum(r["accepted"] for r in rows) + steps) / steps if steps and drafted else None,

@@ -155,6 +155,12 @@ def test_a_temperature_sweep_runs_every_case_at_each_temperature_paired_with_ar_
     assert [(r["tokens"], r["hyp"], r["sim"]) for r in rows["ar T=0"]] == \
         [(r["tokens"], r["hyp"], r["sim"]) for r in rows["sd L=2 T=0"]]
     assert [r["sim"] for r in rows["ar T=0"]] != [r["sim"] for r in rows["ar T=0.8"]]
+    # A rule is paired with AR at its own temperature (at T=0: the same audio, a zero difference);
+    # AR at a swept temperature with AR at the first (what the temperature itself does).
+    summary = {s["case"]: s for s in result["summaries"]}
+    assert [summary[c]["baseline"] for c in summary] == ["ar T=0.8", "ar T=0.8", "ar T=0.8", "ar T=0"]
+    assert summary["sd L=2 T=0"]["delta_sim"]["mean"] == 0.0 and summary["sd L=2 T=0"]["delta_wer"]["mean"] == 0.0
+    assert summary["ar T=0"]["delta_sim"]["mean"] != 0.0
     with pytest.raises(ValueError, match="distinct"):
         SynthPlan(testset.sentences[:1], sweep_temperatures=(0.8,))
 
