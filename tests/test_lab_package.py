@@ -168,6 +168,18 @@ def test_replace_codec_keeps_the_codes_the_target_was_trained_on(tmp_path):
     set_settings(pack, {})
     assert voice_settings(pack) == {}
 
+    # The size of the group table the voice builds when expanded: checked, the cap kept unless given.
+    from pcgtts.train.package import set_group_size
+
+    set_group_size(pack, 48)
+    assert read_voice(pack)["groups"] == {"mean_size": 48, "cap": 512}
+    for size, cap, needle in ((0, None, "mean group size"), (600, None, "cap=512"), (40, 0, "group cap")):
+        with pytest.raises(ValueError, match=needle):
+            set_group_size(pack, size, cap)
+    assert read_voice(pack)["groups"] == {"mean_size": 48, "cap": 512}
+    set_group_size(pack, 20, 64)
+    assert read_voice(pack)["groups"] == {"mean_size": 20, "cap": 64}
+
 
 def test_pack_voice_refuses_bad_settings_before_writing(tmp_path):
     from pcgtts.train.package import pack_voice

@@ -65,11 +65,12 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
 
     out = Path(out_dir)
     check_voice_settings(dict(settings or {}), out / "voice.json")  # refused before anything is written
+    groups = _group_spec(mean_group_size, group_cap)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     meta = {"format": FORMAT, "version": VERSION, "name": name, "created": time.strftime("%Y-%m-%d"),
-            "groups": {"mean_size": mean_group_size, "cap": group_cap}, "figures": figures or {}}
+            "groups": groups, "figures": figures or {}}
     if settings:
         meta["settings"] = dict(settings)
     for role, folder in (("target", lm_dir), ("draft", draft_dir)):
@@ -151,6 +152,24 @@ def set_settings(pack_dir: str | Path, settings: dict) -> None:
     if check_voice_settings(dict(settings), pack / "voice.json"):
         meta["settings"] = dict(settings)
     _write_meta(pack, meta)
+
+
+def set_group_size(pack_dir: str | Path, mean_size: int, cap: int | None = None) -> None:
+    """Set the mean size (and cap) of the group table a committed voice builds when it is expanded
+    (voice.json "groups"); θ is chosen for the size on the target then. A changed voice.json is
+    expanded afresh (`builtin.trained_voice` keys its cache by the file's digest)."""
+    pack = Path(pack_dir)
+    meta = read_voice(pack, files=())
+    meta["groups"] = _group_spec(mean_size, meta["groups"]["cap"] if cap is None else cap)
+    _write_meta(pack, meta)
+
+
+def _group_spec(mean_size: int, cap: int) -> dict:
+    if not (isinstance(cap, int) and cap >= 1):
+        raise ValueError(f"group cap must be a positive integer, got {cap!r}")
+    if not 1 <= mean_size <= cap:
+        raise ValueError(f"mean group size must lie in [1, cap={cap}], got {mean_size!r}")
+    return {"mean_size": mean_size, "cap": cap}
 
 
 def _write_meta(pack: Path, meta: dict) -> None:
@@ -270,4 +289,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "set_group_size", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
