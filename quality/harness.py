@@ -238,7 +238,7 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
                 progress(f"{name} seed {seed} {s.id}")
                 config = synth_config(base.config, case, stream_seed(seed, s.id) + offset, plan, temperature)
                 audio, speed = synthesize_one(synth, s.text, config, voice)
-                rows.append({"case": name, "sentence": s.id, "seed": seed, **speed,
+                rows.append({"case": name, "temperature": temperature, "sentence": s.id, "seed": seed, **speed,
                              **score_audio(audio, s.text, ref_emb)})
     ar_at = {row.temperature: row for row in runs if row.case is cases[0] and row.seed_offset == 0}
     summaries, records = [], []

@@ -161,6 +161,7 @@ def test_a_temperature_sweep_runs_every_case_at_each_temperature_paired_with_ar_
     assert [summary[c]["baseline"] for c in summary] == ["ar T=0.8", "ar T=0.8", "ar T=0.8", "ar T=0"]
     assert summary["sd L=2 T=0"]["delta_sim"]["mean"] == 0.0 and summary["sd L=2 T=0"]["delta_wer"]["mean"] == 0.0
     assert summary["ar T=0"]["delta_sim"]["mean"] != 0.0
+    assert {r["temperature"] for r in rows["ar T=0"]} == {0.0}  # each record its own T (eval-diff's column)
     with pytest.raises(ValueError, match="distinct"):
         SynthPlan(testset.sentences[:1], sweep_temperatures=(0.8,))
 
