@@ -1,4 +1,5 @@
-"""`pcgtts groups build|info`: make a group table from a target checkpoint, or describe one."""
+"""`pcgtts groups build|info`: make a group table from a target checkpoint, or describe one; and the
+table-sweep options (`--theta`, `--mean-size`, `--top-k`, `--max-memory-gb`) that `bench` and `eval` share."""
 
 from __future__ import annotations
 

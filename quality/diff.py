@@ -24,10 +24,13 @@ def _keyed(result: Mapping) -> dict[tuple, dict[tuple, dict]]:
     mode = result.get("mode")
     if mode not in METRICS:
         raise ValueError(f"eval-diff compares synth or codec runs; this one is mode {mode!r}")
+    # Records carry their temperature since session 30; older runs' are in their case's summary.
+    case_t = {s["case"]: s.get("temperature") for s in result.get("summaries", [])}
     default_t = result.get("temperature")
     rows: dict[tuple, dict[tuple, dict]] = {}
     for rec in result["records"]:
-        key = (rec["voice"], None) if mode == "codec" else (rec["case"], rec.get("temperature", default_t))
+        key = (rec["voice"], None) if mode == "codec" else (
+            rec["case"], rec.get("temperature", case_t.get(rec["case"], default_t)))
         rows.setdefault(key, {})[(rec["sentence"], rec["seed"])] = rec
     return rows
 

@@ -138,3 +138,21 @@ def test_eval_diff_pairs_two_codecs_by_voice_and_sentence(capsys):
     assert rows[0]["stoi"]["delta"]["mean"] == pytest.approx(0.02) and rows[0]["mcd"]["delta"]["mean"] == 0.0
     table = render(rows, "old", "new")
     assert "ΔSTOI" in table and "+0.020" in table
+
+
+def test_eval_diff_pairs_a_sweep_whose_records_lack_their_temperature_with_one_whose_records_have_it():
+    """Sweep runs before session 30 kept each case's temperature in its summary only: rows pair by
+    (case, temperature) across both forms, each at its own temperature (not the run's first)."""
+    from pcgtts.quality.diff import diff_runs
+
+    cases = {"ar T=0.2": 0.2, "ar T=0.8": 0.8}
+
+    def run(shift, with_t):
+        records = [{"case": c, "sentence": s, "seed": 0, "wer": 0.1 * i + shift, "cer": 0.1, "sim": 0.7,
+                    **({"temperature": t} if with_t else {})} for c, t in cases.items() for i, s in enumerate("abc")]
+        return {"mode": "synth", "temperature": 0.2, "records": records,
+                "summaries": [{"case": c, "temperature": t} for c, t in cases.items()]}
+
+    rows = diff_runs(run(0.0, with_t=False), run(-0.05, with_t=True))
+    assert [(r["case"], r["temperature"], r["utterances"]) for r in rows] == [("ar T=0.2", 0.2, 3), ("ar T=0.8", 0.8, 3)]
+    assert all(r["wer"]["delta"]["mean"] == pytest.approx(-0.05) for r in rows)
