@@ -259,7 +259,7 @@ def _run_cloning(args, sentences, progress):
 
 def _run_models(args, testset, sentences, recipe, progress):
     from pcgtts.cli.bench import cases as bench_cases, check_state_policies
-    from pcgtts.cli.groups import check_sweep_options, group_table, sweep_thetas
+    from pcgtts.cli.groups import group_size_options, group_table, sweep_thetas
     from pcgtts.cli.commands import load_synthesizer
     from pcgtts.quality.harness import SynthPlan, run_synth
     from pcgtts.runtime.config import STATE_POLICIES
@@ -277,7 +277,7 @@ def _run_models(args, testset, sentences, recipe, progress):
     progress("loading models")
     base, settings = load_synthesizer(args)
     target_dir = str(settings.models.target)
-    sizing = check_sweep_options(args)
+    sizing = group_size_options(args)  # the sweep's options were checked in check_args
     args.theta = sweep_thetas(args, target_dir, sizing["top_k"])  # --mean-size resolved on this target
     tables: dict = {}  # θ -> host GroupTable, each built (or read from the cache) once
 
