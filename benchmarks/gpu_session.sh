@@ -42,11 +42,11 @@ if [ "$step" = labs ]; then
     # The lab's target LM trained here (not part of "all"), several runs side by side on the one GPU (one
     # run's host-side batch building leaves most of an H100 idle): LAB_RUNS="name:flags;name:flags", the
     # flags `pcgtts lab lm`'s (e.g. "--size small --steps 4000 --align-weight 2"; batch 64 unless given).
-    # .carry/lab.npz is `pcgtts.train.lm.pack_codes`'s file, made on the CPU machine and carried (device
-    # tool: carry [".carry"]). Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
+    # LAB_PACK (default .carry/lab.npz) is `pcgtts.train.lm.pack_codes`'s file, made on the CPU machine and
+    # carried (device tool: carry [".carry/lab.npz"]). Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
     # called again on the same machine; its weights come back as float16 parts in $OUT/<name>
     # (join_checkpoint), every run's log tail in $OUT/labs.log.
-    [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('.carry/lab.npz', '/tmp/lab')" || exit 1
+    [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('${LAB_PACK:-.carry/lab.npz}', '/tmp/lab')" || exit 1
     IFS=';' read -ra runs <<<"${LAB_RUNS:?LAB_RUNS names the runs}"
     for run in "${runs[@]}"; do
         name=${run%%:*}
