@@ -181,6 +181,40 @@ def test_replace_codec_keeps_the_codes_the_target_was_trained_on(tmp_path):
     assert read_voice(pack)["groups"] == {"mean_size": 20, "cap": 64}
 
 
+def test_replace_lm_swaps_target_and_draft_and_drops_what_the_old_target_trained(tmp_path):
+    """A retrained target and its draft replace the voice's (checksummed), keeping codec, settings and
+    group size; the heads trained on the old target's states are removed, not left to mislead; a
+    missing folder is refused before the voice is touched."""
+    from dataclasses import asdict
+
+    from pcgtts.runtime.lm.heads import HEADS_FILE, MTPHeads
+    from pcgtts.train.package import pack_voice, read_voice, replace_lm
+
+    codec = _lab_folders(tmp_path)
+    heads = MTPHeads(2, 64, "old-target").save(tmp_path / "heads.safetensors")
+    pack = pack_voice(tmp_path / "voice", tmp_path / "lm", tmp_path / "draft", codec, name="test", heads_file=heads,
+                      mean_group_size=20, group_cap=64, settings={"temperature": 0.2})
+    before = {p.name: p.read_bytes() for p in pack.iterdir()}
+
+    with pytest.raises(ValueError, match="cannot read checkpoint"):
+        replace_lm(pack, tmp_path / "lm", tmp_path / "missing")
+    assert {p.name: p.read_bytes() for p in pack.iterdir()} == before
+
+    new = tmp_path / "lm2"
+    new.mkdir()
+    cfg = LMModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    save_checkpoint(new / "checkpoint.pt", {"model": build_model(cfg, lab_tokenizer(), seed=9).state_dict(),
+                                            "model_config": asdict(cfg), "step": 99})
+    assert replace_lm(pack, new, tmp_path / "draft") == [HEADS_FILE]
+    meta = read_voice(pack)  # every checksum holds
+    assert meta["target"]["step"] == 99 and meta["draft"]["layers"] == [1]
+    assert (pack / "target.safetensors").read_bytes() != before["target.safetensors"]
+    assert (pack / "codec.safetensors").read_bytes() == before["codec.safetensors"]
+    assert not (pack / HEADS_FILE).exists() and HEADS_FILE not in meta["sha256"]
+    assert meta["settings"] == {"temperature": 0.2} and meta["groups"] == {"mean_size": 20, "cap": 64}
+    assert not list(pack.glob("*.tmp"))
+
+
 def test_pack_voice_refuses_bad_settings_before_writing(tmp_path):
     from pcgtts.train.package import pack_voice
 

@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 
 from pcgtts.runtime.lm.checkpoint import HEAD_CODES_FILE
+from pcgtts.runtime.lm.eagle import EAGLE_FILE
+from pcgtts.runtime.lm.heads import HEADS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,6 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders.
     `settings`: what the voice is played at when the user names none (`builtin.voice_settings`)."""
     from pcgtts.builtin import check_voice_settings
-    from pcgtts.train.progress import load_checkpoint
 
     out = Path(out_dir)
     check_voice_settings(dict(settings or {}), out / "voice.json")  # refused before anything is written
@@ -74,20 +75,13 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     if settings:
         meta["settings"] = dict(settings)
     for role, folder in (("target", lm_dir), ("draft", draft_dir)):
-        state = load_checkpoint(Path(folder) / "checkpoint.pt")
-        _save_half(state["model"], tmp / f"{role}.safetensors")
-        meta[role] = {"model_config": state["model_config"], "step": state["step"]}
-        if role == "draft":
-            meta[role]["layers"] = state.get("layers")
+        meta[role] = _write_lm(role, Path(folder), tmp / f"{role}.safetensors")
     meta["codec"] = _write_codec(Path(codec_dir), tmp / "codec.safetensors")
-    from pcgtts.runtime.lm.eagle import EAGLE_FILE
-    from pcgtts.runtime.lm.heads import HEADS_FILE
-
     for src, name in ((heads_file, HEADS_FILE), (eagle_file, EAGLE_FILE)):
         if src is not None:
             shutil.copyfile(src, tmp / name)
-    head_codes = Path(draft_dir) / "export" / HEAD_CODES_FILE  # the draft's used-codes head, if it has one
-    if head_codes.is_file():
+    head_codes = _draft_head_codes(Path(draft_dir))
+    if head_codes is not None:
         shutil.copyfile(head_codes, tmp / f"draft_{HEAD_CODES_FILE}")
     meta["sha256"] = {p.name: _sha256(p) for p in sorted([*tmp.glob("*.safetensors"), *tmp.glob("*.npy")])}
     (tmp / "voice.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -96,6 +90,59 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def _write_lm(role: str, folder: Path, dst: Path) -> dict:
+    """A lab `lm` or `draft` folder's checkpoint as the voice's fp16 `<role>.safetensors`; its voice.json entry."""
+    from pcgtts.train.progress import load_checkpoint
+
+    state = load_checkpoint(folder / "checkpoint.pt")
+    _save_half(state["model"], dst)
+    entry = {"model_config": state["model_config"], "step": state["step"]}
+    if role == "draft":
+        entry["layers"] = state.get("layers")
+    return entry
+
+
+def _draft_head_codes(draft_dir: Path) -> Path | None:
+    """The codes the draft's used-codes head covers, if it has one."""
+    path = draft_dir / "export" / HEAD_CODES_FILE
+    return path if path.is_file() else None
+
+
+def replace_lm(pack_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path) -> list[str]:
+    """Put a retrained target and its draft (the lab's `lm` and `draft` folders) into a committed voice,
+    keeping its codec, settings and group size. The target must have been trained on this codec's codes
+    (`pcgtts lab lm --init-from VOICE` on codes its encoder made). The files trained on the old target's
+    hidden states (EAGLE draft, multi-token heads) no longer fit it and are removed: train them again and
+    `add_to_voice`. Everything is written beside the voice before anything in it is replaced. Returns the
+    names removed."""
+    pack, draft_dir = Path(pack_dir), Path(draft_dir)
+    meta = read_voice(pack, files=())
+    written: dict[str, Path] = {}
+    try:
+        for role, folder in (("target", lm_dir), ("draft", draft_dir)):
+            written[f"{role}.safetensors"] = pack / f"{role}.safetensors.tmp"
+            meta[role] = _write_lm(role, Path(folder), written[f"{role}.safetensors"])
+        head_codes = _draft_head_codes(draft_dir)
+        if head_codes is not None:
+            written[f"draft_{HEAD_CODES_FILE}"] = pack / f"draft_{HEAD_CODES_FILE}.tmp"
+            shutil.copyfile(head_codes, written[f"draft_{HEAD_CODES_FILE}"])
+    except BaseException:
+        for tmp in written.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    stale = [name for name in (EAGLE_FILE, HEADS_FILE, f"draft_{HEAD_CODES_FILE}")
+             if name in meta["sha256"] and name not in written]
+    for name in stale:
+        (pack / name).unlink(missing_ok=True)
+        del meta["sha256"][name]
+    for name, tmp in written.items():
+        tmp.replace(pack / name)
+        meta["sha256"][name] = _sha256(pack / name)
+    _write_meta(pack, meta)
+    log.info("%s: new target (step %d) and draft; removed %s", pack, meta["target"]["step"], stale or "nothing")
+    return stale
 
 
 def _write_codec(codec_dir: Path, dst: Path) -> dict:
@@ -256,8 +303,6 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
 
     from pcgtts.groups.build import theta_for_mean_size
     from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
-    from pcgtts.runtime.lm.eagle import EAGLE_FILE
-    from pcgtts.runtime.lm.heads import HEADS_FILE
     from pcgtts.tools.model_groups import build_groups_for_model
 
     pack, out = Path(pack_dir), Path(out_dir)
