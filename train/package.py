@@ -17,7 +17,8 @@ row is the sum of its digits' rows), so a 65,536-row embedding costs 32 rows. Fo
 `expand_voice` writes, once, a plain tied `LlamaForCausalLM` + LLaSA tokenizer for target and
 draft (exact: the digit sums are materialised), the codec as `Xcodec2Model.save_pretrained`
 would, the heads and EAGLE draft re-keyed to the expanded target, and the target's group table (θ chosen for
-the recorded mean group size). `pack_voice` makes the folder from the lab's training folders.
+the recorded mean group size). `pack_voice` makes the folder from the lab's training folders;
+`replace_codec` and `replace_lm` swap a committed voice's decoder, or its target and draft.
 """
 
 from __future__ import annotations
