@@ -142,6 +142,7 @@ def test_mcd_is_in_log_amplitude_cepstral_units():
     assert mcd(noise, shaped, align=False) == pytest.approx(expected, rel=0.1)
 
 
+@pytest.mark.slow  # end to end: real TTS speech under noise through pocketsphinx, ~20 s of the fast suite's 3 min
 def test_a_transcript_does_not_depend_on_what_was_transcribed_before(hibari_voice, cache):
     """pocketsphinx carries its feature state (noise estimate, cepstral means) from one utterance
     to the next; on hard audio (speech under noise at ~2 dB SNR, as an unintelligible model's output
