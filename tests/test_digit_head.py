@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from pcgtts.runtime.lm.digit_head import (code_digits, digit_count, digit_kl, digit_log_probs, expand_digit_scores,
-                                         draw_digit_code, find_digit_table, host_digit_log_probs, host_draw_digit_codes,
-                                         sample_digit_codes)
+from pcgtts.runtime.lm.digit_head import (argmax_digit_code, argmax_digit_codes, code_digits, digit_count, digit_kl,
+                                         digit_log_probs, expand_digit_scores, draw_digit_code, find_digit_table,
+                                         host_digit_log_probs, host_draw_digit_codes, sample_digit_codes)
 
 
 def test_digit_count():
@@ -86,6 +86,53 @@ def test_host_digit_functions_equal_the_tensor_ones():
     np.testing.assert_array_equal(np.array(one_by_one), expected)
 
 
+def test_the_argmax_digit_by_digit_is_the_argmax_of_the_expanded_row():
+    """Greedy decoding's token without a 65,537-wide row: each digit's best level, or the stop token
+    when it is strictly above the best code. Random rows (some made to stop) and integer rows full of
+    exact ties, where the expanded row's argmax takes the lowest index; the plain-Python, NumPy and
+    tensor forms agree with it."""
+    n = 8
+    gen = torch.Generator().manual_seed(6)
+    scores = torch.randn(200, 1 + n * 4 + 1, generator=gen, dtype=torch.float64)
+    scores[::4, -1] += 8.0  # these rows stop
+    ties = torch.randint(0, 2, (200, 1 + n * 4 + 1), generator=gen).double()  # sums of small integers: exact ties
+    best_code = ties[:50, 0] + ties[:50, 1:-1].view(50, n, 4).amax(-1).sum(-1)
+    ties[:50, -1] = best_code  # the stop token ties the best code: the code wins (lower index)
+    ties[50:60, -1] += 20.0
+    for rows in (scores, ties):
+        expected = expand_digit_scores(rows, n).argmax(-1)
+        assert 0 < int((expected == 4 ** n).sum()) < len(rows)
+        assert argmax_digit_codes(rows, n).tolist() == expected.tolist()
+        assert argmax_digit_codes(rows.numpy(), n).tolist() == expected.tolist()
+        assert [argmax_digit_code(row, n) for row in rows.tolist()] == expected.tolist()
+    assert (expand_digit_scores(ties, n).argmax(-1)[:50] < 4 ** n).all()
+
+
+def test_the_greedy_rule_on_digit_rows_is_the_dense_rule():
+    """verify_one's greedy verdict from digit rows (their argmax, digit by digit) equals
+    acceptance.verify_greedy on the expanded one-hot rows, for proposals accepted up to every length."""
+    from pcgtts.runtime.config import SamplingConfig
+    from pcgtts.runtime.decode.acceptance import outcome, verify
+    from pcgtts.runtime.decode.acceptance_cpu import DigitRows, verify_one
+    from pcgtts.runtime.decode.sampling import logits_to_probs
+
+    n, length = 5, 4
+    gen = torch.Generator().manual_seed(7)
+    seen = set()
+    for trial in range(40):
+        scores = torch.randn(length + 1, 1 + n * 4 + 1, generator=gen)
+        dense = logits_to_probs(expand_digit_scores(scores, n), SamplingConfig(temperature=0.0))
+        tokens = dense.argmax(-1)[:length].clone()
+        cut = trial % (length + 1)  # proposals agree with the argmax up to here
+        tokens[cut:] = torch.randint(0, 4 ** n, (length - cut,), generator=gen)
+        expected = outcome(verify("greedy", tokens[None], dense[None, :length], dense[None], torch.zeros(1, length),
+                                  gen))
+        got = verify_one("greedy", tokens, None, DigitRows(scores, n, 0.0), torch.zeros(length), gen)
+        assert got == expected
+        seen.add(got[0])
+    assert seen == set(range(length + 1))
+
+
 def test_digit_kl_equals_the_kl_of_the_expanded_rows_and_its_gradient():
     """The closed form against KL computed over all 4**5 + 1 expanded entries, value and gradient."""
     n = 5
@@ -153,6 +200,22 @@ def test_greedy_and_speculative_decoding_are_unchanged_by_the_digit_table(factor
         draft.release(); draft.ensure_cache()
     assert len(outputs[True, "ar"]) == 40
     assert outputs[True, "ar"] == outputs[False, "ar"] == outputs[True, "sd"] == outputs[False, "sd"]
+
+    # With the digit table, greedy steps and the greedy verdict read the 34 scores alone: no model
+    # forward that builds the 65,537 logits is called (a mutation back to the dense path fails here).
+    target = lm(True)
+
+    def dense(*args, **kwargs):
+        raise AssertionError("a greedy step built the 65,537-wide logits")
+
+    for lm_ in (target, draft):
+        lm_.forward = lm_.forward_hidden = dense
+    draft_head = TorchLM(load_llama(factorised_target, vocab, digit_head=True), vocab, 256, tokenizer=tok)
+    draft_head.forward = draft_head.forward_hidden = dense
+    for config, proposer in ((greedy, None), (spec, draft_head)):
+        got = [t for chunk in decode(target, proposer, prompt, config, torch.Generator()) for t in chunk]
+        assert got == outputs[True, "ar"]
+        target.release(); target.ensure_cache()
 
 
 @pytest.mark.slow

@@ -16,7 +16,8 @@ row, the dense row itself):
              residual; PCG as acceptance._recover), with the dense residual as the rare last resort.
 
 `verify_one` is what the decode loops call: this lane on a CPU, the tensor rules elsewhere (and
-for the greedy rule), with the outcome on the host either way; a compiled CPU target's PCG and SD
+for the greedy rule over dense rows; over digit rows it compares each row's argmax, taken digit by
+digit), with the outcome on the host either way; a compiled CPU target's PCG and SD
 steps over digit rows go to the compiled rule it is handed (runtime/decode/compiled_rule.py), which
 computes this lane's arithmetic in one call and leaves it only an unfinished recovery.
 """
@@ -31,8 +32,8 @@ from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance import outcome, verify
 from pcgtts.runtime.decode.sampling import cdf_of, draw, logits_to_probs, sample_from_weights
-from pcgtts.runtime.lm.digit_head import (LEVELS, digit_halves, expand_digit_scores, host_digit_log_probs,
-                                          host_draw_digit_codes)
+from pcgtts.runtime.lm.digit_head import (LEVELS, argmax_digit_codes, digit_halves, expand_digit_scores,
+                                          host_digit_log_probs, host_draw_digit_codes)
 
 _TINY = np.finfo(np.float32).tiny
 _LANE_RULES = ("sd", "ssd", "pcg")
@@ -109,6 +110,11 @@ class DigitRows:
             DigitRows.factor(self)
         return self._factors
 
+    def argmax(self) -> np.ndarray:
+        """Each row's most likely token [R], digit by digit (`digit_head.argmax_digit_codes`): all the
+        greedy rule reads of a row, at any temperature and with nothing factored."""
+        return argmax_digit_codes(self.values, self.digits)
+
     def at(self, rows: np.ndarray | int, tokens: np.ndarray) -> np.ndarray:
         """Probabilities of `tokens` under `rows` (broadcast together)."""
         _, _, high, low = self.factors
@@ -143,9 +149,13 @@ def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     """One sequence's verdict on the host: (n accepted, the n + 1 tokens to emit).
 
     draft_tokens [L], uniforms [L]; draft_probs [L, V] and target_probs [L + 1, V] as probability
-    rows or `DenseRows` / `DigitRows`: `verify`'s arguments without the batch dimension. With
-    dense rows, the same outcome as `verify` for the same generator state. `compiled`: a
-    `compiled_rule.CompiledRule`, which judges the PCG (or SD) steps it suits in one compiled call."""
+    rows or `DenseRows` / `DigitRows`: `verify`'s arguments without the batch dimension (the greedy
+    rule reads only the target's rows; digit rows give it their argmax digit by digit, with no
+    65,537-wide row). With dense rows, the same outcome as `verify` for the same generator state.
+    `compiled`: a `compiled_rule.CompiledRule`, which judges the PCG (or SD) steps it suits in one
+    compiled call."""
+    if rule == "greedy" and isinstance(target_probs, DigitRows):
+        return _greedy(draft_tokens.numpy(), target_probs.argmax())
     draft, target = rows_of(draft_probs), rows_of(target_probs)
     if compiled is not None and compiled.suits(rule, groups, draft, target):
         return compiled(draft_tokens, draft, target, uniforms, generator)
@@ -164,6 +174,13 @@ def verify_one(rule: str, draft_tokens: torch.Tensor, draft_probs: torch.Tensor 
     if isinstance(draft, DenseRows) and isinstance(target, DenseRows):
         return _sd_dense(tokens, draft.probs, target.probs, uniforms, generator, beta)
     return _sd(tokens, draft, target, uniforms, generator, beta, thinning_trials)
+
+
+def _greedy(tokens: np.ndarray, best: np.ndarray) -> tuple[int, list[int]]:
+    """acceptance.verify_greedy at batch 1 from the target's argmaxes best [L + 1]: accept while a
+    proposal is the argmax, then emit the argmax."""
+    n = _prefix(tokens == best[:-1])
+    return n, [*tokens[:n].tolist(), int(best[n])]
 
 
 def _prefix(accept: np.ndarray) -> int:

@@ -253,11 +253,12 @@ def export_rule(digits: int, trials: int):
 
 def for_loop(target, rule: str, sampling, groups, trials: int) -> CompiledRule | None:
     """The compiled rule a decode loop of `target` judges with: a compiled CPU target's (`--compile`)
-    PCG rule over digit rows with a group table that covers them, or its SD rule; None elsewhere
-    (the host lane then runs, and names a table that does not fit)."""
+    PCG rule over digit rows with a group table that covers them, or its SD rule, at plain temperature;
+    None elsewhere (the host lane then runs, and names a table that does not fit; greedy decoding
+    judges by argmax there)."""
     from pcgtts.runtime.decode.sampling import rule_digits
 
-    digits = rule_digits(target, sampling)
+    digits = rule_digits(target, sampling) if sampling.plain else 0
     if not digits or not getattr(target, "compiled", False) or rule not in ("pcg", "sd"):
         return None
     if rule == "sd":

@@ -214,7 +214,7 @@ class EagleProposer:
             self.start(0)
             return
         scores = self._run(states, tokens)[1]
-        if step.digits and sampling.plain:
+        if step.digits and (sampling.plain or sampling.greedy):
             sample_by_digits(scores, step.digits, sampling.temperature, generator)
         else:
             _draw_like_a_proposal(step.scores_to_logits(scores), sampling, generator)
@@ -241,9 +241,9 @@ class EagleProposer:
             proposals, rows = self._chained(states, chosen, count, sampling.temperature, generator)
             return proposals, DigitRows(rows, self.step.digits, sampling.temperature)
         f, scores = self._run(states, chosen)
-        # A digit head at plain temperature is sampled digit by digit; the rules' rows are then
-        # expanded once for all proposals, after the loop.
-        by_digits = bool(step.digits) and sampling.plain
+        # A digit head at plain temperature is sampled digit by digit (greedy: its argmax, digit by
+        # digit); the rules' rows are then expanded once for all proposals, after the loop.
+        by_digits = bool(step.digits) and (sampling.plain or sampling.greedy)
         proposals = torch.empty(count, dtype=torch.long, device=states.device)
         rows = []  # head scores (by_digits) or distributions, one per proposal
         for i in range(count):
@@ -257,7 +257,7 @@ class EagleProposer:
             else:
                 rows.append(logits_to_probs(step.scores_to_logits(scores), sampling))
                 proposals[i] = sample(rows[-1], generator)
-        if not rows:
+        if not rows or sampling.greedy:  # argmax proposals: the greedy rule reads no draft rows
             return proposals, None
         rows = torch.stack(rows)
         if not by_digits:
@@ -295,7 +295,9 @@ def _verify(policy: str, tokens, probs, target_logits, target_probs, config, gen
     if policy == "mtp-strict" and not sampling.greedy:
         return outcome(verify_top_m(tokens[None], target_logits[None], target_probs[None], 1, generator))
     rule = "greedy" if sampling.greedy or policy == "mtp-strict" else policy_rule(policy)
-    return verify_one(rule, tokens, probs if probs is not None else target_probs[:-1], target_probs,
+    if probs is None:  # argmax proposals carry no distributions: the greedy rule reads the target's rows alone
+        probs = target_probs[:-1] if isinstance(target_probs, torch.Tensor) else None
+    return verify_one(rule, tokens, probs, target_probs,
                       draw_uniforms(1, len(tokens), generator, tokens.device)[0], generator,
                       groups=groups, thinning_trials=config.pcg_thinning_trials, compiled=compiled)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from pcgtts.runtime.config import SamplingConfig
-from pcgtts.runtime.lm.digit_head import draw_digit_code, sample_digit_codes
+from pcgtts.runtime.lm.digit_head import argmax_digit_code, argmax_digit_codes, draw_digit_code, sample_digit_codes
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -63,7 +63,12 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def sample_by_digits(scores: torch.Tensor, digits: int, temperature: float, generator: torch.Generator) -> torch.Tensor:
     """One token from a digit table's scores [1 + 4 * digits + 1] at plain `temperature`, digit by
     digit (`digit_head.sample_digit_codes`; on a CPU its plain-Python twin, a third of the time in
-    a decode loop) -> int64 []."""
+    a decode loop) -> int64 []. At temperature 0 the argmax, digit by digit (`argmax_digit_code`),
+    which draws nothing from `generator` (nor does greedy decoding's output depend on it)."""
+    if temperature == 0.0:
+        if scores.device.type == "cpu":
+            return torch.tensor(argmax_digit_code(scores.tolist(), digits))
+        return argmax_digit_codes(scores, digits)
     uniforms = torch.rand(digits + 1, generator=generator, device=scores.device)
     if scores.device.type == "cpu":
         return torch.tensor(draw_digit_code(scores.tolist(), digits, temperature, uniforms.tolist()))
@@ -71,12 +76,13 @@ def sample_by_digits(scores: torch.Tensor, digits: int, temperature: float, gene
 
 
 def digits_to_draw(lm, sampling) -> int:
-    """n > 0 when `lm`'s plain steps draw their token digit by digit (a digit head at plain
-    temperature: `digit_head.sample_digit_codes`), else 0."""
-    return getattr(lm, "drawable_digits", 0) if sampling.plain else 0
+    """n > 0 when `lm`'s plain steps take their token digit by digit (a digit head at plain
+    temperature: `digit_head.sample_digit_codes`; or greedy: `digit_head.argmax_digit_codes`), else 0."""
+    return getattr(lm, "drawable_digits", 0) if sampling.plain or sampling.greedy else 0
 
 
 def rule_digits(lm, sampling) -> int:
     """n > 0 when the rules can read `lm`'s distributions as digit scores (`acceptance_cpu.DigitRows`):
-    a drawable digit head, on a CPU (where the rules run on the host)."""
+    a drawable digit head, on a CPU (where the rules run on the host; the greedy rule reads each
+    row's argmax, digit by digit)."""
     return digits_to_draw(lm, sampling) if lm.device.type == "cpu" else 0

@@ -158,6 +158,35 @@ def draw_digit_code(scores: list[float], digits: int, temperature: float, unifor
     return levels ** digits if uniforms[0] < p_stop else code
 
 
+def argmax_digit_code(scores: list[float], digits: int, levels: int = LEVELS) -> int:
+    """The argmax of `expand_digit_scores(scores)` for one row in plain Python, without expanding it:
+    scores [1 + digits * levels + 1] as a list -> the restricted index. A code's logit is the base plus
+    one entry per digit, so the best code takes each digit's best level (the lowest on a tie, as
+    argmax over the row in index order does); the stop token wins only when strictly above it."""
+    code, place, best = 0, 1, scores[0]
+    for d in range(digits):
+        row = scores[1 + d * levels:1 + (d + 1) * levels]
+        top = max(row)
+        best += top
+        code += row.index(top) * place
+        place *= levels
+    return levels ** digits if scores[-1] > best else code
+
+
+def argmax_digit_codes(scores: torch.Tensor | np.ndarray, digits: int, levels: int = LEVELS):
+    """`argmax_digit_code` for rows of scores [..., 1 + digits * levels + 1] (a tensor on any device,
+    or a NumPy array) -> restricted indices [...] (int64)."""
+    per_digit = scores[..., 1:-1].reshape(*scores.shape[:-1], digits, levels)
+    if isinstance(scores, np.ndarray):
+        best = per_digit.argmax(-1)  # [..., n]: the first maximum, as torch's
+        top = np.take_along_axis(per_digit, best[..., None], -1)[..., 0].sum(-1) + scores[..., 0]
+        code = (best * levels ** np.arange(digits)).sum(-1)
+        return np.where(scores[..., -1] > top, levels ** digits, code)
+    top, best = per_digit.max(-1)
+    code = (best * levels ** torch.arange(digits, device=scores.device)).sum(-1)
+    return torch.where(scores[..., -1] > top.sum(-1) + scores[..., 0], levels ** digits, code)
+
+
 def digit_kl(p_scores: torch.Tensor, q_scores: torch.Tensor, digits: int, levels: int = LEVELS) -> torch.Tensor:
     """KL(P || Q) [...] between P = softmax(expand_digit_scores(p_scores)) and Q likewise, without
     expanding a row (differentiable in both; float64).
