@@ -234,3 +234,28 @@ def test_chained_proposals_are_costed_and_learned_per_count():
     assert learned.proposals[2] == pytest.approx(0.6) and learned.draft(1) == pytest.approx(1.5 * 0.3)
     assert learned.proposals[:2] == pytest.approx((1.5 * 0.3, 1.5 * 0.35))  # untimed: the target's ratio
     assert counted_seconds(chained, [0, 0, 0, 2], 0) == pytest.approx(2 * (0.4 + 1.3 + 0.03))
+
+
+def test_the_per_step_shortcuts_give_the_definitions_exactly():
+    """predict computes each L's tokens / seconds with the survival products shared, and the probe
+    interval is solved past the draft's cost table instead of scanned: both equal the definitions
+    they shortcut, bit for bit, over random costs, rates and budgets (intervals from 1 to None)."""
+    import random
+
+    rng = random.Random(0)
+    intervals = set()
+    for _ in range(300):
+        target = tuple(sorted(rng.uniform(1e-4, 1e-2) for _ in range(rng.randint(2, 6))))
+        draft = sorted(rng.uniform(1e-5, 3e-3) for _ in range(rng.randint(1, 6)))
+        costs = StepCosts(target, tuple(draft if rng.random() < 0.7 else draft[::-1]), rng.uniform(0, 1e-3),
+                          rng.uniform(0, 1e-3), tuple(rng.uniform(1e-5, 1e-3) for _ in range(rng.choice((0, 3)))))
+        rates = [rng.random() for _ in range(rng.randint(0, 3))]
+        assert predict(costs, rates, 3) == [expected_tokens(rates, n) / step_seconds(costs, rates, n) for n in range(4)]
+        policy = DraftLengthPolicy(costs, 3)
+        for budget in (0.02, 0.3, 0.9):
+            scanned = next((k for k in range(1, policy.MAX_PROBE_INTERVAL + 1)
+                            if step_seconds(costs, [0.0], 1) + costs.catch_up(k) - costs.ar_step
+                            <= budget * costs.ar_step * (k + 1)), None)
+            assert policy._probe_interval(budget) == scanned
+            intervals.add(scanned if scanned is None else min(scanned // 10, 5))
+    assert intervals == {None, 0, 1, 2, 3, 4, 5}  # short, long and impossible intervals all occurred
