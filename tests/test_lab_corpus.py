@@ -32,6 +32,7 @@ def test_plan_is_deterministic_and_splits(tmp_path):
     assert all(4 <= len(s.split()) <= 25 for s in pool)
 
 
+@pytest.mark.slow  # ~15 s: builds the word chain from the fortunes (the fast suite stays under 3 minutes)
 def test_markov_sentences_extend_the_pool_deterministically_and_leave_random_alone(tmp_path):
     import random
 
