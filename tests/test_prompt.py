@@ -25,6 +25,9 @@ def test_vocab_read_from_tokenizer(tokenizer):
     assert rows.shape == (513,) and int(rows[-1]) == vocab.stop_id
     idx = torch.tensor([0, 511, vocab.stop_index])
     assert vocab.restricted_to_token_ids(idx).tolist() == [vocab.speech_offset, vocab.speech_offset + 511, vocab.stop_id]
+    from_ints = vocab.token_ids(idx.tolist())  # the decode loops' form, from host ints
+    assert from_ints.dtype == torch.long and torch.equal(from_ints, vocab.restricted_to_token_ids(idx))
+    assert vocab.token_ids([]).shape == (0,)
 
 
 def test_non_llasa_tokenizer_is_refused():

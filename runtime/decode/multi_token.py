@@ -382,7 +382,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
         stats.length_counts[l] += 1
         for i in range(n):
             stats.per_position_accepted[i] += 1
-        last = vocab.restricted_to_token_ids(torch.tensor(tokens[-1:], device=target.device))
+        last = vocab.token_ids(tokens[-1:], target.device)
 
         tokens = emitted(tokens, vocab.stop_index, config.max_new_tokens, stats)
         if tokens:

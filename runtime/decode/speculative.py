@@ -237,7 +237,7 @@ def _autoregressive(lm: LM, prompt_ids, config, generator, stats, sync, who) -> 
             return
         stats.emitted += 1
         yield [index]
-        last = vocab.restricted_to_token_ids(token.view(1))
+        last = vocab.token_ids([index], lm.device)
 
 
 def _plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: torch.Generator, timer: _Timer,
@@ -331,14 +331,14 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
             token, _, t0 = _plain_step(target, last, sampling, digits, generator, timer, "time_target")
             tokens = [int(token)]  # the step's one host sync
             stats.trace.append((timer("time_verify", t0), 1))
-            n, new = 0, token.view(1)
+            n = 0
             skipped.append(tokens[0])
         else:
             # 1. Draft L proposals (catching up first on what it missed).
             t0 = time.perf_counter()
             stats.catchup_tokens += len(skipped)
             if skipped:
-                pending = torch.cat([pending, vocab.restricted_to_token_ids(torch.tensor(skipped, device=device))])
+                pending = torch.cat([pending, vocab.token_ids(skipped, device)])
                 skipped = []
             if not draft_started:  # the first speculative step: prefill what the draft missed at once
                 _start(draft, pending)
@@ -376,15 +376,14 @@ def _speculative(target: LM, draft: LM, prompt_ids, config, generator, groups, s
             # 4. Roll both caches back to [.., last, x_1 .. x_n]; the draft catches up if n == L.
             target.rollback(start + 1 + n)
             draft.rollback(min(draft.length, start + 1 + n))
-            new = torch.tensor(tokens[n:], device=device)
-            pending = vocab.restricted_to_token_ids(torch.cat([draft_tokens[L - 1:], new]) if n == L else new)
+            pending = vocab.token_ids(tokens[n - 1:] if n == L else tokens[n:], device)  # x_L's id and the new one
         stats.steps += 1
         stats.target_forwards += 1
         stats.length_counts[L] += 1
         if policy is not None:
             policy.record(L, n, timer.take())
             stats.learned_costs = policy.costs
-        last = vocab.restricted_to_token_ids(new)
+        last = vocab.token_ids(tokens[n:], device)
 
         tokens = emitted(tokens, vocab.stop_index, config.max_new_tokens, stats)
         if tokens:

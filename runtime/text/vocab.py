@@ -78,6 +78,15 @@ class SpeechVocab:
     def restricted_to_token_ids(self, indices: torch.Tensor) -> torch.Tensor:
         return torch.where(indices == self.stop_index, self.stop_id, indices + self.speech_offset)
 
+    def token_ids(self, indices: list[int], device: torch.device | str | None = None) -> torch.Tensor:
+        """`restricted_to_token_ids` of indices held as Python ints: mapped in Python, one tensor made
+        (int64 [len]). A decode loop's tokens come back to the host anyway; the tensor form's three
+        ops would each hand Python's GIL to the codec's thread and wait to get it back (on the
+        built-in voice ~9 % of a plain step's time went there, BENCHMARKS §43)."""
+        stop, offset = self.stop_index, self.speech_offset
+        return torch.tensor([self.stop_id if i == stop else i + offset for i in indices], dtype=torch.long,
+                            device=device)
+
     def codes_to_token_ids(self, codes: torch.Tensor) -> torch.Tensor:
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.num_speech):
             raise ValueError(f"codec indices must lie in [0, {self.num_speech})")
