@@ -23,6 +23,7 @@ import torch
 
 from pcgtts.runtime.files import default_mode
 from pcgtts.runtime.lm.checkpoint import TOKENIZER_FILES
+from pcgtts.runtime.lm.llama import RMSNorm
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,27 @@ def _quiet():
             lg.setLevel(level)
 
 
+@contextlib.contextmanager
+def _fusable_norms(module: torch.nn.Module):
+    """`module`'s RMSNorms traced as divisions while it is exported (`RMSNorm.traced_as_division`):
+    onnxruntime fuses that form (and not x * rsqrt) into one SimplifiedLayerNormalization node, so the
+    built-in voice's int8 step graph runs 330 nodes instead of 408, ~5 % faster a step (BENCHMARKS §43)."""
+    norms = [m for m in module.modules() if isinstance(m, RMSNorm)]
+    for norm in norms:
+        norm.traced_as_division = True
+    try:
+        yield
+    finally:
+        for norm in norms:
+            del norm.traced_as_division  # back to the class's default
+
+
 def export_graph(module: torch.nn.Module, example: tuple, path: Path, input_names: list[str],
                  output_names: list[str], dynamic_shapes: tuple) -> Path:
     """Trace `module` on `example` and write `path` (+ `path`.data); returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with _quiet(), torch.no_grad():
+    with _quiet(), torch.no_grad(), _fusable_norms(module):
         program = torch.onnx.export(module.eval(), example, input_names=input_names, output_names=output_names,
                                     dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True,
                                     external_data=True, verbose=False)

@@ -127,6 +127,32 @@ def test_a_new_prompt_shrinks_a_grown_onnxruntime_buffer(exported_pair, monkeypa
     assert ort.cache[0].shape[2] == fresh.cache[0].shape[2] == 64 and ort.length == 40
 
 
+def test_exported_norms_fuse_in_onnxruntime_and_match_torch(tmp_path):
+    """export_graph traces RMSNorm as a division, the form onnxruntime fuses into one
+    SimplifiedLayerNormalization node (x * rsqrt is left as five nodes); the graph gives torch's
+    output, and the module is left as it was (Hugging Face's rsqrt form)."""
+    import onnxruntime as ort
+    import onnx
+
+    from pcgtts.export.onnx_common import export_graph
+    from pcgtts.runtime.lm.llama import RMSNorm
+
+    norm = RMSNorm(16, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(1, 3, 16, generator=torch.Generator().manual_seed(1))
+    path = export_graph(norm, (x,), tmp_path / "norm.onnx", ["x"], ["y"], ({1: torch.export.Dim("t")},))
+    assert not norm.traced_as_division
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    ops = {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert "SimplifiedLayerNormalization" in ops and "ReduceMean" not in ops and "Reciprocal" not in ops
+    longer = torch.randn(1, 5, 16, generator=torch.Generator().manual_seed(2))
+    np.testing.assert_allclose(session.run(None, {"x": longer.numpy()})[0], norm(longer).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_grow_cache_doubles_up_to_max_length_and_keeps_the_prefix():
     from pcgtts.runtime.lm.buffered import grow_cache
 

@@ -126,6 +126,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
+    # x / sqrt(mean(x^2) + eps) instead of x * rsqrt(...) (the same up to rounding) while traced for
+    # ONNX (`export.onnx_common.export_graph` sets it): the form onnxruntime fuses into one node.
+    traced_as_division = False
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -134,7 +138,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 like the reference implementation, then cast back.
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        mean_square = xf.pow(2).mean(-1, keepdim=True) + self.eps
+        xf = xf / torch.sqrt(mean_square) if self.traced_as_division else xf * torch.rsqrt(mean_square)
         return self.weight * xf.to(x.dtype)
 
 
