@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pcgtts.runtime.lm.buffered import BufferedLM, fresh_slots, grow_cache, resize_cache
+from pcgtts.runtime.lm.buffered import BufferedLM, KVBuffers, fresh_slots, grow_cache, resize_cache, write_entries
 from pcgtts.runtime.lm.digit_head import expand_digit_scores
 from pcgtts.runtime.lm.graph_meta import GraphMeta
 
@@ -168,8 +168,8 @@ class OrtLM(BufferedLM):
             outputs["last_hidden_state"] = hidden
         present = self._present.get(n)
         if present is None:  # copied into the cache right after the run: reusable, so bound once per n
-            present = [torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
-                       for _ in range(2 * meta.num_layers)]
+            present = KVBuffers.empty(2 * meta.num_layers, (1, meta.num_kv_heads, n, meta.head_dim), self.cache_dtype,
+                                      self.device)
             if n <= _KEPT_PRESENT:
                 self._present[n] = present
         for i in range(meta.num_layers):
@@ -209,7 +209,7 @@ class OrtEagleStep:
         self.attention = record.get("block", "attention") == "attention"  # else no positions, no cache
         cache_dtype = {"float32": torch.float32, "float16": torch.float16}[record["dtype"]]
         shape = (1, record["num_kv_heads"], fresh_slots(0, max_length), record["head_dim"])
-        self.cache = [torch.zeros(shape, dtype=cache_dtype, device=device) for _ in range(2)] if self.attention else []
+        self.cache = KVBuffers.zeros(2, shape, cache_dtype, device) if self.attention else []
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.attention:  # rows are independent: the last one alone
@@ -224,14 +224,14 @@ class OrtEagleStep:
             if start == 0:  # a new sequence: back to a fresh buffer's size (the block attends over all of it)
                 self.cache = resize_cache(self.cache, 0, fresh_slots(k, self.max_length))
             self.cache = grow_cache(self.cache, start, start + k, self.max_length)
-            new = [torch.empty(1, *c.shape[1:2], k, c.shape[3], dtype=c.dtype, device=self.device) for c in self.cache]
+            c = self.cache[0]
+            new = KVBuffers.empty(2, (1, c.shape[1], k, c.shape[3]), c.dtype, self.device)
             inputs |= {"position_ids": torch.arange(start, start + k, device=self.device).view(1, k),
                        "past_key_values.0.key": self.cache[0], "past_key_values.0.value": self.cache[1]}
             outputs |= {"present.0.key": new[0], "present.0.value": new[1]}
         self._bound.run(inputs, outputs)
         if self.attention:
-            for buf, entries in zip(self.cache, new):
-                buf[:, :, start:start + k] = entries
+            write_entries(self.cache, new, start)
         return f[0, 0], scores[0, 0]
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:

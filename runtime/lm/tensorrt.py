@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pcgtts.runtime.lm.buffered import BufferedLM
+from pcgtts.runtime.lm.buffered import BufferedLM, KVBuffers
 from pcgtts.runtime.lm.graph_meta import GraphMeta
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ class TrtLM(BufferedLM):
         n, k = ids.shape[1], logits_index.shape[1]
         context = self.contexts[choose_profile(n, k, self.step_max)]
         head = torch.empty(1, k, self.head_width, dtype=torch.float32, device=self.device)
-        present = [torch.empty(1, meta.num_kv_heads, n, meta.head_dim, dtype=self.cache_dtype, device=self.device)
-                   for _ in self.cache]
+        present = KVBuffers.empty(len(self.cache), (1, meta.num_kv_heads, n, meta.head_dim), self.cache_dtype,
+                                  self.device)
         tensors = {"input_ids": ids, "position_ids": positions, "logits_index": logits_index,
                    self.head_output: head}
         hidden = None
