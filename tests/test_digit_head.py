@@ -240,6 +240,7 @@ def test_the_digit_head_and_a_used_codes_mask_export_to_onnx(factorised_target, 
     torch.testing.assert_close(b[torch.isfinite(b)], a[torch.isfinite(a)], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.slow  # an ONNX export, ~13 s (the fast suite stays under 3 minutes)
 def test_an_exported_digit_head_returns_its_scores_and_draws_digit_by_digit(factorised_target, tmp_path):
     """A digit head's graph returns its 34 scores, not 65,537 logits (recorded as head_digits): the
     onnxruntime LM gives torch's scores and, expanded, torch's logits; its plain steps draw by digit
