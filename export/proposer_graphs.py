@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pcgtts.export.lm_graph import block_step
+from pcgtts.export.lm_graph import block_step, rotate_half_matrix
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.runtime.lm.llama import Llama, rope_cos_sin
 
@@ -57,7 +57,7 @@ class EagleGraph(nn.Module):
         d = self.draft
         cos, sin = rope_cos_sin(d.inv_freq, position_ids[0], d.fc.weight.dtype)
         x, k, v = block_step(d.block, self.inputs(hidden_states, restricted_ids), cos, sin, past_k, past_v,
-                             position_ids[:, :1])
+                             position_ids[:, :1], rotate_half_matrix(cos.shape[-1], cos.dtype))
         return (*self.outputs(x), k, v)
 
 

@@ -153,6 +153,25 @@ def test_exported_norms_fuse_in_onnxruntime_and_match_torch(tmp_path):
                                rtol=1e-5, atol=1e-6)
 
 
+def test_the_graphs_rope_is_the_models_bit_for_bit():
+    """The step graph rotates queries and keys together, the half-swap as a product with a ±1 matrix:
+    the same numbers as `llama.apply_rope` on each, to the bit (every output column has one nonzero
+    term, and adding zeros is exact)."""
+    from pcgtts.export.lm_graph import project, rotate_half_matrix
+    from pcgtts.runtime.lm.llama import Attention, LlamaArgs, rope_cos_sin, rope_inv_freq
+
+    args = LlamaArgs(vocab_size=10, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
+                     num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
+                     tie_word_embeddings=False)
+    torch.manual_seed(0)
+    attn = Attention(args)
+    x = torch.randn(1, 5, 64) * 3
+    cos, sin = rope_cos_sin(rope_inv_freq(args), torch.arange(100, 105), torch.float32)
+    rotation = rotate_half_matrix(args.head_dim, torch.float32)
+    for got, expected in zip(project(attn, x, cos, sin, rotation), attn.project(x, cos, sin)):
+        assert got.shape == expected.shape and torch.equal(got, expected)
+
+
 def test_grow_cache_doubles_up_to_max_length_and_keeps_the_prefix():
     from pcgtts.runtime.lm.buffered import grow_cache
 
