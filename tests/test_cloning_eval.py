@@ -72,6 +72,7 @@ def test_plan_keeps_references_out_of_centroids(corpus):
         read_manifest(corpus / "audio")
 
 
+@pytest.mark.slow  # real speech through the speaker encoder, ~3.5 s (the fast suite stays under 3 minutes)
 def test_real_utterances_are_identified_and_another_speakers_are_not(corpus):
     pytest.importorskip("resemblyzer")
     from pcgtts.runtime.audio.io import load_audio

@@ -73,6 +73,7 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("eval-cache")
 
 
+@pytest.mark.slow  # real TTS speech through the ASR judge, ~5 s (the fast suite stays under 3 minutes)
 def test_source_speech_scores_low_wer_and_reversed_speech_high(hibari_voice, cache):
     testset = TestSet.load()
     wers, reversed_wers = [], []
