@@ -179,9 +179,8 @@ def argmax_digit_codes(scores: torch.Tensor | np.ndarray, digits: int, levels: i
     per_digit = scores[..., 1:-1].reshape(*scores.shape[:-1], digits, levels)
     if isinstance(scores, np.ndarray):
         best = per_digit.argmax(-1)  # [..., n]: the first maximum, as torch's
-        top = np.take_along_axis(per_digit, best[..., None], -1)[..., 0].sum(-1) + scores[..., 0]
         code = (best * levels ** np.arange(digits)).sum(-1)
-        return np.where(scores[..., -1] > top, levels ** digits, code)
+        return np.where(scores[..., -1] > per_digit.max(-1).sum(-1) + scores[..., 0], levels ** digits, code)
     top, best = per_digit.max(-1)
     code = (best * levels ** torch.arange(digits, device=scores.device)).sum(-1)
     return torch.where(scores[..., -1] > top.sum(-1) + scores[..., 0], levels ** digits, code)
