@@ -9,6 +9,7 @@ then one JSON line.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from pcgtts.cli.commands import print_report, read_code_sequences
@@ -50,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--block", choices=["attention", "mlp"], default="attention",
                        help="the draft's block: a LLaMA block with its own cache, or its MLP half alone "
                             "(no attention, no cache: half the ops a proposal)")
+    eagle.add_argument("--feature-layers", type=_layer_list, default=(),
+                       help="target layers (0-based, comma-separated) the draft reads besides the last, "
+                            "fused by the draft (EAGLE-3's features; the torch backend runs such a draft)")
     eagle.add_argument("--passes", type=positive(int),
                        help="proposal positions trained: pass k feeds the draft k - 1 of its own states (default 3)")
     eagle.add_argument("--batch-sequences", type=positive(int), help="sequences per optimiser step (default 8)")
@@ -63,6 +67,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     trans.add_argument("--top-k", type=positive(int), default=64, help="successors stored per code")
     trans.add_argument("--out", required=True, help="the .pct file (runtime default: <target>/transitions.pct)")
     trans.set_defaults(func=_transitions)
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    try:
+        layers = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices like 1,3, got {text!r}") from None
+    if list(layers) != sorted(set(layers)) or layers[0] < 0:
+        raise argparse.ArgumentTypeError(f"layers must be distinct, ascending and >= 0, got {text!r}")
+    return layers
 
 
 def _checked_paths(args, default_name: str) -> tuple[Path, Path, tuple[str, ...]]:
@@ -102,6 +116,10 @@ def _eagle(args) -> int:
     from pcgtts.runtime.lm.eagle import EAGLE_FILE
 
     out, work, sentences = _checked_paths(args, EAGLE_FILE)
+    layers = json.loads((Path(args.target) / "config.json").read_text()).get("num_hidden_layers", 0)
+    if args.feature_layers and args.feature_layers[-1] >= layers - 1:
+        raise ValueError(f"--feature-layers: this target's layers below the last are 0..{layers - 2}, "
+                         f"got {','.join(map(str, args.feature_layers))}")
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, train_eagle
 
@@ -109,7 +127,8 @@ def _eagle(args) -> int:
              if getattr(args, name) is not None}
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
-                           intermediate_size=args.mlp_size, block=args.block, **given)
+                           intermediate_size=args.mlp_size, block=args.block, feature_layers=args.feature_layers,
+                           **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

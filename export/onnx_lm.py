@@ -133,6 +133,9 @@ def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, to
     lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16)
     model, vocab = lm.model, lm.vocab
     draft = EagleDraft.load(eagle, model, fingerprint=lm.fingerprint)
+    if draft.feature_layers:
+        raise ValueError(f"{eagle}: this EAGLE draft reads target layers {list(draft.feature_layers)} besides the "
+                         "last, which the onnxruntime graphs do not return yet: run it on the torch backend")
     graph = (EagleGraph if draft.attention else EagleMlpGraph)(
         draft, model, vocab.restricted_to_token_ids(torch.arange(vocab.restricted_size))).eval()
     args, t = draft.args, 3

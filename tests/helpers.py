@@ -32,11 +32,11 @@ def random_heads(target, k=3, seed=0, scale=0.5):
     return heads.eval()
 
 
-def random_draft(target, seed=0, scale=1.0, block="attention"):
+def random_draft(target, seed=0, scale=1.0, block="attention", feature_layers=()):
     """A random `EagleDraft` for a loaded torch target (its matrices scaled like an initialisation)."""
     from pcgtts.runtime.lm.eagle import EagleDraft
 
-    draft = EagleDraft(target.model.args, target.fingerprint, block=block)
+    draft = EagleDraft(target.model.args, target.fingerprint, block=block, feature_layers=feature_layers)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in draft.named_parameters():

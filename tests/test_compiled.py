@@ -173,6 +173,50 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
     assert not measure_proposer_costs(target, chained, 3, "greedy", SamplingConfig(temperature=0.0)).proposals
 
 
+@pytest.mark.slow
+def test_a_compiled_target_tapped_for_a_multi_layer_draft_steps_as_eager(factorised_target, tiny_groups):
+    """Attaching a draft that reads several layers (`EagleDraft.feature_layers`) compiles the target's
+    step again with those layers' outputs (its graph does not guard the model, so without that it
+    would return the old width): a compiled step's states equal an eager one's, and the chain that
+    fuses a target row proposes what the step-by-step proposer does; seeded eagle-pcg decodes alike
+    with either."""
+    from pcgtts.runtime.decode.multi_token import EagleProposer
+    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+
+    from helpers import random_draft
+
+    eager = TorchLM.load(factorised_target, max_length=256)
+    compiled = TorchLM.load(factorised_target, max_length=256, compiled=True)
+    draft = random_draft(compiled, seed=4, block="mlp", feature_layers=(0, 2))
+    chained = EagleProposer.from_draft(draft, compiled)
+    steps = EagleProposer(chained.step)  # the same draft, a proposal at a time
+    eager.tap_layers((0, 2))
+    assert chained.chain is not None and compiled.model.taps == eager.model.taps == (0, 2)
+    ids = torch.randint(0, eager.vocab.vocab_size, (20,), generator=torch.Generator().manual_seed(0))
+    for lm in (eager, compiled):
+        lm.prefill(ids[:12])
+    (_, h_eager), (_, h_compiled) = eager.forward_hidden(ids[12:16]), compiled.forward_hidden(ids[12:16])
+    assert h_compiled.shape == (4, 3 * compiled.model.args.hidden_size)
+    torch.testing.assert_close(h_compiled, h_eager, atol=1e-5, rtol=1e-5)
+    sampling = SamplingConfig(temperature=0.8)
+    outs = []
+    for proposer in (chained, steps):
+        proposer.start(0)
+        proposals, rows = proposer.propose("eagle-sd", h_eager[-2:], [3, 5], 1, 3, DecodeConfig(sampling=sampling),
+                                           torch.Generator().manual_seed(2))
+        outs.append((proposals, rows.scores))
+    assert torch.equal(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=1e-5, rtol=1e-5)
+    prompt = build_prompt(compiled.tokenizer, compiled.vocab, "Tapped layers decode the same tokens.")
+    config = DecodeConfig(policy="eagle-pcg", draft_length=3, max_new_tokens=40, adaptive_draft=False, sampling=sampling)
+    runs = []
+    for lm, proposer in ((compiled, chained), (compiled, steps)):
+        stats = DecodeStats()
+        runs.append(([t for block in decode(lm, None, prompt, config, torch.Generator().manual_seed(0), tiny_groups,
+                                            stats, proposer=proposer) for t in block], stats.accepted))
+    assert runs[0] == runs[1] and runs[0][1] > 0
+
+
 @pytest.mark.parametrize("bad", [dict(backend="onnxruntime"), dict(compute_device="cuda"), dict(quantize="int8"),
                                  dict(dtype="bfloat16"), dict(compile="yes")])
 def test_compile_is_refused_where_it_would_not_run(bad):

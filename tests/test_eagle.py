@@ -189,12 +189,12 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, mlp_proposer,
     assert p_value > 1e-3, (p_value, table)
 
 
-@pytest.mark.parametrize("head", ["rows", "digits", "digits-mlp"])
+@pytest.mark.parametrize("head", ["rows", "digits", "digits-mlp", "digits-mlp-layers"])
 def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, factorised_target):
     """A few optimiser steps on the target's own states lower the loss and raise the acceptance
     estimate on the training rows (the trainer's loss, on a tiny model), for three passes. "rows":
     KL over sampled expanded rows; "digits": a digit-factorised target, every row's KL in closed
-    form; "digits-mlp": the same with an attention-free draft."""
+    form; "digits-mlp": the same with an attention-free draft; "-layers": one that also reads layer 1."""
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.train.eagle import TargetHead, eagle_losses, state_sequences
 
@@ -207,8 +207,11 @@ def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, fa
     for seed in range(4):
         codes, _ = run(target, None, prompt, "ar", SamplingConfig(), tokens=40, seed=seed)
         pairs.append((prompt, torch.tensor(codes)))
-    data = state_sequences(target, pairs)
-    draft = EagleDraft(target.model.args, target.fingerprint, block="mlp" if head.endswith("mlp") else "attention")
+    layers = (1,) if head.endswith("layers") else ()
+    data = state_sequences(target, pairs, layers)
+    assert data.states[0].shape[1] == (len(layers) + 1) * target.model.args.hidden_size and not target.model.taps
+    draft = EagleDraft(target.model.args, target.fingerprint, block="mlp" if "mlp" in head else "attention",
+                       feature_layers=layers)
     draft.requires_grad_(True)
     opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
     rng = random.Random(0)
@@ -429,3 +432,57 @@ def test_an_attention_free_draft_steps_on_the_host_as_torch_does(target):
         torch.testing.assert_close(host.run(f[None], tokens[:1], 0)[1], ref.run(f_ref[None], tokens[:1], 0)[1],
                                    rtol=1e-5, atol=1e-5)
     assert host.scores_to_logits(s).shape == (target.vocab.restricted_size,)
+
+
+def test_a_draft_reading_several_target_layers(tiny_lms, tiny_groups, tmp_path):
+    """EAGLE-3's features (`feature_layers`): the file keeps them; attaching the draft makes the target
+    return those layers' RMS-normalised outputs before its final state, and nothing else changes
+    (the same logits); the host step fuses a target row as the torch step does and takes fed-back
+    rows as they are; greedy decoding with it is plain greedy; what cannot work is refused."""
+    from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+
+    target = TorchLM.load(tiny_lms["target"], max_length=256)
+    d = target.model.args.hidden_size
+    prompt = build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
+    reference, _ = run(target, None, prompt, "ar", GREEDY, tokens=24)
+    target.rollback(0)
+    plain_logits, plain_hidden = target.forward_hidden(prompt)
+    outputs = {}
+    hooks = [target.model.layers[i].register_forward_hook((lambda i: lambda m, a, out: outputs.__setitem__(i, out))(i))
+             for i in (0, 2)]
+    draft = random_draft(target, seed=5, block="mlp", feature_layers=(0, 2))
+    loaded = EagleDraft.load(draft.save(tmp_path / "f.safetensors", dtype=torch.float32), target.model)
+    assert loaded.feature_layers == (0, 2) and loaded.state_size == 3 * d
+    assert torch.equal(loaded.fuse.weight, draft.fuse.weight)
+    proposer = EagleProposer.from_draft(loaded, target)
+    assert target.model.taps == (0, 2) and isinstance(proposer.step, HostEagleStep)
+    target.rollback(0)
+    logits, states = target.forward_hidden(prompt)
+    for h in hooks:
+        h.remove()
+    assert states.shape == (len(prompt), 3 * d)
+    torch.testing.assert_close(logits, plain_logits)
+    torch.testing.assert_close(states[:, -d:], plain_hidden)
+    layer0 = outputs[0][0]
+    torch.testing.assert_close(states[:, :d], layer0 * torch.rsqrt(layer0.pow(2).mean(-1, keepdim=True)
+                                                                    + target.model.args.rms_norm_eps))
+    ref = TorchEagleStep(loaded, target.model, target.vocab, target.max_length)
+    tokens = torch.tensor([5, 17, 300])
+    (f_ref, s_ref), (f, s) = ref.run(states[-3:], tokens, 0), proposer.step.run(states[-3:], tokens, 0)
+    torch.testing.assert_close(f, f_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, s_ref, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        embed = target.model.embed_tokens(target.vocab.restricted_to_token_ids(tokens[-1:]))
+        torch.testing.assert_close(f_ref, loaded.train_features(loaded.fuse(states[-1:])[None], embed[None])[0, -1])
+    torch.testing.assert_close(proposer.step.run(f[None], tokens[:1], 0)[1], ref.run(f_ref[None], tokens[:1], 0)[1],
+                               rtol=1e-5, atol=1e-5)
+    for policy in ("eagle-sd", "eagle-pcg"):
+        output, stats = run(target, proposer, prompt, policy, GREEDY, groups=tiny_groups, tokens=24)
+        assert output == reference and stats.drafted > 0
+    with pytest.raises(ValueError, match="already returns layers"):
+        EagleProposer.from_draft(random_draft(target, block="mlp", feature_layers=(1,)), target)
+    with pytest.raises(ValueError, match="feature_layers must be"):
+        EagleDraft(target.model.args, feature_layers=(3,))  # the last layer is the final state itself
+    with pytest.raises(ValueError, match="feature_layers must be"):
+        EagleDraft(target.model.args, feature_layers=(2, 0))

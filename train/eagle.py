@@ -4,7 +4,8 @@ Data flow, as for the multi-token heads (train/heads.py): training sentences -> 
 target samples speech itself (on-policy, cached with train/distill.py's sequence cache) -> one
 target pass per sequence gives its final-normed states h_j and the codes x_{j+1} it chose.
 
-The draft reads (h_j, x_{j+1}) and must give the target's distribution of x_{j+2}, p(. | h_{j+1}):
+The draft reads (h_j, x_{j+1}) and must give the target's distribution of x_{j+2}, p(. | h_{j+1})
+(with `feature_layers`, h_j comes with those layers' outputs, fused by the draft: EAGLE-3's features):
 
     loss = KL(p_target(. | h_{j+1}) || q(. | f_j))                    pass 1: true states in
          + KL(p_target(. | h_{j+1}) || q(. | f'_j))                   pass 2: f_{j-1} replaces h_j
@@ -44,18 +45,24 @@ class EagleTrainConfig(OnPolicyConfig):
     regression: float = 0.1
     intermediate_size: int | None = None  # the block's MLP width (default: the target's)
     block: str = "attention"  # or "mlp": attention-free, half the ops a proposal (runtime/lm/eagle.py)
+    feature_layers: tuple[int, ...] = ()  # target layers read besides the last (EAGLE-3's multi-layer features)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
+        layers = tuple(self.feature_layers)
+        object.__setattr__(self, "feature_layers", layers)
+        if list(layers) != sorted(set(layers)) or any(i < 0 for i in layers):
+            raise ValueError(f"feature_layers must be distinct ascending layer indices >= 0, got {list(layers)}")
         if min(self.batch_sequences, self.kl_rows, self.figure_rows, self.passes) < 1 or self.regression < 0:
             raise ValueError("batch_sequences, kl_rows, figure_rows and passes must be >= 1, regression >= 0")
 
 
 @dataclass
 class StateSequences:
-    """Per sequence: the target's states [n, D] (row j predicts codes[j]) and token embeddings of codes [n, D]."""
+    """Per sequence: the target's states [n, W] (row j predicts codes[j]; W = D, or (k + 1) D with
+    k tapped layers before the final-normed state) and token embeddings of codes [n, D]."""
 
     states: list[torch.Tensor]
     embeds: list[torch.Tensor]
@@ -63,9 +70,8 @@ class StateSequences:
     def batch(self, index: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Padded (states [B, T, D], embeds [B, T, D], valid [B, T - 1]): valid[j] = row j has a next row."""
         t = max(len(self.states[i]) for i in index)
-        d = self.states[0].shape[1]
-        states = torch.zeros(len(index), t, d)
-        embeds = torch.zeros(len(index), t, d)
+        states = torch.zeros(len(index), t, self.states[0].shape[1])
+        embeds = torch.zeros(len(index), t, self.embeds[0].shape[1])
         valid = torch.zeros(len(index), t - 1, dtype=torch.bool)
         for b, i in enumerate(index):
             n = len(self.states[i])
@@ -73,10 +79,16 @@ class StateSequences:
         return states, embeds, valid
 
 
-def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> StateSequences:
+def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                    feature_layers: tuple[int, ...] = ()) -> StateSequences:
+    """The target's rows on `pairs`, with the outputs of `feature_layers` before each (`Llama.taps`)."""
     from pcgtts.train.heads import hidden_rows
 
-    rows = hidden_rows(target, pairs)
+    taps, target.model.taps = target.model.taps, tuple(feature_layers)
+    try:
+        rows = hidden_rows(target, pairs)
+    finally:
+        target.model.taps = taps
     sizes = [len(codes) for codes in rows.tokens]
     states = list(torch.split(rows.hidden, sizes))
     with torch.no_grad():
@@ -127,7 +139,8 @@ def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, inde
     """The training loss on sequences `index`, with per-pass acceptance / agreement figures
     (on `figure_rows` random rows, default `kl_rows`)."""
     states, embeds, valid = data.batch(index)
-    inputs, nexts = states[:, :-1], states[:, 1:]
+    d = embeds.shape[-1]
+    inputs, nexts = draft.fused(states[:, :-1]), states[:, 1:, -d:]  # the draft's input; the target's h
     features, fed = [], inputs
     for _ in range(passes):  # pass k + 1 reads pass k's predictions where the target's states were
         features.append(draft.train_features(fed, embeds[:, :-1]))
@@ -164,9 +177,9 @@ def evaluate_eagle(draft: EagleDraft, head: TargetHead, data: StateSequences, kl
 def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) -> dict:
     """Generate (or reuse) on-policy sequences, train the draft (resumable), write `cfg.out`."""
     target, train_pairs, heldout_pairs = frozen_target_and_pairs(cfg, generation_progress)
-    data, heldout = state_sequences(target, train_pairs), state_sequences(target, heldout_pairs)
+    data, heldout = (state_sequences(target, pairs, cfg.feature_layers) for pairs in (train_pairs, heldout_pairs))
     head = TargetHead(target.model)
-    draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block)
+    draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block, cfg.feature_layers)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
         m = draft.args.intermediate_size  # (a narrower MLP keeps the first m hidden units)
         wanted = draft.block.state_dict().keys()  # (an attention-free block: its MLP half)
@@ -177,6 +190,9 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
         d = target.model.args.hidden_size
         draft.fc.weight.zero_()
         draft.fc.weight[:, :d] = torch.eye(d)  # e_j = h_j at first
+        if draft.fuse is not None:  # the fused state is h_j at first
+            draft.fuse.weight.zero_()
+            draft.fuse.weight[:, -d:] = torch.eye(d)
     before = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
 
     def loss_step(rng: random.Random):
@@ -186,7 +202,8 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
         return loss, {f"accept{k + 1}": accept for k, accept in enumerate(figures["accept"])}
 
     step = fit(draft, loss_step, cfg, "eagle_", "EAGLE draft: KL to the target",
-               {"intermediate_size": draft.args.intermediate_size, "block": cfg.block}, progress, clip=1.0)
+               {"intermediate_size": draft.args.intermediate_size, "block": cfg.block,
+                **({"feature_layers": list(cfg.feature_layers)} if cfg.feature_layers else {})}, progress, clip=1.0)
     after = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
     draft.acceptance = sum(after["accept"]) / len(after["accept"])
     cfg.out.parent.mkdir(parents=True, exist_ok=True)

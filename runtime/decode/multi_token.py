@@ -155,6 +155,8 @@ class EagleProposer:
         from pcgtts.runtime.lm.eagle import CompiledEagleChain, HostEagleStep, TorchEagleStep
 
         model = _state_model(target, "an EAGLE draft")
+        if draft.feature_layers:
+            target.tap_layers(draft.feature_layers)
         if not HostEagleStep.suits(draft, model):
             return cls(TorchEagleStep(draft, model, target.vocab, target.max_length))
         chained = getattr(target, "compiled", False) and model.samples_digits

@@ -8,6 +8,14 @@ j + 1) and the token x_{j+1} actually chosen there, and predicts the next state:
     f_j = RMSNorm(Block(e_0 .. e_j))        one LLaMA block with its own static KV cache
     logits = the target's head (f_j)        predicts x_{j+2}; f_j stands in for h_{j+1}
 
+With `feature_layers` (EAGLE-3's multi-layer features), h_j in the first line is replaced by
+F [a_j ; b_j ; h_j], where a, b, ... are the outputs of those target layers, RMS-normalised without
+a weight (the target returns them with h: `Llama.taps`), and F [D, (k + 1) D] is the draft's own
+`fuse` map; rows the draft fed back (its own f) stand in for the fused state unchanged. The last
+layer's state is specialised to the next token; the lower layers keep more of what the token
+after it depends on (the alignment to the text, the voice), which a draft that sees one row has
+no other way to read.
+
 or, attention-free (`block="mlp"`), f_j = RMSNorm(e_j + MLP(RMSNorm(e_j))): a row reads only its own
 (h_j, x_{j+1}), so there is no cache, and a proposal costs about half the ops (on a CPU, where a
 proposal's cost is its ops' fixed costs, half the time).
@@ -22,7 +30,8 @@ File format: `eagle_draft.safetensors` next to the target checkpoint (or any pat
 `post_attention_layernorm` and `mlp`), `norm.weight` [D], float16/bfloat16/float32, and
 safetensors metadata {"format": "pcgtts-eagle-draft", "version": "1", "target_fingerprint":
 <fingerprint of the target's speech embedding rows>, "intermediate_size": <the block's MLP width>,
-optionally "block": "attention" (the default) or "mlp",
+optionally "block": "attention" (the default) or "mlp", optionally "feature_layers": "1,3" (the
+target layers read besides the last, ascending, 0-based; then a tensor `fuse.weight` [D, (k + 1) D]),
 optionally "acceptance": <held-out SD acceptance measured by the trainer, the adaptive draft
 length's starting estimate>};
 the block's other dimensions (heads, head size, RoPE) are the target's, and a draft trained for
@@ -73,15 +82,22 @@ class EagleDraft(nn.Module):
     supplies E and the head."""
 
     def __init__(self, args: LlamaArgs, target_fingerprint: str = "", intermediate_size: int | None = None,
-                 block: str = "attention"):
+                 block: str = "attention", feature_layers: tuple[int, ...] = ()):
         super().__init__()
         if intermediate_size is not None and intermediate_size < 1:
             raise ValueError(f"intermediate_size must be >= 1, got {intermediate_size}")
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
+        feature_layers = tuple(feature_layers)
+        if list(feature_layers) != sorted(set(feature_layers)) or any(
+                not 0 <= i < args.num_layers - 1 for i in feature_layers):
+            raise ValueError(f"feature_layers must be distinct ascending target layers below the last "
+                             f"(0..{args.num_layers - 2}), got {list(feature_layers)}")
+        self.feature_layers = feature_layers
         self.args = dataclasses.replace(args, num_layers=1, intermediate_size=intermediate_size or args.intermediate_size)
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)
+        self.fuse = nn.Linear((len(feature_layers) + 1) * d, d, bias=False) if feature_layers else None
         self.attention = block == "attention"
         self.block = Block(self.args) if self.attention else ResidualMLP(self.args)
         self.norm = RMSNorm(d, args.rms_norm_eps)
@@ -97,12 +113,24 @@ class EagleDraft(nn.Module):
         Decoding (B = 1): `positions` [T] are this draft's cache slots, `mask` [T, S] and `end`
         as in `Llama.hidden`. `cached=False`: no cache, the T rows attend among themselves
         (`mask` [T, T]; `positions` only place RoPE): see `train_features`. `rope`: cos, sin of
-        `positions` when the caller has them (the target's table: the block shares its RoPE)."""
+        `positions` when the caller has them (the target's table: the block shares its RoPE).
+        `states` are the target's rows (with `feature_layers`: [B, T, (k + 1) D], fused here) or
+        rows the draft fed back [B, T, D]."""
+        states = self.fused(states)
         x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
         if not self.attention:
             return self.norm(self.block(x))
         cos, sin = rope if rope is not None else rope_cos_sin(self.inv_freq, positions, self.fc.weight.dtype)
         return self.norm(self.block(x, cos, sin, positions if cached else None, mask, end))
+
+    def fused(self, states: torch.Tensor) -> torch.Tensor:
+        """A target's rows [..., (k + 1) D] -> the draft's input states [..., D] (rows of width D pass)."""
+        return states if self.fuse is None or states.shape[-1] == self.fc.weight.shape[0] else self.fuse(states)
+
+    @property
+    def state_size(self) -> int:
+        """The width of the target's rows this draft reads: (k + 1) D."""
+        return (len(self.feature_layers) + 1) * self.fc.weight.shape[0]
 
     @property
     def block_kind(self) -> str:
@@ -122,6 +150,8 @@ class EagleDraft(nn.Module):
         tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
         meta = {"format": FORMAT, "version": VERSION, "target_fingerprint": self.target_fingerprint,
                 "intermediate_size": str(self.args.intermediate_size), "block": self.block_kind}
+        if self.feature_layers:
+            meta["feature_layers"] = ",".join(map(str, self.feature_layers))
         if self.acceptance is not None:
             meta["acceptance"] = f"{self.acceptance:.4f}"
         with atomic_output(path) as tmp:
@@ -140,7 +170,12 @@ class EagleDraft(nn.Module):
         block = meta.get("block", "attention")
         if block not in BLOCKS:
             raise ValueError(f"{path}: unknown EAGLE block {block!r} (this version reads {', '.join(BLOCKS)})")
-        draft = cls(target.args, stored, int(meta.get("intermediate_size", target.args.intermediate_size)), block)
+        try:
+            layers = tuple(int(i) for i in meta["feature_layers"].split(",")) if meta.get("feature_layers") else ()
+            draft = cls(target.args, stored, int(meta.get("intermediate_size", target.args.intermediate_size)), block,
+                        layers)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
         draft.acceptance = float(meta["acceptance"]) if "acceptance" in meta else None
         try:
             draft.load_state_dict(tensors)
@@ -161,7 +196,7 @@ class TorchEagleStep:
         self.draft, self.model, self.vocab, self.max_length = draft, target, vocab, max_length
         self.acceptance = draft.acceptance
         self.dtype, self.device = draft.fc.weight.dtype, draft.fc.weight.device
-        self.hidden_size = draft.fc.weight.shape[0]
+        self.hidden_size = draft.state_size  # the width of the target's rows it reads
         self.digits = target.digits if target.samples_digits else 0  # > 0: scores can be drawn digit by digit
         if draft.attention:
             attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, max_length, draft.args.head_dim)
@@ -203,9 +238,10 @@ class HostEagleStep:
         self.model, self.vocab, self.acceptance = target, vocab, draft.acceptance
         self.max_length = max_length  # slots the proposer may address (no cache: rows are independent)
         self.dtype, self.device = torch.float32, torch.device("cpu")
-        self.hidden_size = draft.fc.weight.shape[0]
+        self.hidden_size = draft.state_size  # the width of the target's rows it reads
         self.digits = target.digits if target.samples_digits else 0
         view = lambda t: None if t is None else t.detach().numpy()  # noqa: E731
+        self.fuse = None if draft.fuse is None else view(draft.fuse.weight)  # [D, (k + 1) D]
         mlp = draft.block.mlp
         self.fc = view(draft.fc.weight)  # [D, 2D]
         self.gate, self.up, self.down = view(mlp.gate_proj.weight), view(mlp.up_proj.weight), view(mlp.down_proj.weight)
@@ -224,6 +260,8 @@ class HostEagleStep:
         index = int(tokens[-1])
         token_id = v.stop_id if index == v.stop_index else index + v.speech_offset
         state = states[-1].detach().to(torch.float32).numpy()
+        if self.fuse is not None and state.size != self.fc.shape[0]:  # a target row: fuse its layers
+            state = self.fuse @ state
         x = self.fc @ np.concatenate([state, self.embed[token_id]])
         h = _rms_norm(x, *self.norms[0])
         gate, up = _linear(self.gate, h, self.biases[0]), _linear(self.up, h, self.biases[1])

@@ -236,6 +236,9 @@ class Llama(nn.Module):
         self.register_buffer("causal", torch.zeros(0, dtype=torch.bool), persistent=False)
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [max_length, head_dim]
         self.max_length = 0
+        # Layers whose outputs `hidden` also returns (an EAGLE draft that reads several layers:
+        # runtime/lm/eagle.py); set once, before any step is compiled (`TorchLM.tap_layers`).
+        self.taps: tuple[int, ...] = ()
 
     def setup_cache(self, max_length: int, batch_size: int = 1) -> None:
         """Allocate the static KV cache once; its size bounds prompt + generated tokens."""
@@ -271,6 +274,8 @@ class Llama(nn.Module):
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
                last_only: bool = False) -> torch.Tensor:
         """The final-normed hidden states the head reads: [B, T, D] (or [B, 1, D] with `last_only`).
+        With `taps` (k layers), each row is preceded by those layers' outputs, RMS-normalised
+        without a weight: [B, T, (k + 1) D], the head reading the last D (`head_scores`).
 
         input_ids: [B, T]; positions: [T] int64 consecutive cache slots. `end` (python int,
         = positions[-1] + 1) lets eager mode attend to the used prefix only.
@@ -278,11 +283,17 @@ class Llama(nn.Module):
         cos, sin = self.rope(positions)
         mask = self.causal[positions] if end is None else self.causal[positions, :end]  # [T, S]
         x = self.embed_tokens(input_ids)
-        for layer in self.layers:
+        tapped = []
+        for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, positions, mask, end)
+            if i in self.taps:
+                tapped.append(x)
         if last_only:
-            x = x[:, -1:]
-        return self.norm(x)
+            x, tapped = x[:, -1:], [t[:, -1:] for t in tapped]
+        if not tapped:
+            return self.norm(x)
+        eps = self.args.rms_norm_eps
+        return torch.cat([t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) for t in tapped] + [self.norm(x)], -1)
 
     def use_head_subset(self, index: torch.Tensor, restricted_size: int) -> None:
         """Keep head rows for restricted indices `index` only (the rest: probability 0)."""
@@ -296,8 +307,10 @@ class Llama(nn.Module):
         return bool(self.digits) and self.head_index is None
 
     def head_scores(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., D] -> the head's float32 scores: the logits, or a digit table's 34 scores per row."""
-        return self.head(hidden).float()
+        """[..., D] -> the head's float32 scores: the logits, or a digit table's 34 scores per row
+        (of the last D of wider rows: `hidden` with `taps`)."""
+        d = self.args.hidden_size
+        return self.head(hidden if hidden.shape[-1] == d else hidden[..., -d:]).float()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., D] -> float32 restricted-vocabulary logits [..., V_r]."""

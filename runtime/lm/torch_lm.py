@@ -120,6 +120,19 @@ class TorchLM(SequenceMixin):
         self._compiled_hidden(ids, 2)
         self.forget_prefix()
 
+    def tap_layers(self, layers: tuple[int, ...]) -> None:
+        """Have every step also return these layers' outputs (`Llama.taps`: an EAGLE draft that
+        reads several layers). A compiled step is compiled again: its graph does not guard the model."""
+        layers = tuple(layers)
+        if layers == self.model.taps:
+            return
+        if self.model.taps:
+            raise ValueError(f"this target already returns layers {list(self.model.taps)} for another draft")
+        self.model.taps = layers
+        if self._compiled_hidden is not None:
+            self._compiled_hidden = _compile_hidden(self.model)
+            self._warm_up_compiled()
+
     @torch.inference_mode()
     def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Like `forward`, also returning the final-normed hidden states that multi-token heads
