@@ -13,7 +13,9 @@ Inputs and outputs follow optimum's names, with one deliberate change to what `p
                                                            runtime draws from digit by digit and expands
                                                            to logits only where a whole row is needed
     last_hidden_state            [1, K, D]         float32 the final-normed states the head read (the
-                                                           EAGLE draft's input, `runtime/lm/eagle.py`)
+                                                           EAGLE draft's input, `runtime/lm/eagle.py`;
+                                                           [1, K, (k + 1) D] with the model's `taps`:
+                                                           a draft that reads k more layers)
     present.{i}.key / .value     [1, kv, T, D]             keys/values of the T new tokens only
 
 Why not optimum's `present = concat(past, new)`: that copies the whole cache on every step
@@ -108,13 +110,15 @@ class StepGraph(nn.Module):
         start = position_ids[:, :1]
         x = m.embed_tokens(input_ids)
         rotation = rotate_half_matrix(cos.shape[-1], cos.dtype)
-        present = []
+        present, tapped = [], []
         for i, layer in enumerate(m.layers):
             x, k, v = block_step(layer, x, cos, sin, past[2 * i], past[2 * i + 1], start, rotation)
             present += [k, v]
+            if i in m.taps:
+                tapped.append(x.index_select(1, logits_index[0]))
         hidden = m.norm(x.index_select(1, logits_index[0]))
         head = m.head_scores(hidden) if m.samples_digits else m.logits(hidden)
-        return (head, hidden.float(), *present)
+        return (head, m.with_taps(hidden, tapped).float(), *present)
 
 
 def io_names(num_layers: int, scores: bool = False) -> tuple[list[str], list[str]]:

@@ -10,7 +10,9 @@ verify step, for any cache size the runtime allocates.
 
 With `eagle=FILE` (the CLI finds `eagle_draft.safetensors` beside the model by default) the
 target's EAGLE draft is exported too, as `eagle.onnx` (`export/proposer_graphs.py`), checked the same
-way against the torch draft, and listed under "eagle" in pcgtts-lm.json.
+way against the torch draft, and listed under "eagle" in pcgtts-lm.json. A draft that reads more of
+the target's layers (EAGLE-3's features) makes the step graph return them with the last state
+(`extra["taps"]`, `extra["state_size"]`) and leaves its fuse map beside the graphs (`eagle_fuse.npy`).
 
 With `quantize="int8"` the checked float32 step graph is then replaced by `model.int8.onnx`:
 weight-only int8 (onnxruntime's MatMulNBits, block-wise scales; see `quantize_int8`). Its logits
@@ -25,6 +27,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pcgtts.export.lm_graph import StepGraph, io_names
@@ -32,12 +35,14 @@ from pcgtts.export.onnx_common import OPSET, copy_tokenizer, export_graph, stage
 from pcgtts.runtime.lm.graph_meta import GraphMeta
 from pcgtts.runtime.config import QUANTIZE
 from pcgtts.runtime.lm.checkpoint import load_tokenizer, read_config, resolve_dtype
+from pcgtts.runtime.lm.eagle import eagle_feature_layers
 from pcgtts.runtime.text.vocab import SpeechVocab
 
 log = logging.getLogger(__name__)
 
 GRAPH_FILE = "model.onnx"
 EAGLE_GRAPH_FILE = "eagle.onnx"
+EAGLE_FUSE_FILE = "eagle_fuse.npy"  # a draft that reads several layers: its map from a target row to its input
 HEADS_GRAPH_FILE = "mtp_heads.onnx"
 INT8_GRAPH_FILE = "model.int8.onnx"
 
@@ -70,8 +75,10 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
     torch_dtype = resolve_dtype(dtype)
     if torch_dtype == torch.bfloat16:
         raise ValueError("export in float32 or float16 (bfloat16 engines are built from a float32 graph)")
+    taps = eagle_feature_layers(eagle) if eagle is not None else ()  # the states such a draft reads
     with staged_output(out_dir) as stage:
-        meta, result = _export_into(stage, model_dir, tokenizer, vocab, torch_dtype, max_length, check, tolerance)
+        meta, result = _export_into(stage, model_dir, tokenizer, vocab, torch_dtype, max_length, check, tolerance,
+                                    taps)
         if eagle is not None:
             meta = _export_eagle(stage, meta, model_dir, Path(eagle), torch_dtype, check, tolerance)
         if heads is not None:
@@ -85,12 +92,14 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
 
 
 def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, torch_dtype: torch.dtype,
-                 max_length: int, check: bool, tolerance: float | None) -> tuple[GraphMeta, CheckResult | None]:
+                 max_length: int, check: bool, tolerance: float | None,
+                 taps: tuple[int, ...] = ()) -> tuple[GraphMeta, CheckResult | None]:
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16, tokenizer=tokenizer)
     model = lm.model
     args = model.args
+    model.taps = taps  # last_hidden_state carries these layers too (an EAGLE draft that reads them)
 
     graph = StepGraph(model).eval()
     t, slots = 3, 8  # example sizes; both are exported as dynamic dimensions
@@ -109,7 +118,8 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
         num_heads=args.num_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim, vocab=vocab,
         max_length=max_length, opset=OPSET, fingerprint=lm.fingerprint, source=str(model_dir),
         extra={"hidden_size": args.hidden_size, "torch": torch.__version__,
-               "head_digits": model.digits if model.samples_digits else 0},
+               "head_digits": model.digits if model.samples_digits else 0,
+               **({"taps": list(taps), "state_size": (len(taps) + 1) * args.hidden_size} if taps else {})},
     )
     meta.save(stage)
     result = None
@@ -133,9 +143,6 @@ def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, to
     lm = TorchLM.load(model_dir, dtype=torch_dtype, max_length=16)
     model, vocab = lm.model, lm.vocab
     draft = EagleDraft.load(eagle, model, fingerprint=lm.fingerprint)
-    if draft.feature_layers:
-        raise ValueError(f"{eagle}: this EAGLE draft reads target layers {list(draft.feature_layers)} besides the "
-                         "last, which the onnxruntime graphs do not return yet: run it on the torch backend")
     graph = (EagleGraph if draft.attention else EagleMlpGraph)(
         draft, model, vocab.restricted_to_token_ids(torch.arange(vocab.restricted_size))).eval()
     args, t = draft.args, 3
@@ -154,6 +161,10 @@ def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, to
               "hidden_size": args.hidden_size, "num_kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
               "intermediate_size": args.intermediate_size, "head_width": model.head.out_features,
               "digits": model.digits if model.samples_digits else 0, "acceptance": draft.acceptance}
+    if draft.feature_layers:  # the graph reads fused rows; the runtime fuses a target's row with this map
+        np.save(stage / EAGLE_FUSE_FILE, draft.fuse.weight.detach().float().numpy())
+        record |= {"fuse": EAGLE_FUSE_FILE, "feature_layers": list(draft.feature_layers),
+                   "state_size": draft.state_size}
     checker = (lambda: check_eagle(model_dir, eagle, stage, tolerance=tolerance)) if check else None
     return _record_proposer(stage, meta, "eagle", record, checker)
 
@@ -215,6 +226,10 @@ def check_eagle(model_dir: str | Path, eagle: str | Path, onnx_dir: str | Path, 
         for a, b in zip(reference.run(states, tokens, start), candidate.run(states, tokens, start)):
             worst = max(worst, (a.float() - b.float()).abs().max().item())
         start += rows
+        f = reference.run(states, tokens, start - rows)[0]  # the draft's own state fed back (width D)
+        for a, b in zip(reference.run(f[None], tokens[-1:], start), candidate.run(f[None], tokens[-1:], start)):
+            worst = max(worst, (a.float() - b.float()).abs().max().item())
+        start += 1
     if tolerance is None:
         tolerance = 2e-3 if target.cache_dtype == torch.float32 else 1e-1
     return CheckResult(max_abs_diff=worst, tolerance=tolerance, steps=("5 rows", "1", "back 2, 3", "1"))
@@ -313,6 +328,7 @@ def check_lm(model_dir: str | Path, onnx_dir: str | Path, *, dtype=torch.float32
 
     reference = TorchLM.load(model_dir, dtype=torch.float32, max_length=64)
     candidate = OrtLM.load(onnx_dir, max_length=64, tokenizer=reference.tokenizer)
+    reference.model.taps = tuple(candidate.meta.extra.get("taps", ()))
     vocab = reference.vocab
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab.vocab_size, (11,), generator=gen)

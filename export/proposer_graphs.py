@@ -14,6 +14,10 @@ EagleGraph does everything a proposal needs:
                                                     (W = V_r), or a digit head's 34 scores
     present.0.key / .value       [1, kv, T, D_h]    keys/values of the T new rows only
 
+A draft that reads several target layers (`EagleDraft.feature_layers`) is exported without its
+fuse map: the graph reads rows of width D (the fused state, or f fed back), and the runtime fuses a
+target's wider row with the map saved beside it (`eagle_fuse.npy`, `onnxruntime.OrtEagleStep`).
+
 Same cache contract as `lm_graph.py` (the runtime owns the buffer, rollback is O(1)). An
 attention-free draft (`block="mlp"`) has neither positions nor a cache: its graph reads
 hidden_states and restricted_ids and returns last_hidden_state and head_scores. The graph

@@ -306,11 +306,13 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
     on onnxruntime they give the torch backend's tokens: greedy eagle-pcg / mtp-pcg equal greedy
     AR, and seeded runs give the same tokens and statistics (the logits agree to ~1e-5, far below
     any uniform draw's chance of landing between them). The buffers start at 4 slots, so they grow
-    within each sequence, and the attention draft's goes back to a fresh size when the next starts."""
+    within each sequence, and the attention draft's goes back to a fresh size when the next starts.
+    A draft that reads several target layers runs there too (the step graph returns them)."""
     import pcgtts.runtime.lm.buffered as buffered
     from pcgtts.export.onnx_lm import check_eagle, export_lm
     from pcgtts.runtime.decode.multi_token import HeadProposer
     from pcgtts.runtime.lm.onnxruntime import OrtLM
+    from pcgtts.runtime.lm.torch_lm import TorchLM
 
     draft, heads = random_draft(target, seed=4), random_heads(target, seed=2)
     path = draft.save(tmp_path / "e.safetensors", dtype=torch.float32)
@@ -330,14 +332,25 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
                         eagle=mlp.save(tmp_path / "m.safetensors", dtype=torch.float32))
     assert meta.extra["eagle"]["check"]["ok"] and meta.extra["eagle"]["block"] == "mlp"
     ort_mlp = OrtLM.load(tmp_path / "onnx-mlp", max_length=256, tokenizer=target.tokenizer)
-    cases = [("eagle", ort, EagleProposer.for_target(ort), EagleProposer.from_draft(draft, target)),
-             ("eagle", ort_mlp, EagleProposer.for_target(ort_mlp), EagleProposer.from_draft(mlp, target)),
-             ("mtp", ort, HeadProposer(ort.heads_step()), HeadProposer.from_heads(heads, target))]
+    # a draft that reads two more layers: the step graph returns them, the runtime fuses a target row
+    fused = random_draft(target, seed=8, block="mlp", feature_layers=(0, 2))
+    meta, _ = export_lm(tiny_lms["target"], tmp_path / "onnx-fused", max_length=256,
+                        eagle=fused.save(tmp_path / "f.safetensors", dtype=torch.float32))
+    d = target.model.args.hidden_size
+    assert meta.extra["eagle"]["check"]["ok"] and meta.extra["check"]["ok"]
+    assert meta.extra["taps"] == [0, 2] and meta.extra["state_size"] == meta.extra["eagle"]["state_size"] == 3 * d
+    ort_fused = OrtLM.load(tmp_path / "onnx-fused", max_length=256, tokenizer=target.tokenizer)
+    tapped = TorchLM.load(tiny_lms["target"], max_length=256)  # its own copy: tapping is for the LM's life
+    cases = [("eagle", ort, EagleProposer.for_target(ort), target, EagleProposer.from_draft(draft, target)),
+             ("eagle", ort_mlp, EagleProposer.for_target(ort_mlp), target, EagleProposer.from_draft(mlp, target)),
+             ("eagle", ort_fused, EagleProposer.for_target(ort_fused), tapped, EagleProposer.from_draft(fused, tapped)),
+             ("mtp", ort, HeadProposer(ort.heads_step()), target, HeadProposer.from_heads(heads, target))]
+    assert ort_fused.forward_hidden(prompt)[1].shape == (len(prompt), 3 * d)
     reference, _ = run(target, None, prompt, "ar", GREEDY)
-    for kind, lm, on_ort, on_torch in cases:
+    for kind, lm, on_ort, torch_lm, on_torch in cases:
         assert run(lm, on_ort, prompt, f"{kind}-pcg", GREEDY, groups=tiny_groups)[0] == reference, kind
         for policy in (f"{kind}-sd", f"{kind}-pcg"):
-            a, sa = run(target, on_torch, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
+            a, sa = run(torch_lm, on_torch, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
             b, sb = run(lm, on_ort, prompt, policy, SamplingConfig(), tokens=60, seed=3, groups=tiny_groups)
             assert a == b and (sa.drafted, sa.accepted, sa.steps) == (sb.drafted, sb.accepted, sb.steps), policy
             assert sa.accepted > 0, policy  # the comparison covered accepted proposals

@@ -320,6 +320,18 @@ class CompiledEagleChain:
         return torch.stack(proposals), torch.stack(rows)
 
 
+def eagle_feature_layers(path: str | Path) -> tuple[int, ...]:
+    """The target layers an EAGLE draft file reads besides the last (its metadata only; () for most)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            text = (f.metadata() or {}).get("feature_layers", "")
+        return tuple(int(i) for i in text.split(",")) if text else ()
+    except Exception as err:  # a damaged file: the full load says what is wrong
+        raise ValueError(f"{path}: not a readable EAGLE draft ({err})") from None
+
+
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x / np.sqrt(np.dot(x, x) / x.size + eps))
 
@@ -329,4 +341,4 @@ def _linear(weight: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.nd
 
 
 __all__ = ["BLOCKS", "CompiledEagleChain", "EagleDraft", "EAGLE_FILE", "HostEagleStep", "ResidualMLP",
-           "TorchEagleStep"]
+           "TorchEagleStep", "eagle_feature_layers"]

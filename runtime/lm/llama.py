@@ -290,10 +290,15 @@ class Llama(nn.Module):
                 tapped.append(x)
         if last_only:
             x, tapped = x[:, -1:], [t[:, -1:] for t in tapped]
+        return self.with_taps(self.norm(x), tapped)
+
+    def with_taps(self, hidden: torch.Tensor, tapped: list[torch.Tensor]) -> torch.Tensor:
+        """Final-normed states [..., D] preceded by the tapped layers' outputs, RMS-normalised without a
+        weight: [..., (k + 1) D] (`hidden` itself when nothing is tapped)."""
         if not tapped:
-            return self.norm(x)
+            return hidden
         eps = self.args.rms_norm_eps
-        return torch.cat([t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) for t in tapped] + [self.norm(x)], -1)
+        return torch.cat([t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) for t in tapped] + [hidden], -1)
 
     def use_head_subset(self, index: torch.Tensor, restricted_size: int) -> None:
         """Keep head rows for restricted indices `index` only (the rest: probability 0)."""

@@ -149,7 +149,13 @@ class OrtLM(BufferedLM):
     def eagle_step(self) -> "OrtEagleStep":
         """The EAGLE draft exported with this target, on the same device, with its own cache."""
         session, record = self._proposer_session("eagle", "--eagle")
-        return OrtEagleStep(session, record, self.device, self.max_length)
+        fuse = None
+        if "fuse" in record:  # a draft that reads several target layers: its map from a target row
+            path = self.model_dir / record["fuse"]
+            if not path.is_file():
+                raise FileNotFoundError(f"{self.model_dir}: {record['fuse']} listed in pcgtts-lm.json is missing")
+            fuse = torch.from_numpy(np.load(path))
+        return OrtEagleStep(session, record, self.device, self.max_length, fuse)
 
     def heads_step(self) -> "OrtHeads":
         """The multi-token heads exported with this target."""
@@ -164,7 +170,8 @@ class OrtLM(BufferedLM):
         outputs = {self.head_output: head}
         hidden = None
         if self.exposes_hidden:
-            hidden = torch.empty(1, k, meta.extra["hidden_size"], dtype=torch.float32, device=self.device)
+            hidden = torch.empty(1, k, meta.extra.get("state_size", meta.extra["hidden_size"]), dtype=torch.float32,
+                                 device=self.device)  # wider with an EAGLE draft's tapped layers
             outputs["last_hidden_state"] = hidden
         present = self._present.get(n)
         if present is None:  # copied into the cache right after the run: reusable, so bound once per n
@@ -200,10 +207,14 @@ class OrtEagleStep:
     """`eagle.TorchEagleStep`'s contract over the exported EAGLE graph: run(states [k, D], tokens [k],
     start) -> (f [D], head scores [W]), float32, with the one block's cache owned here."""
 
-    def __init__(self, session, record: dict, device: torch.device, max_length: int):
+    def __init__(self, session, record: dict, device: torch.device, max_length: int, fuse: torch.Tensor | None = None):
         self._bound, self.device, self.max_length = _Bound(session, device), device, max_length
         self.acceptance = record.get("acceptance")
-        self.hidden_size, self.head_width = record["hidden_size"], record["head_width"]
+        self.head_width = record["head_width"]
+        self.feature_size = record["hidden_size"]  # f's width: the target's hidden size
+        self.hidden_size = record.get("state_size", self.feature_size)  # the width of the target's rows it reads
+        # a draft that reads several target layers: its fuse map [D, (k + 1) D], applied to a target's row here
+        self.fuse = None if fuse is None else fuse.to(device, torch.float32)
         self.digits = record["digits"]  # > 0: the scores are a digit table's, drawn digit by digit
         self.dtype = torch.float32  # the graph's state inputs and outputs
         self.attention = record.get("block", "attention") == "attention"  # else no positions, no cache
@@ -215,7 +226,9 @@ class OrtEagleStep:
         if not self.attention:  # rows are independent: the last one alone
             states, tokens = states[-1:], tokens[-1:]
         k = len(tokens)
-        f = torch.empty(1, 1, self.hidden_size, dtype=torch.float32, device=self.device)
+        if self.fuse is not None and states.shape[-1] != self.feature_size:  # target rows: fuse their layers
+            states = states.to(self.fuse) @ self.fuse.T
+        f = torch.empty(1, 1, self.feature_size, dtype=torch.float32, device=self.device)
         scores = torch.empty(1, 1, self.head_width, dtype=torch.float32, device=self.device)
         inputs = {"hidden_states": states.to(self.device, torch.float32).contiguous().view(1, k, -1),
                   "restricted_ids": tokens.to(self.device, torch.long).contiguous().view(1, k)}
