@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "(no attention, no cache: half the ops a proposal)")
     eagle.add_argument("--feature-layers", type=_layer_list, default=(),
                        help="target layers (0-based, comma-separated) the draft reads besides the last, "
-                            "fused by the draft (EAGLE-3's features; the torch backend runs such a draft)")
+                            "fused by the draft (EAGLE-3's features; the target's steps then return them)")
     eagle.add_argument("--passes", type=positive(int),
                        help="proposal positions trained: pass k feeds the draft k - 1 of its own states (default 3)")
     eagle.add_argument("--batch-sequences", type=positive(int), help="sequences per optimiser step (default 8)")
@@ -74,8 +74,6 @@ def _layer_list(text: str) -> tuple[int, ...]:
         layers = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected layer indices like 1,3, got {text!r}") from None
-    if list(layers) != sorted(set(layers)) or layers[0] < 0:
-        raise argparse.ArgumentTypeError(f"layers must be distinct, ascending and >= 0, got {text!r}")
     return layers
 
 
@@ -113,13 +111,14 @@ def _train(args) -> int:
 
 
 def _eagle(args) -> int:
-    from pcgtts.runtime.lm.eagle import EAGLE_FILE
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE, checked_feature_layers
 
     out, work, sentences = _checked_paths(args, EAGLE_FILE)
-    layers = json.loads((Path(args.target) / "config.json").read_text()).get("num_hidden_layers", 0)
-    if args.feature_layers and args.feature_layers[-1] >= layers - 1:
-        raise ValueError(f"--feature-layers: this target's layers below the last are 0..{layers - 2}, "
-                         f"got {','.join(map(str, args.feature_layers))}")
+    num_layers = json.loads((Path(args.target) / "config.json").read_text()).get("num_hidden_layers", 0)
+    try:
+        checked_feature_layers(args.feature_layers, num_layers)
+    except ValueError as err:
+        raise ValueError(f"--feature-layers: {err}") from None
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, train_eagle
 

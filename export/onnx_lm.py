@@ -223,11 +223,12 @@ def check_eagle(model_dir: str | Path, eagle: str | Path, onnx_dir: str | Path, 
         start -= back
         states = torch.randn(rows, reference.hidden_size, generator=gen)
         tokens = torch.randint(0, target.vocab.restricted_size, (rows,), generator=gen)
-        for a, b in zip(reference.run(states, tokens, start), candidate.run(states, tokens, start)):
+        expected = reference.run(states, tokens, start)
+        for a, b in zip(expected, candidate.run(states, tokens, start)):
             worst = max(worst, (a.float() - b.float()).abs().max().item())
         start += rows
-        f = reference.run(states, tokens, start - rows)[0]  # the draft's own state fed back (width D)
-        for a, b in zip(reference.run(f[None], tokens[-1:], start), candidate.run(f[None], tokens[-1:], start)):
+        f = expected[0][None]  # the draft's own state fed back (width D)
+        for a, b in zip(reference.run(f, tokens[-1:], start), candidate.run(f, tokens[-1:], start)):
             worst = max(worst, (a.float() - b.float()).abs().max().item())
         start += 1
     if tolerance is None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from pcgtts.runtime.lm.digit_head import digit_kl
-from pcgtts.runtime.lm.eagle import BLOCKS, EagleDraft
+from pcgtts.runtime.lm.eagle import BLOCKS, EagleDraft, checked_feature_layers
 from pcgtts.train.on_policy import OnPolicyConfig, fit, frozen_target_and_pairs
 
 
@@ -51,10 +51,7 @@ class EagleTrainConfig(OnPolicyConfig):
         super().__post_init__()
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
-        layers = tuple(self.feature_layers)
-        object.__setattr__(self, "feature_layers", layers)
-        if list(layers) != sorted(set(layers)) or any(i < 0 for i in layers):
-            raise ValueError(f"feature_layers must be distinct ascending layer indices >= 0, got {list(layers)}")
+        object.__setattr__(self, "feature_layers", checked_feature_layers(self.feature_layers))
         if min(self.batch_sequences, self.kl_rows, self.figure_rows, self.passes) < 1 or self.regression < 0:
             raise ValueError("batch_sequences, kl_rows, figure_rows and passes must be >= 1, regression >= 0")
 

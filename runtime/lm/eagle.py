@@ -88,12 +88,7 @@ class EagleDraft(nn.Module):
             raise ValueError(f"intermediate_size must be >= 1, got {intermediate_size}")
         if block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
-        feature_layers = tuple(feature_layers)
-        if list(feature_layers) != sorted(set(feature_layers)) or any(
-                not 0 <= i < args.num_layers - 1 for i in feature_layers):
-            raise ValueError(f"feature_layers must be distinct ascending target layers below the last "
-                             f"(0..{args.num_layers - 2}), got {list(feature_layers)}")
-        self.feature_layers = feature_layers
+        self.feature_layers = feature_layers = checked_feature_layers(feature_layers, args.num_layers)
         self.args = dataclasses.replace(args, num_layers=1, intermediate_size=intermediate_size or args.intermediate_size)
         d = args.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False)
@@ -320,6 +315,18 @@ class CompiledEagleChain:
         return torch.stack(proposals), torch.stack(rows)
 
 
+def checked_feature_layers(layers, num_layers: int | None = None) -> tuple[int, ...]:
+    """`layers` as a tuple, or a ValueError unless they are distinct, ascending, >= 0 and (given the
+    target's `num_layers`) below its last layer, whose state the draft reads anyway."""
+    layers = tuple(layers)
+    top = None if num_layers is None else num_layers - 2
+    if list(layers) != sorted(set(layers)) or any(i < 0 or (top is not None and i > top) for i in layers):
+        below = "" if top is None else f" (0..{top})"
+        raise ValueError(f"feature_layers must be distinct ascending target layers below the last{below}, "
+                         f"got {list(layers)}")
+    return layers
+
+
 def eagle_feature_layers(path: str | Path) -> tuple[int, ...]:
     """The target layers an EAGLE draft file reads besides the last (its metadata only; () for most)."""
     from safetensors import safe_open
@@ -341,4 +348,4 @@ def _linear(weight: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.nd
 
 
 __all__ = ["BLOCKS", "CompiledEagleChain", "EagleDraft", "EAGLE_FILE", "HostEagleStep", "ResidualMLP",
-           "TorchEagleStep", "eagle_feature_layers"]
+           "TorchEagleStep", "checked_feature_layers", "eagle_feature_layers"]

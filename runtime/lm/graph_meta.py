@@ -38,6 +38,12 @@ class GraphMeta:
     source: str  # where the weights came from
     extra: dict = dataclasses.field(default_factory=dict)  # numeric check, profiles, versions
 
+    @property
+    def state_size(self) -> int:
+        """The width of last_hidden_state's rows: the hidden size, wider when the step returns an EAGLE
+        draft's tapped layers too (`extra["state_size"]`, export/onnx_lm.py)."""
+        return self.extra.get("state_size", self.extra["hidden_size"])
+
     def save(self, folder: str | Path) -> Path:
         record = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
         path = Path(folder) / META_FILE

@@ -170,8 +170,7 @@ class OrtLM(BufferedLM):
         outputs = {self.head_output: head}
         hidden = None
         if self.exposes_hidden:
-            hidden = torch.empty(1, k, meta.extra.get("state_size", meta.extra["hidden_size"]), dtype=torch.float32,
-                                 device=self.device)  # wider with an EAGLE draft's tapped layers
+            hidden = torch.empty(1, k, meta.state_size, dtype=torch.float32, device=self.device)
             outputs["last_hidden_state"] = hidden
         present = self._present.get(n)
         if present is None:  # copied into the cache right after the run: reusable, so bound once per n

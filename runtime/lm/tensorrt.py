@@ -112,8 +112,7 @@ class TrtLM(BufferedLM):
                    self.head_output: head}
         hidden = None
         if self.exposes_hidden:  # every output of the engine must have an address
-            hidden = torch.empty(1, k, meta.extra.get("state_size", meta.extra["hidden_size"]), dtype=torch.float32,
-                                 device=self.device)
+            hidden = torch.empty(1, k, meta.state_size, dtype=torch.float32, device=self.device)
             tensors["last_hidden_state"] = hidden
         for i in range(meta.num_layers):
             for j, part in enumerate(("key", "value")):
