@@ -34,6 +34,37 @@ if [ "$step" = all ] || [ "$step" = lmc ]; then
         --policies ar,sd --steps-per-sync 0,8 --compile-steps --no-hf \
         --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lmc.err" | tee "$OUT/lmc.log" | tail -10
 fi
+if [ "$step" = eagle ]; then
+    # EAGLE drafts for the built-in voice's target trained here (not part of "all"): EAGLE_RUNS="name:flags;name:flags",
+    # the flags `pcgtts heads eagle`'s; the sentences file is carried (.carry/eagle_sentences.txt: no fortunes
+    # package there). The first run samples the on-policy sequences (EAGLE_SAMPLE_BATCH at once); each later run
+    # starts once the first has them (its train config written) and reads a copy. Results: $OUT/<name>/ (draft,
+    # loss log and PNG; the first run's sequences.npz too), every run's log tail in $OUT/eagle.log.
+    mkdir -p /tmp/eagle
+    python3 -c "from pcgtts.train.package import expand_lm; expand_lm('pcgtts/voice', 'target', '/tmp/eagle/target')" || exit 1
+    IFS=';' read -ra runs <<<"${EAGLE_RUNS:?EAGLE_RUNS names the runs}"
+    first=""
+    for run in "${runs[@]}"; do
+        name=${run%%:*}
+        mkdir -p "$OUT/$name/work"
+        if [ -n "$first" ]; then
+            until [ -f "$OUT/$first/work/eagle_train_config.json" ] || ! kill -0 "$first_pid" 2>/dev/null; do sleep 2; done
+            cp "$OUT/$first/work/sequences.npz" "$OUT/$name/work/" || continue
+        fi
+        # shellcheck disable=SC2086
+        python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" heads eagle --target /tmp/eagle/target \
+            --out "$OUT/$name/eagle_draft.safetensors" --work-dir "$OUT/$name/work" --device "${EAGLE_DEVICE:-cuda}" \
+            --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" --sample-batch "${EAGLE_SAMPLE_BATCH:-512}" \
+            ${run#*:} >"$OUT/$name.log" 2>&1 &
+        [ -n "$first" ] || { first=$name; first_pid=$!; }
+    done
+    wait
+    for run in "${runs[@]}"; do
+        name=${run%%:*}
+        { echo "== $name: ${run#*:}"; tail -c 1500 "$OUT/$name.log" | tr '\r' '\n' | grep -av "^\s*$" | tail -8; } | tee -a "$OUT/eagle.log"
+        [ "$name" = "$first" ] || rm -f "$OUT/$name/work/sequences.npz"
+    done
+fi
 if [ "$step" = lab ]; then  # one run, named lm: the labs step below with LAB_ARGS as its flags
     LAB_RUNS="lm:${LAB_ARGS:-}"
     step=labs

@@ -58,6 +58,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="proposal positions trained: pass k feeds the draft k - 1 of its own states (default 3)")
     eagle.add_argument("--batch-sequences", type=positive(int), help="sequences per optimiser step (default 8)")
     eagle.add_argument("--seed", type=int, default=0)
+    eagle.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                       help="where the target samples and the draft trains")
+    eagle.add_argument("--sample-batch", type=positive(int), default=1,
+                       help="on-policy sequences sampled at once (prompts of one length share a batch; "
+                            "other draws than one at a time, so a cache made one way is not reused the other)")
+    eagle.add_argument("--max-minutes", type=positive(float),
+                       help="end training after this long if --steps take longer, the learning rate's "
+                            "decay following the clock (a GPU lease's limit)")
     eagle.set_defaults(func=_eagle)
 
     trans = cmds.add_parser("transitions", help="code transition table for mtp-viterbi, from code sequences")
@@ -114,6 +122,11 @@ def _eagle(args) -> int:
     from pcgtts.runtime.lm.eagle import EAGLE_FILE, checked_feature_layers
 
     out, work, sentences = _checked_paths(args, EAGLE_FILE)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA device here")
     num_layers = json.loads((Path(args.target) / "config.json").read_text()).get("num_hidden_layers", 0)
     try:
         checked_feature_layers(args.feature_layers, num_layers)
@@ -127,7 +140,7 @@ def _eagle(args) -> int:
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                            intermediate_size=args.mlp_size, block=args.block, feature_layers=args.feature_layers,
-                           **given)
+                           device=args.device, sample_batch=args.sample_batch, max_minutes=args.max_minutes, **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

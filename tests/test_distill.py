@@ -209,3 +209,49 @@ def test_losses_are_the_acceptance_rules_distances():
     assert kl.abs().max() < 1e-6
     kl, _ = distill_loss("kl", target_logits, draft_logits.detach(), 0.7)
     torch.testing.assert_close(kl, (p * (p.log() - q.log())).sum(-1))
+
+
+def test_prompts_sampled_together_get_what_each_gets_alone(tiny_lms, tmp_path):
+    """Greedily (temperature 0: each row's argmax), sampling prompts of mixed lengths two at a time
+    (`generate_sequences(batch=2)`: equal lengths share a batch, results kept in index order) gives
+    every sequence exactly what the runtime's decode loop gives it alone, so a batch's rows see their
+    own prompt and positions only; the target's own cache is usable again afterwards."""
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.runtime.text.prompt import build_prompt
+    from pcgtts.train.distill import SequenceCache, generate_sequences
+
+    target = TorchLM.load(tiny_lms["target"], max_length=256)
+    sentences = ["One two three.", "Four five six.", "A longer sentence than the others here.", "Seven."]
+    prompts = [build_prompt(target.tokenizer, target.vocab, s) for s in sentences]
+    assert len({len(p) for p in prompts}) < len(prompts) < 2 * len({len(p) for p in prompts})  # some share a length
+    made = {}
+    for batch in (2, 1):  # together first: the decode loop after it runs on the restored cache
+        cache = SequenceCache(tmp_path / f"b{batch}.npz", {})
+        assert generate_sequences(target, cache, "train", prompts, 6, 0.0, 24, seed=0, batch=batch) == 6
+        made[batch] = cache.splits["train"]
+    assert [s.sentence for s in made[2]] == [i % 4 for i in range(6)]
+    for together, alone in zip(made[2], made[1]):
+        assert torch.equal(together.prompt, alone.prompt)
+        assert together.generated.tolist() == alone.generated.tolist()
+    assert max(len(s.generated) for s in made[1]) > 8  # not a comparison of empty sequences
+
+
+def test_a_time_budget_ends_training_with_the_learning_rate_run_down(tmp_path, monkeypatch):
+    """`max_minutes` (a GPU lease's limit): on a clock that moves 1 s a reading, a 30 s budget stops a
+    1,000-step run early, the cosine follows the clock (the last logged lr is near 0, and it falls
+    step by step), the checkpoint keeps the seconds spent, and a rerun trains no further."""
+    import pcgtts.train.on_policy as on_policy
+    from pcgtts.train.on_policy import OnPolicyConfig, fit
+
+    now = iter(range(10**6))
+    monkeypatch.setattr(on_policy.time, "monotonic", lambda: float(next(now)))
+    cfg = OnPolicyConfig(target=tmp_path, out=tmp_path / "o", work_dir=tmp_path, sentences=("a",), steps=1000,
+                         lr=1e-2, log_every=1, max_minutes=0.5)
+    module = torch.nn.Linear(2, 1)
+    loss = lambda rng: ((module.weight ** 2).sum(), {})  # noqa: E731
+    step = fit(module, loss, cfg, "t_", "test", {})
+    assert 5 < step < 30
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "t_loss.jsonl").read_text().splitlines()]
+    assert len(lrs) == step and lrs[-1] < 0.1 * max(lrs) and lrs[-5:] == sorted(lrs[-5:], reverse=True)
+    assert torch.load(tmp_path / "t_checkpoint.pt", weights_only=False)["seconds"] >= 30
+    assert fit(module, loss, cfg, "t_", "test", {}) == step  # the budget is spent: resumed, nothing more

@@ -234,9 +234,13 @@ def _sequence_seed(seed: int, split: str, index: int) -> int:
 
 
 def generate_sequences(target, cache: SequenceCache, split: str, prompts: list[torch.Tensor], count: int,
-                       temperature: float, max_tokens: int, seed: int, progress=None) -> int:
+                       temperature: float, max_tokens: int, seed: int, progress=None, batch: int = 1) -> int:
     """Sample the missing sequences of `split` (cycling over `prompts`) with the target itself,
-    through the runtime's decode loop (policy ar); saved after each one. Returns how many were made."""
+    through the runtime's decode loop (policy ar), saved after each one; or, with `batch` > 1,
+    up to `batch` prompts at once (`sample_together`), saved after each window of a few batches.
+    Returns how many were made."""
+    if batch > 1:
+        return _generate_together(target, cache, split, prompts, count, temperature, max_tokens, seed, progress, batch)
     from pcgtts.runtime.config import DecodeConfig, SamplingConfig
     from pcgtts.runtime.decode.speculative import DecodeStats, decode
 
@@ -259,16 +263,93 @@ def generate_sequences(target, cache: SequenceCache, split: str, prompts: list[t
     return made
 
 
+def _generate_together(target, cache: SequenceCache, split: str, prompts: list[torch.Tensor], count: int,
+                       temperature: float, max_tokens: int, seed: int, progress, batch: int) -> int:
+    """`generate_sequences` in windows of 32 batches: the window's prompts grouped by length (equal
+    lengths share a batch, so no row is padded), sampled, appended in index order, saved."""
+    have = cache.splits[split]
+    start, made = len(have), 0
+    for window in range(start, count, 32 * batch):
+        indices = range(window, min(count, window + 32 * batch))
+        by_length: dict[int, list[int]] = {}
+        for index in indices:
+            by_length.setdefault(len(prompts[index % len(prompts)]), []).append(index)
+        codes: dict[int, torch.Tensor] = {}
+        for group in by_length.values():
+            for first in range(0, len(group), batch):
+                chunk = group[first:first + batch]
+                generator = torch.Generator(device=target.device).manual_seed(_sequence_seed(seed, split, chunk[0]))
+                ids = torch.stack([prompts[i % len(prompts)] for i in chunk])
+                codes.update(zip(chunk, sample_together(target, ids, temperature, max_tokens, generator)))
+        for index in indices:
+            have.append(Sequence(prompts[index % len(prompts)].cpu(), codes[index], index % len(prompts)))
+        cache.save()
+        made += len(indices)
+        log.info("%s sequences %d/%d (%d a batch)", split, indices[-1] + 1, count, batch)
+        if progress is not None:
+            progress(indices[-1] + 1, count)
+    target.release()  # sample_together resized the cache for its batches
+    target.ensure_cache()
+    return made
+
+
+@torch.no_grad()
+def sample_together(target, ids: torch.Tensor, temperature: float, max_tokens: int,
+                    generator: torch.Generator) -> list[torch.Tensor]:
+    """The target's samples for B prompts of one length at once: ids [B, P] -> B codes tensors
+    (restricted indices, the stop index last where a row stopped), each row drawn as the runtime
+    draws a plain AR step (a digit head's digit by digit, else `logits_to_probs` and inverse-CDF
+    `sample`), the rows in one batch. Uses
+    the target's model directly with a cache of B rows (`TorchLM.release()` / `ensure_cache()` after)."""
+    from pcgtts.runtime.config import SamplingConfig
+    from pcgtts.runtime.decode.sampling import logits_to_probs, sample
+    from pcgtts.runtime.lm.digit_head import sample_digit_codes
+
+    model, vocab, device = target.model, target.vocab, target.device
+    b, p = ids.shape
+    sampling = SamplingConfig(temperature=temperature)
+    by_digits = model.samples_digits and sampling.plain  # drawn digit by digit, as the runtime's plain steps are
+
+    def draw(rows: torch.Tensor) -> torch.Tensor:  # [B, W] -> [B]
+        if by_digits:
+            uniforms = torch.rand(b, model.digits + 1, generator=generator, device=device)
+            return sample_digit_codes(model.head_scores(rows), model.digits, temperature, uniforms)
+        return sample(logits_to_probs(model.logits(rows), sampling), generator)
+
+    model.setup_cache(p + max_tokens, batch_size=b)
+    hidden = model.hidden(ids.to(device), torch.arange(p, device=device), end=p, last_only=True)  # [B, 1, W]
+    out = torch.full((b, max_tokens), vocab.stop_index, dtype=torch.long, device=device)
+    stopped = torch.zeros(b, dtype=torch.bool, device=device)
+    steps = max_tokens
+    for t in range(max_tokens):
+        token = draw(hidden[:, -1])  # [B]
+        out[:, t] = token
+        stopped |= token == vocab.stop_index
+        if t % 16 == 15 and bool(stopped.all()):  # one host read every 16 steps
+            steps = t + 1
+            break
+        if t + 1 < max_tokens:
+            position = torch.tensor([p + t], device=device)
+            hidden = model.hidden(vocab.restricted_to_token_ids(token)[:, None], position, end=p + t + 1)
+    rows = []
+    for row in out[:, :steps].cpu():
+        stop = (row == vocab.stop_index).nonzero()
+        rows.append(row[:int(stop[0]) + 1].clone() if len(stop) else row.clone())
+    return rows
+
+
 def on_policy_sequences(target, prompts: dict[str, list[torch.Tensor]], counts: dict[str, int], sentences: list[str],
                         temperature: float, max_tokens: int, seed: int, path: Path,
-                        progress=None) -> SequenceCache:
+                        progress=None, batch: int = 1) -> SequenceCache:
     """The target's own samples for each split (`counts`, in order), cached at `path` and tied to
     the target, the sampling settings and the sentences; a rerun makes only the missing ones.
     Used by `draft train` (distillation) and `heads train` (multi-token heads). The returned
-    cache's `made` says how many were generated in this call."""
+    cache's `made` says how many were generated in this call. `batch` > 1 samples that many at once
+    (other draws than one at a time: the cache records it)."""
     meta = {"format": _CACHE_FORMAT, "target_fingerprint": target.fingerprint,
             "temperature": temperature, "max_tokens": max_tokens, "seed": seed,
-            "sentences": hashlib.sha256("\n".join(sentences).encode()).hexdigest()}
+            "sentences": hashlib.sha256("\n".join(sentences).encode()).hexdigest(),
+            **({"batch": batch} if batch > 1 else {})}
     cache = SequenceCache.open(path, meta)
     total, offset, cache.made = sum(counts.values()), 0, 0
     for split, count in counts.items():
@@ -276,7 +357,7 @@ def on_policy_sequences(target, prompts: dict[str, list[torch.Tensor]], counts: 
         if progress is not None:
             counted = (lambda o: lambda done, _: progress(o + done, total))(offset)
         cache.made += generate_sequences(target, cache, split, prompts[split], count, temperature, max_tokens,
-                                         seed, counted)
+                                         seed, counted, batch)
         offset += count
     return cache
 
@@ -598,5 +679,5 @@ def _plot(losses: LossLog, png: Path, loss: str) -> Path | None:
 
 
 __all__ = ["DistillConfig", "LOSSES", "Sequence", "SequenceCache", "Student", "coarse", "distill_loss", "divergences",
-           "export_student", "generate_sequences", "load_student", "measure", "read_sentences", "split_sentences",
+           "export_student", "generate_sequences", "sample_together", "load_student", "measure", "read_sentences", "split_sentences",
            "teacher_forced_logits", "train_distill"]

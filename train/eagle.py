@@ -65,11 +65,13 @@ class StateSequences:
     embeds: list[torch.Tensor]
 
     def batch(self, index: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Padded (states [B, T, D], embeds [B, T, D], valid [B, T - 1]): valid[j] = row j has a next row."""
+        """Padded (states [B, T, D], embeds [B, T, D], valid [B, T - 1]): valid[j] = row j has a next row.
+        On the device the sequences are kept on."""
         t = max(len(self.states[i]) for i in index)
-        states = torch.zeros(len(index), t, self.states[0].shape[1])
-        embeds = torch.zeros(len(index), t, self.embeds[0].shape[1])
-        valid = torch.zeros(len(index), t - 1, dtype=torch.bool)
+        device = self.states[0].device
+        states = torch.zeros(len(index), t, self.states[0].shape[1], device=device)
+        embeds = torch.zeros(len(index), t, self.embeds[0].shape[1], device=device)
+        valid = torch.zeros(len(index), t - 1, dtype=torch.bool, device=device)
         for b, i in enumerate(index):
             n = len(self.states[i])
             states[b, :n], embeds[b, :n], valid[b, :n - 1] = self.states[i], self.embeds[i], True
@@ -78,7 +80,8 @@ class StateSequences:
 
 def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]],
                     feature_layers: tuple[int, ...] = ()) -> StateSequences:
-    """The target's rows on `pairs`, with the outputs of `feature_layers` before each (`Llama.taps`)."""
+    """The target's rows on `pairs`, with the outputs of `feature_layers` before each (`Llama.taps`),
+    kept on the target's device."""
     from pcgtts.train.heads import hidden_rows
 
     taps, target.model.taps = target.model.taps, tuple(feature_layers)
@@ -87,9 +90,9 @@ def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]],
     finally:
         target.model.taps = taps
     sizes = [len(codes) for codes in rows.tokens]
-    states = list(torch.split(rows.hidden, sizes))
+    states = list(torch.split(rows.hidden.to(target.device), sizes))
     with torch.no_grad():
-        embeds = [target.model.embed_tokens(target.vocab.restricted_to_token_ids(codes)).float().clone()
+        embeds = [target.model.embed_tokens(target.vocab.restricted_to_token_ids(codes.to(target.device))).float().clone()
                   for codes in rows.tokens]
     return StateSequences(states, embeds)
 
@@ -145,7 +148,7 @@ def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, inde
     rows = valid.nonzero()
 
     def pick(count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chosen = rows[torch.tensor(rng.sample(range(len(rows)), min(count, len(rows))))]
+        chosen = rows[torch.tensor(rng.sample(range(len(rows)), min(count, len(rows))), device=rows.device)]
         return chosen[:, 0], chosen[:, 1]
 
     b, j = (rows[:, 0], rows[:, 1]) if head.digits else pick(kl_rows)
@@ -176,7 +179,8 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     target, train_pairs, heldout_pairs = frozen_target_and_pairs(cfg, generation_progress)
     data, heldout = (state_sequences(target, pairs, cfg.feature_layers) for pairs in (train_pairs, heldout_pairs))
     head = TargetHead(target.model)
-    draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block, cfg.feature_layers)
+    draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block,
+                       cfg.feature_layers).to(target.device)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
         m = draft.args.intermediate_size  # (a narrower MLP keeps the first m hidden units)
         wanted = draft.block.state_dict().keys()  # (an attention-free block: its MLP half)
@@ -186,10 +190,10 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
         draft.norm.weight.copy_(target.model.norm.weight)
         d = target.model.args.hidden_size
         draft.fc.weight.zero_()
-        draft.fc.weight[:, :d] = torch.eye(d)  # e_j = h_j at first
+        draft.fc.weight[:, :d] = torch.eye(d, device=target.device)  # e_j = h_j at first
         if draft.fuse is not None:  # the fused state is h_j at first
             draft.fuse.weight.zero_()
-            draft.fuse.weight[:, -d:] = torch.eye(d)
+            draft.fuse.weight[:, -d:] = torch.eye(d, device=target.device)
     before = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
 
     def loss_step(rng: random.Random):
@@ -204,7 +208,7 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     after = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
     draft.acceptance = sum(after["accept"]) / len(after["accept"])
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
-    draft.save(cfg.out)
+    draft.cpu().save(cfg.out)
     return {"draft": str(cfg.out), "steps": step, "train_sequences": len(data.states),
             "heldout_sequences": len(heldout.states),
             "accept_before": before["accept"], "accept_after": after["accept"],

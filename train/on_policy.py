@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -41,27 +42,34 @@ class OnPolicyConfig:
     checkpoint_minutes: float = 5.0
     log_every: int = 20
     threads: int | None = None
+    device: str = "cpu"  # where the target samples and the proposer trains ("cuda" on a GPU machine)
+    sample_batch: int = 1  # on-policy sequences sampled at once (> 1: `distill.sample_together`)
+    max_minutes: float | None = None  # training ends at `steps` or after this long, the lr's cosine following the nearer end
 
     def __post_init__(self) -> None:
         for name in ("target", "out", "work_dir"):
             object.__setattr__(self, name, Path(getattr(self, name)))
         if not self.sentences:
             raise ValueError("no training sentences")
-        for name in ("sequences", "heldout", "steps", "max_tokens", "log_every"):
+        for name in ("sequences", "heldout", "steps", "max_tokens", "log_every", "sample_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.lr > 0 or not self.temperature > 0 or not self.checkpoint_minutes > 0:
             raise ValueError("lr, temperature and checkpoint_minutes must be > 0")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if torch.device(self.device).type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
 
 
 def frozen_target_and_pairs(cfg: OnPolicyConfig, progress=None):
-    """(the target, frozen, on the CPU; train pairs; held-out pairs) for a run of `cfg`."""
+    """(the target, frozen, on `cfg.device`; train pairs; held-out pairs) for a run of `cfg`."""
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
-    target = TorchLM.load(cfg.target, max_length=4096)
+    target = TorchLM.load(cfg.target, device=cfg.device, max_length=4096, cuda_graphs=False)
     train, heldout = on_policy_pairs(target, cfg, progress)
     target.model.requires_grad_(False)
     return target, train, heldout
@@ -78,14 +86,16 @@ def on_policy_pairs(target, cfg: OnPolicyConfig, progress=None) -> tuple[list, l
     prompts = {"train": [build_prompt(target.tokenizer, target.vocab, s) for s in train_s],
                "heldout": [build_prompt(target.tokenizer, target.vocab, s) for s in heldout_s]}
     cache = on_policy_sequences(target, prompts, {"heldout": cfg.heldout, "train": cfg.sequences}, sentences,
-                                cfg.temperature, cfg.max_tokens, cfg.seed, cfg.work_dir / "sequences.npz", progress)
+                                cfg.temperature, cfg.max_tokens, cfg.seed, cfg.work_dir / "sequences.npz", progress,
+                                cfg.sample_batch)
     pairs = {split: [(seq.prompt, seq.generated) for seq in cache.splits[split]] for split in ("train", "heldout")}
     return pairs["train"][:cfg.sequences], pairs["heldout"][:cfg.heldout]
 
 
 def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torch.Tensor, dict]], cfg: OnPolicyConfig,
         name: str, title: str, identity: dict, progress=None, clip: float | None = None) -> int:
-    """Train `module` for `cfg.steps` steps of `loss_step(rng) -> (loss, extra figures to log)`.
+    """Train `module` for `cfg.steps` steps of `loss_step(rng) -> (loss, extra figures to log)`, or
+    for `cfg.max_minutes` if that ends first (the cosine then follows the clock: a GPU lease's limit).
 
     Resumes from `<work_dir>/<name>checkpoint.pt` (module, optimiser, rng, step), refusing one whose
     `identity` entries (e.g. the number of heads) differ; logs to `<name>loss.jsonl`. Returns the step reached."""
@@ -93,7 +103,7 @@ def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torc
     rng = random.Random(cfg.seed)
     ckpt = cfg.work_dir / f"{name}checkpoint.pt"
     losses = LossLog(cfg.work_dir / f"{name}loss.jsonl")
-    step = 0
+    step, spent = 0, 0.0  # spent: seconds trained by earlier calls
     if ckpt.is_file():
         state = load_checkpoint(ckpt)
         for key, value in identity.items():
@@ -102,18 +112,27 @@ def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torc
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"], rng)
-        step = state["step"]
+        step, spent = state["step"], state.get("seconds", 0.0)
         losses.truncate(step)
         log.info("resumed %s at step %d", ckpt, step)
     (cfg.work_dir / f"{name}train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
 
+    t_start = time.monotonic()
+
+    def seconds() -> float:
+        return spent + time.monotonic() - t_start
+
     def checkpoint() -> None:
         save_checkpoint(ckpt, {"module": module.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                               "rng": rng_state(rng), **identity})
+                               "rng": rng_state(rng), "seconds": seconds(), **identity})
+
+    def progress_made() -> float:  # the share of the run behind us: by steps, or by the clock if nearer its end
+        by_clock = seconds() / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
+        return max(step / cfg.steps, by_clock)
 
     t_ckpt, window = time.monotonic(), []
-    while step < cfg.steps:
-        lr = cfg.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + torch.cos(torch.tensor(step / cfg.steps * torch.pi)).item())
+    while (done := progress_made()) < 1.0:
+        lr = cfg.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(done * math.pi))
         for group in opt.param_groups:
             group["lr"] = lr
         loss, figures = loss_step(rng)
@@ -124,7 +143,7 @@ def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torc
         opt.step()
         step += 1
         window.append(float(loss.detach()))
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if step % cfg.log_every == 0 or progress_made() >= 1.0:
             losses.append({"step": step, "loss": sum(window) / len(window), "lr": lr, **figures})
             window = []
             if progress is not None:
@@ -132,6 +151,8 @@ def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torc
         if time.monotonic() - t_ckpt > cfg.checkpoint_minutes * 60:
             checkpoint()
             t_ckpt = time.monotonic()
+    if step < cfg.steps:
+        log.info("stopped at step %d of %d after %.1f min (max_minutes)", step, cfg.steps, seconds() / 60)
     checkpoint()
     losses.plot(cfg.work_dir / f"{name}loss.png", title=title)
     return step

@@ -298,6 +298,15 @@ def _expand_lm(pack: Path, role: str, meta: dict, out: Path) -> Path:
     return out
 
 
+def expand_lm(pack_dir: str | Path, role: str, out_dir: str | Path) -> Path:
+    """One of a voice folder's LMs ("target" or "draft") expanded into the released layout at `out_dir`
+    (no group table, codec or exports: what a training machine needs)."""
+    if role not in ("target", "draft"):
+        raise ValueError(f"role must be target or draft, got {role!r}")
+    pack = Path(pack_dir)
+    return _expand_lm(pack, role, read_voice(pack), Path(out_dir))
+
+
 def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = True) -> dict[str, Path]:
     """Expand a voice folder into {target, draft, codec, groups} in `out_dir` (atomically)."""
     from safetensors.torch import load_file, save_file
@@ -335,4 +344,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "set_group_size", "read_voice", "expand_voice", "init_weights", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "init_weights", "FORMAT", "VERSION"]
