@@ -115,10 +115,11 @@ class StepGraph(nn.Module):
             x, k, v = block_step(layer, x, cos, sin, past[2 * i], past[2 * i + 1], start, rotation)
             present += [k, v]
             if i in m.taps:
-                tapped.append(x.index_select(1, logits_index[0]))
+                tapped.append(x)
         hidden = m.norm(x.index_select(1, logits_index[0]))
         head = m.head_scores(hidden) if m.samples_digits else m.logits(hidden)
-        return (head, m.with_taps(hidden, tapped).float(), *present)
+        taps = torch.cat(tapped, -1).index_select(1, logits_index[0]) if tapped else None  # one select for all k
+        return (head, m.with_taps(hidden, taps).float(), *present)
 
 
 def io_names(num_layers: int, scores: bool = False) -> tuple[list[str], list[str]]:

@@ -13,6 +13,9 @@ target's EAGLE draft is exported too, as `eagle.onnx` (`export/proposer_graphs.p
 way against the torch draft, and listed under "eagle" in pcgtts-lm.json. A draft that reads more of
 the target's layers (EAGLE-3's features) makes the step graph return them with the last state
 (`extra["taps"]`, `extra["state_size"]`) and leaves its fuse map beside the graphs (`eagle_fuse.npy`).
+onnxruntime runs every node of a graph whatever outputs are asked for, so such an export also holds the
+step without the taps (`model_plain.onnx`, `extra["plain_graph"]`): what plain decoding runs, the
+tapped graph being loaded only once an eagle-* policy attaches the draft (`OrtLM.use_taps`).
 
 With `quantize="int8"` the checked float32 step graph is then replaced by `model.int8.onnx`:
 weight-only int8 (onnxruntime's MatMulNBits, block-wise scales; see `quantize_int8`). Its logits
@@ -45,6 +48,7 @@ EAGLE_GRAPH_FILE = "eagle.onnx"
 EAGLE_FUSE_FILE = "eagle_fuse.npy"  # a draft that reads several layers: its map from a target row to its input
 HEADS_GRAPH_FILE = "mtp_heads.onnx"
 INT8_GRAPH_FILE = "model.int8.onnx"
+PLAIN_GRAPH_FILE = "model_plain.onnx"  # beside a tapped step graph: the same step without the taps
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,9 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
     # *past is one variadic argument: its shapes go in as one tuple.
     dynamic = ({1: tokens}, {1: tokens}, {1: keep}, tuple({2: cache} for _ in past))
     export_graph(graph, example, stage / GRAPH_FILE, inputs, outputs, dynamic)
+    if taps:
+        model.taps = ()
+        export_graph(graph, example, stage / PLAIN_GRAPH_FILE, inputs, outputs, dynamic)
 
     copy_tokenizer(model_dir, stage)
     meta = GraphMeta(
@@ -119,7 +126,8 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
         max_length=max_length, opset=OPSET, fingerprint=lm.fingerprint, source=str(model_dir),
         extra={"hidden_size": args.hidden_size, "torch": torch.__version__,
                "head_digits": model.digits if model.samples_digits else 0,
-               **({"taps": list(taps), "state_size": (len(taps) + 1) * args.hidden_size} if taps else {})},
+               **({"taps": list(taps), "state_size": (len(taps) + 1) * args.hidden_size,
+                   "plain_graph": PLAIN_GRAPH_FILE} if taps else {})},
     )
     meta.save(stage)
     result = None
@@ -263,7 +271,8 @@ def check_heads(model_dir: str | Path, heads_file: str | Path, onnx_dir: str | P
 def quantize_int8(folder: str | Path, model_dir: str | Path | None = None) -> GraphMeta:
     """Replace an exported float32 step graph in `folder` by its weight-only int8 quantization
     (`INT8_GRAPH_FILE`: onnxruntime's MatMulNBits, 8 bits, symmetric, one scale per 32 weights,
-    int8 compute); with `model_dir`, record how far its logits are from PyTorch's.
+    int8 compute), and the plain step beside a tapped one likewise; with `model_dir`, record how far
+    its logits are from PyTorch's.
 
     Weight-only, not onnxruntime's dynamic quantization: dynamic quantization also rounds the
     activations to 8 bits per tensor, which moved the demo target's next-token distribution by a
@@ -281,18 +290,23 @@ def quantize_int8(folder: str | Path, model_dir: str | Path | None = None) -> Gr
     if meta.dtype != "float32" or meta.extra.get("quantize", "none") != "none":
         raise ValueError(f"{folder}: only a float32, unquantized graph can be quantized")
     config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
-    quantizer = MatMulNBitsQuantizer(onnx.load(str(folder / meta.graph)), algo_config=config)
-    quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)  # it logs every node it visits at INFO
-    try:
-        quantizer.process()
-    finally:
-        quiet.setLevel(level)
-    quantizer.model.save_model_to_file(str(folder / INT8_GRAPH_FILE), use_external_data_format=False)
-    for name in (meta.graph, meta.graph + ".data"):
-        (folder / name).unlink(missing_ok=True)
     extra = {**meta.extra, "quantize": "int8"}
+    graphs = [(meta.graph, INT8_GRAPH_FILE)]
+    if "plain_graph" in meta.extra:
+        extra["plain_graph"] = _int8_name(meta.extra["plain_graph"])
+        graphs.append((meta.extra["plain_graph"], extra["plain_graph"]))
+    for source, target in graphs:
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(folder / source)), algo_config=config)
+        quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+        level = quiet.level
+        quiet.setLevel(logging.WARNING)  # it logs every node it visits at INFO
+        try:
+            quantizer.process()
+        finally:
+            quiet.setLevel(level)
+        quantizer.model.save_model_to_file(str(folder / target), use_external_data_format=False)
+        for name in (source, source + ".data"):
+            (folder / name).unlink(missing_ok=True)
     meta = GraphMeta(**{**meta.__dict__, "graph": INT8_GRAPH_FILE, "extra": extra})
     meta.save(folder)
     if model_dir is not None:
@@ -302,6 +316,10 @@ def quantize_int8(folder: str | Path, model_dir: str | Path | None = None) -> Gr
         meta.save(folder)
         log.info("int8 graph: max |logit diff| vs PyTorch %.3g (recorded, not enforced)", result.max_abs_diff)
     return meta
+
+
+def _int8_name(graph: str) -> str:
+    return graph.removesuffix(".onnx") + ".int8.onnx"
 
 
 def compare_backends(reference, candidate, prompt: torch.Tensor, steps: list[torch.Tensor], rollback: int) -> float:
@@ -323,19 +341,26 @@ def compare_backends(reference, candidate, prompt: torch.Tensor, steps: list[tor
 
 def check_lm(model_dir: str | Path, onnx_dir: str | Path, *, dtype=torch.float32, tolerance: float | None = None,
              seed: int = 0) -> CheckResult:
-    """Run the torch and onnxruntime backends side by side on a random prompt."""
+    """Run the torch and onnxruntime backends side by side on a random prompt (each step graph of the
+    export: the plain one and, beside it, the one that returns the taps)."""
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     reference = TorchLM.load(model_dir, dtype=torch.float32, max_length=64)
-    candidate = OrtLM.load(onnx_dir, max_length=64, tokenizer=reference.tokenizer)
-    reference.model.taps = tuple(candidate.meta.extra.get("taps", ()))
     vocab = reference.vocab
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab.vocab_size, (11,), generator=gen)
-    speech = lambda n: torch.randint(0, vocab.num_speech, (n,), generator=gen) + vocab.speech_offset  # noqa: E731
-    steps = [speech(1), speech(4), speech(1), speech(4)]
-    diff = compare_backends(reference, candidate, prompt, steps, rollback=3)
+    diff = 0.0
+    for taps in (False, True):
+        candidate = OrtLM.load(onnx_dir, max_length=64, tokenizer=reference.tokenizer)
+        if taps:
+            if not candidate.meta.extra.get("taps"):
+                break
+            candidate.use_taps()
+        gen = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(0, vocab.vocab_size, (11,), generator=gen)
+        speech = lambda n: torch.randint(0, vocab.num_speech, (n,), generator=gen) + vocab.speech_offset  # noqa: E731
+        steps = [speech(1), speech(4), speech(1), speech(4)]
+        reference.rollback(0)
+        diff = max(diff, compare_backends(reference, candidate, prompt, steps, rollback=3))
     if tolerance is None:
         tolerance = 2e-3 if dtype == torch.float32 else 1e-1
     return CheckResult(max_abs_diff=diff, tolerance=tolerance, steps=("prefill 11", "1", "4", "1", "4",

@@ -79,7 +79,8 @@ def build_engine(onnx_dir: str | Path, out_dir: str | Path, *, precision: str = 
     built_for = {"tensorrt": trt.__version__, **gpu_identity(torch.device("cuda"))}
     engine_meta = dataclasses.replace(
         meta, graph=ENGINE_FILE, kind="tensorrt", max_length=max_length, source=str(onnx_dir),
-        extra={**meta.extra, "precision": precision, "built_for": built_for,
+        extra={**{k: v for k, v in meta.extra.items() if k != "plain_graph"},  # one engine: the taps cost little there
+               "precision": precision, "built_for": built_for,
                "profiles": {name: list(ranges[name][0]) for name in PROFILES}},
     )
     engine_meta.save(out_dir)

@@ -340,12 +340,28 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
     assert meta.extra["eagle"]["check"]["ok"] and meta.extra["check"]["ok"]
     assert meta.extra["taps"] == [0, 2] and meta.extra["state_size"] == meta.extra["eagle"]["state_size"] == 3 * d
     ort_fused = OrtLM.load(tmp_path / "onnx-fused", max_length=256, tokenizer=target.tokenizer)
+    # plain decoding steps through the export's graph without the taps; the draft switches to the tapped one
+    assert meta.extra["plain_graph"] == "model_plain.onnx" and meta.extra["check"]["ok"]
+    assert not ort_fused.tapped and ort_fused.forward_hidden(prompt)[1].shape == (len(prompt), d)
+    ort_fused.rollback(0)
+    import shutil
+
+    from pcgtts.export.onnx_lm import quantize_int8
+
+    shutil.copytree(tmp_path / "onnx-fused", tmp_path / "onnx-fused-int8")
+    q = quantize_int8(tmp_path / "onnx-fused-int8")  # both step graphs, each replaced by its int8 form
+    assert (q.graph, q.extra["plain_graph"]) == ("model.int8.onnx", "model_plain.int8.onnx")
+    assert sorted(p.name for p in (tmp_path / "onnx-fused-int8").glob("model*")) == [q.graph, q.extra["plain_graph"]]
+    int8 = OrtLM.load(tmp_path / "onnx-fused-int8", max_length=256, tokenizer=target.tokenizer)
+    assert not int8.tapped and int8.forward_hidden(prompt)[1].shape == (len(prompt), d)
+    int8.use_taps()  # mid-sequence: the cache goes on
+    assert int8.tapped and int8.forward_hidden(prompt[:2])[1].shape == (2, 3 * d)
     tapped = TorchLM.load(tiny_lms["target"], max_length=256)  # its own copy: tapping is for the LM's life
     cases = [("eagle", ort, EagleProposer.for_target(ort), target, EagleProposer.from_draft(draft, target)),
              ("eagle", ort_mlp, EagleProposer.for_target(ort_mlp), target, EagleProposer.from_draft(mlp, target)),
              ("eagle", ort_fused, EagleProposer.for_target(ort_fused), tapped, EagleProposer.from_draft(fused, tapped)),
              ("mtp", ort, HeadProposer(ort.heads_step()), target, HeadProposer.from_heads(heads, target))]
-    assert ort_fused.forward_hidden(prompt)[1].shape == (len(prompt), 3 * d)
+    assert ort_fused.tapped and ort_fused.forward_hidden(prompt)[1].shape == (len(prompt), 3 * d)
     reference, _ = run(target, None, prompt, "ar", GREEDY)
     for kind, lm, on_ort, torch_lm, on_torch in cases:
         assert run(lm, on_ort, prompt, f"{kind}-pcg", GREEDY, groups=tiny_groups)[0] == reference, kind

@@ -288,17 +288,21 @@ class Llama(nn.Module):
             x = layer(x, cos, sin, positions, mask, end)
             if i in self.taps:
                 tapped.append(x)
+        taps = torch.cat(tapped, -1) if tapped else None  # [B, T, k D]
         if last_only:
-            x, tapped = x[:, -1:], [t[:, -1:] for t in tapped]
-        return self.with_taps(self.norm(x), tapped)
+            x, taps = x[:, -1:], None if taps is None else taps[:, -1:]
+        return self.with_taps(self.norm(x), taps)
 
-    def with_taps(self, hidden: torch.Tensor, tapped: list[torch.Tensor]) -> torch.Tensor:
-        """Final-normed states [..., D] preceded by the tapped layers' outputs, RMS-normalised without a
-        weight: [..., (k + 1) D] (`hidden` itself when nothing is tapped)."""
-        if not tapped:
+    def with_taps(self, hidden: torch.Tensor, taps: torch.Tensor | None) -> torch.Tensor:
+        """Final-normed states [..., D] preceded by the tapped layers' outputs `taps` [..., k D] (side by
+        side), each RMS-normalised without a weight: [..., (k + 1) D] (`hidden` itself when None). The k
+        outputs are normalised as one [..., k, D] tensor: a few nodes in an exported step, not k times as many."""
+        if taps is None:
             return hidden
-        eps = self.args.rms_norm_eps
-        return torch.cat([t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) for t in tapped] + [hidden], -1)
+        d = hidden.shape[-1]
+        per_layer = taps.unflatten(-1, (-1, d))  # [..., k, D]
+        normed = per_layer * torch.rsqrt(per_layer.pow(2).mean(-1, keepdim=True) + self.args.rms_norm_eps)
+        return torch.cat([normed.flatten(-2), hidden], -1)
 
     def use_head_subset(self, index: torch.Tensor, restricted_size: int) -> None:
         """Keep head rows for restricted indices `index` only (the rest: probability 0)."""

@@ -104,25 +104,40 @@ class OrtLM(BufferedLM):
     growable = True  # the step graph takes any cache size: the buffer grows with the sequence
 
     def __init__(self, session, meta: GraphMeta, folder: Path, device: torch.device, max_length: int,
-                 tokenizer=None, threads: int | None = None):
-        self.session = session
+                 tokenizer=None, threads: int | None = None, tapped: bool = True):
         super().__init__(meta, folder, device, max_length, tokenizer)
-        self._bound = _Bound(session, device)
         self._present: dict[int, list[torch.Tensor]] = {}  # token count -> the new-entry buffers it writes
-        names = {o.name for o in session.get_outputs()}
-        if self.head_output not in names:
-            raise ValueError(f"{folder}: pcgtts-lm.json says the graph returns {self.head_output}, it does not")
-        self.exposes_hidden = "last_hidden_state" in names
         self.threads = threads
+        self._use(session, tapped)
 
     @classmethod
     def load(cls, folder: str | Path, *, device: str = "cpu", max_length: int | None = None, tokenizer=None,
              threads: int | None = None, force: bool = False) -> "OrtLM":
+        """The export's step graph; where it returns an EAGLE draft's taps, the plain step beside it
+        (`plain_graph`: onnxruntime runs every node whatever is asked for) until `use_taps()`."""
         folder = Path(folder)
         meta = GraphMeta.load(folder, kind="onnx", force=force)
         dev = torch.device(device)
-        session = open_session(folder / meta.graph, dev, threads)
-        return cls(session, meta, folder, dev, max_length or meta.max_length, tokenizer, threads)
+        plain = meta.extra.get("plain_graph")
+        session = open_session(folder / (plain or meta.graph), dev, threads)
+        return cls(session, meta, folder, dev, max_length or meta.max_length, tokenizer, threads, tapped=not plain)
+
+    def _use(self, session, tapped: bool) -> None:
+        names = {o.name for o in session.get_outputs()}
+        if self.head_output not in names:
+            raise ValueError(f"{self.model_dir}: pcgtts-lm.json says the graph returns {self.head_output}, it does not")
+        self.session, self._bound, self.tapped = session, _Bound(session, self.device), tapped
+        self.exposes_hidden = "last_hidden_state" in names
+        # the width of the rows last_hidden_state returns: with the taps, those layers' outputs too
+        self.state_size = 0
+        if self.exposes_hidden:
+            self.state_size = self.meta.state_size if tapped else self.meta.extra["hidden_size"]
+
+    def use_taps(self) -> None:
+        """From now on step through the graph that also returns the layers an EAGLE draft reads
+        (`extra["taps"]`); the cache is the runtime's, so a sequence goes on where it was."""
+        if not self.tapped:
+            self._use(open_session(self.model_dir / self.meta.graph, self.device, self.threads), tapped=True)
 
     @property
     def has_eagle(self) -> bool:
@@ -151,6 +166,7 @@ class OrtLM(BufferedLM):
         session, record = self._proposer_session("eagle", "--eagle")
         fuse = None
         if "fuse" in record:  # a draft that reads several target layers: its map from a target row
+            self.use_taps()
             path = self.model_dir / record["fuse"]
             if not path.is_file():
                 raise FileNotFoundError(f"{self.model_dir}: {record['fuse']} listed in pcgtts-lm.json is missing")
@@ -170,7 +186,7 @@ class OrtLM(BufferedLM):
         outputs = {self.head_output: head}
         hidden = None
         if self.exposes_hidden:
-            hidden = torch.empty(1, k, meta.state_size, dtype=torch.float32, device=self.device)
+            hidden = torch.empty(1, k, self.state_size, dtype=torch.float32, device=self.device)
             outputs["last_hidden_state"] = hidden
         present = self._present.get(n)
         if present is None:  # copied into the cache right after the run: reusable, so bound once per n
