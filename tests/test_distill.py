@@ -212,10 +212,10 @@ def test_losses_are_the_acceptance_rules_distances():
 
 
 def test_prompts_sampled_together_get_what_each_gets_alone(tiny_lms, tmp_path):
-    """Greedily (temperature 0: each row's argmax), sampling prompts of mixed lengths two at a time
-    (`generate_sequences(batch=2)`: equal lengths share a batch, results kept in index order) gives
-    every sequence exactly what the runtime's decode loop gives it alone, so a batch's rows see their
-    own prompt and positions only; the target's own cache is usable again afterwards."""
+    """Greedily (temperature 0: each row's argmax), sampling prompts of mixed lengths three at a time
+    (`generate_sequences(batch=3)`: shorter prompts padded on the left, results kept in index order)
+    gives every sequence what the runtime's decode loop gives it alone, so a batch's rows see their
+    own tokens only, at positions as if unpadded; the target's own cache is usable again afterwards."""
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.runtime.text.prompt import build_prompt
     from pcgtts.train.distill import SequenceCache, generate_sequences
@@ -223,14 +223,14 @@ def test_prompts_sampled_together_get_what_each_gets_alone(tiny_lms, tmp_path):
     target = TorchLM.load(tiny_lms["target"], max_length=256)
     sentences = ["One two three.", "Four five six.", "A longer sentence than the others here.", "Seven."]
     prompts = [build_prompt(target.tokenizer, target.vocab, s) for s in sentences]
-    assert len({len(p) for p in prompts}) < len(prompts) < 2 * len({len(p) for p in prompts})  # some share a length
+    assert len({len(p) for p in prompts}) > 2  # batches of three mix lengths
     made = {}
-    for batch in (2, 1):  # together first: the decode loop after it runs on the restored cache
+    for batch in (3, 1):  # together first: the decode loop after it runs on the restored cache
         cache = SequenceCache(tmp_path / f"b{batch}.npz", {})
         assert generate_sequences(target, cache, "train", prompts, 6, 0.0, 24, seed=0, batch=batch) == 6
         made[batch] = cache.splits["train"]
-    assert [s.sentence for s in made[2]] == [i % 4 for i in range(6)]
-    for together, alone in zip(made[2], made[1]):
+    assert [s.sentence for s in made[3]] == [i % 4 for i in range(6)]
+    for together, alone in zip(made[3], made[1]):
         assert torch.equal(together.prompt, alone.prompt)
         assert together.generated.tolist() == alone.generated.tolist()
     assert max(len(s.generated) for s in made[1]) > 8  # not a comparison of empty sequences

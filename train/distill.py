@@ -237,7 +237,7 @@ def generate_sequences(target, cache: SequenceCache, split: str, prompts: list[t
                        temperature: float, max_tokens: int, seed: int, progress=None, batch: int = 1) -> int:
     """Sample the missing sequences of `split` (cycling over `prompts`) with the target itself,
     through the runtime's decode loop (policy ar), saved after each one; or, with `batch` > 1,
-    up to `batch` prompts at once (`sample_together`), saved after each window of a few batches.
+    `batch` prompts at once (`sample_together`), saved after each window of a few batches.
     Returns how many were made."""
     if batch > 1:
         return _generate_together(target, cache, split, prompts, count, temperature, max_tokens, seed, progress, batch)
@@ -265,22 +265,19 @@ def generate_sequences(target, cache: SequenceCache, split: str, prompts: list[t
 
 def _generate_together(target, cache: SequenceCache, split: str, prompts: list[torch.Tensor], count: int,
                        temperature: float, max_tokens: int, seed: int, progress, batch: int) -> int:
-    """`generate_sequences` in windows of 32 batches: the window's prompts grouped by length (equal
-    lengths share a batch, so no row is padded), sampled, appended in index order, saved."""
+    """`generate_sequences` in windows of 4 batches: the window's prompts sorted by length (a batch's
+    lengths close, so little padding), sampled a batch at a time, appended in index order, saved."""
     have = cache.splits[split]
     start, made = len(have), 0
-    for window in range(start, count, 32 * batch):
-        indices = range(window, min(count, window + 32 * batch))
-        by_length: dict[int, list[int]] = {}
-        for index in indices:
-            by_length.setdefault(len(prompts[index % len(prompts)]), []).append(index)
+    for window in range(start, count, 4 * batch):
+        indices = range(window, min(count, window + 4 * batch))
+        ordered = sorted(indices, key=lambda i: len(prompts[i % len(prompts)]))
         codes: dict[int, torch.Tensor] = {}
-        for group in by_length.values():
-            for first in range(0, len(group), batch):
-                chunk = group[first:first + batch]
-                generator = torch.Generator(device=target.device).manual_seed(_sequence_seed(seed, split, chunk[0]))
-                ids = torch.stack([prompts[i % len(prompts)] for i in chunk])
-                codes.update(zip(chunk, sample_together(target, ids, temperature, max_tokens, generator)))
+        for first in range(0, len(ordered), batch):
+            chunk = ordered[first:first + batch]
+            generator = torch.Generator(device=target.device).manual_seed(_sequence_seed(seed, split, chunk[0]))
+            codes.update(zip(chunk, sample_together(target, [prompts[i % len(prompts)] for i in chunk], temperature,
+                                                    max_tokens, generator)))
         for index in indices:
             have.append(Sequence(prompts[index % len(prompts)].cpu(), codes[index], index % len(prompts)))
         cache.save()
@@ -294,19 +291,25 @@ def _generate_together(target, cache: SequenceCache, split: str, prompts: list[t
 
 
 @torch.no_grad()
-def sample_together(target, ids: torch.Tensor, temperature: float, max_tokens: int,
+def sample_together(target, prompts: list[torch.Tensor], temperature: float, max_tokens: int,
                     generator: torch.Generator) -> list[torch.Tensor]:
-    """The target's samples for B prompts of one length at once: ids [B, P] -> B codes tensors
-    (restricted indices, the stop index last where a row stopped), each row drawn as the runtime
-    draws a plain AR step (a digit head's digit by digit, else `logits_to_probs` and inverse-CDF
-    `sample`), the rows in one batch. Uses
-    the target's model directly with a cache of B rows (`TorchLM.release()` / `ensure_cache()` after)."""
+    """The target's samples for B prompts at once -> B codes tensors (restricted indices, the stop
+    index last where a row stopped). Shorter prompts are padded on the left, the padding seen by no
+    token (`Llama.hidden`'s `filled`); each row is drawn as the runtime draws a plain AR step (a digit
+    head's digit by digit, else `logits_to_probs` and inverse-CDF `sample`). Uses the target's model
+    directly with a cache of B rows (`TorchLM.release()` / `ensure_cache()` after)."""
     from pcgtts.runtime.config import SamplingConfig
     from pcgtts.runtime.decode.sampling import logits_to_probs, sample
     from pcgtts.runtime.lm.digit_head import sample_digit_codes
 
     model, vocab, device = target.model, target.vocab, target.device
-    b, p = ids.shape
+    b, p = len(prompts), max(len(prompt) for prompt in prompts)
+    ids = torch.zeros(b, p, dtype=torch.long)
+    filled = torch.zeros(b, p + max_tokens, dtype=torch.bool)
+    filled[:, p:] = True
+    for row, prompt in enumerate(prompts):
+        ids[row, p - len(prompt):], filled[row, p - len(prompt):p] = prompt, True
+    ids, filled = ids.to(device), filled.to(device)
     sampling = SamplingConfig(temperature=temperature)
     by_digits = model.samples_digits and sampling.plain  # drawn digit by digit, as the runtime's plain steps are
 
@@ -317,7 +320,7 @@ def sample_together(target, ids: torch.Tensor, temperature: float, max_tokens: i
         return sample(logits_to_probs(model.logits(rows), sampling), generator)
 
     model.setup_cache(p + max_tokens, batch_size=b)
-    hidden = model.hidden(ids.to(device), torch.arange(p, device=device), end=p, last_only=True)  # [B, 1, W]
+    hidden = model.hidden(ids, torch.arange(p, device=device), end=p, last_only=True, filled=filled)  # [B, 1, W]
     out = torch.full((b, max_tokens), vocab.stop_index, dtype=torch.long, device=device)
     stopped = torch.zeros(b, dtype=torch.bool, device=device)
     steps = max_tokens
@@ -330,7 +333,8 @@ def sample_together(target, ids: torch.Tensor, temperature: float, max_tokens: i
             break
         if t + 1 < max_tokens:
             position = torch.tensor([p + t], device=device)
-            hidden = model.hidden(vocab.restricted_to_token_ids(token)[:, None], position, end=p + t + 1)
+            hidden = model.hidden(vocab.restricted_to_token_ids(token)[:, None], position, end=p + t + 1,
+                                  filled=filled)
     rows = []
     for row in out[:, :steps].cpu():
         stop = (row == vocab.stop_index).nonzero()

@@ -272,16 +272,23 @@ class Llama(nn.Module):
         return cos[positions], sin[positions]
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, end: int | None = None,
-               last_only: bool = False) -> torch.Tensor:
+               last_only: bool = False, filled: torch.Tensor | None = None) -> torch.Tensor:
         """The final-normed hidden states the head reads: [B, T, D] (or [B, 1, D] with `last_only`).
         With `taps` (k layers), each row is preceded by those layers' outputs, RMS-normalised
         without a weight: [B, T, (k + 1) D], the head reading the last D (`head_scores`).
 
         input_ids: [B, T]; positions: [T] int64 consecutive cache slots. `end` (python int,
-        = positions[-1] + 1) lets eager mode attend to the used prefix only.
+        = positions[-1] + 1) lets eager mode attend to the used prefix only. `filled` [B, S] bool:
+        which slots of each row hold a token (rows padded on the left, as a batch of prompts of
+        several lengths is); a padding slot is seen by no token but itself (RoPE is relative, so a
+        row shifted right is computed as if it started at slot 0).
         """
         cos, sin = self.rope(positions)
         mask = self.causal[positions] if end is None else self.causal[positions, :end]  # [T, S]
+        if filled is not None:
+            seen = filled[:, :mask.shape[1]]  # [B, S]
+            itself = positions[:, None] == torch.arange(mask.shape[1], device=mask.device)  # [T, S]
+            mask = (mask & (seen[:, None, :] | itself))[:, None]  # [B, 1, T, S]
         x = self.embed_tokens(input_ids)
         tapped = []
         for i, layer in enumerate(self.layers):
