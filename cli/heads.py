@@ -61,8 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                        help="where the target samples and the draft trains")
     eagle.add_argument("--sample-batch", type=positive(int), default=1,
-                       help="on-policy sequences sampled at once (prompts of one length share a batch; "
-                            "other draws than one at a time, so a cache made one way is not reused the other)")
+                       help="on-policy sequences sampled at once (shorter prompts padded; other draws than "
+                            "one at a time, so a cache made one way is not reused the other)")
     eagle.add_argument("--max-minutes", type=positive(float),
                        help="end training after this long if --steps take longer, the learning rate's "
                             "decay following the clock (a GPU lease's limit)")

@@ -295,18 +295,18 @@ def quantize_int8(folder: str | Path, model_dir: str | Path | None = None) -> Gr
     if "plain_graph" in meta.extra:
         extra["plain_graph"] = _int8_name(meta.extra["plain_graph"])
         graphs.append((meta.extra["plain_graph"], extra["plain_graph"]))
-    for source, target in graphs:
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(folder / source)), algo_config=config)
-        quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-        level = quiet.level
-        quiet.setLevel(logging.WARNING)  # it logs every node it visits at INFO
-        try:
+    quiet = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # it logs every node it visits at INFO
+    try:
+        for source, target in graphs:
+            quantizer = MatMulNBitsQuantizer(onnx.load(str(folder / source)), algo_config=config)
             quantizer.process()
-        finally:
-            quiet.setLevel(level)
-        quantizer.model.save_model_to_file(str(folder / target), use_external_data_format=False)
-        for name in (source, source + ".data"):
-            (folder / name).unlink(missing_ok=True)
+            quantizer.model.save_model_to_file(str(folder / target), use_external_data_format=False)
+            for name in (source, source + ".data"):
+                (folder / name).unlink(missing_ok=True)
+    finally:
+        quiet.setLevel(level)
     meta = GraphMeta(**{**meta.__dict__, "graph": INT8_GRAPH_FILE, "extra": extra})
     meta.save(folder)
     if model_dir is not None:

@@ -86,11 +86,11 @@ def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]],
 
     taps, target.model.taps = target.model.taps, tuple(feature_layers)
     try:
-        rows = hidden_rows(target, pairs)
+        rows = hidden_rows(target, pairs, target.device)
     finally:
         target.model.taps = taps
     sizes = [len(codes) for codes in rows.tokens]
-    states = list(torch.split(rows.hidden.to(target.device), sizes))
+    states = list(torch.split(rows.hidden, sizes))
     with torch.no_grad():
         embeds = [target.model.embed_tokens(target.vocab.restricted_to_token_ids(codes.to(target.device))).float().clone()
                   for codes in rows.tokens]

@@ -48,10 +48,10 @@ class HiddenRows:
     tokens: list[torch.Tensor] = field(default_factory=list)  # per sequence: speech codes (restricted ids)
 
 
-def hidden_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]]) -> HiddenRows:
+def hidden_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]], device: str | torch.device = "cpu") -> HiddenRows:
     """One target pass per sequence; keeps the rows from the prompt's last token to the one
-    before the final code (each predicts a code). Plain tensors (not inference-mode ones), so
-    the heads can train on them."""
+    before the final code (each predicts a code), on `device`. Plain tensors (not inference-mode
+    ones), so the heads can train on them."""
     states, left, tokens = [], [], []
     for prompt, codes in sequences:
         if len(codes) < 2:
@@ -60,7 +60,7 @@ def hidden_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]]) -> H
         target.rollback(0)
         _, hidden = target.forward_hidden(ids)
         rows = hidden[len(prompt) - 1:]  # [len(codes), D]: row j predicts codes[j]
-        states.append(rows.float().cpu().clone())
+        states.append(rows.float().to(device).clone())
         left.append(torch.arange(len(rows) - 1, -1, -1))
         tokens.append(codes)
     target.rollback(0)
