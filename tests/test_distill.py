@@ -236,6 +236,76 @@ def test_prompts_sampled_together_get_what_each_gets_alone(tiny_lms, tmp_path):
     assert max(len(s.generated) for s in made[1]) > 8  # not a comparison of empty sequences
 
 
+def test_rows_that_leave_a_batch_leave_the_others_as_they_were(tiny_lms):
+    """A batch of left-padded prompts fed the same tokens as each prompt alone gives each row the
+    states it gets alone, before and after the KV cache keeps only some rows (`select_cache_rows`,
+    the sampler dropping rows that stopped)."""
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.runtime.text.prompt import build_prompt
+
+    lm = TorchLM.load(tiny_lms["target"], max_length=256)
+    model, vocab, tokenizer = lm.model, lm.vocab, lm.tokenizer
+    prompts = [build_prompt(tokenizer, vocab, s) for s in ("One two.", "A longer sentence than that.", "Three.")]
+    fed = torch.randint(0, vocab.num_speech, (3, 6), generator=torch.Generator().manual_seed(0))
+    ids = vocab.restricted_to_token_ids(fed.flatten()).view(3, 6)
+
+    def run(rows: list[int], drop_after: int | None = None, keep: list[int] | None = None) -> dict[int, torch.Tensor]:
+        p = max(len(prompts[r]) for r in rows)
+        batch = torch.zeros(len(rows), p, dtype=torch.long)
+        filled = torch.zeros(len(rows), p + 6, dtype=torch.bool)
+        filled[:, p:] = True
+        for i, r in enumerate(rows):
+            batch[i, p - len(prompts[r]):], filled[i, p - len(prompts[r]):p] = prompts[r], True
+        model.setup_cache(p + 6, batch_size=len(rows))
+        states = {r: [] for r in rows}
+        with torch.no_grad():
+            model.hidden(batch, torch.arange(p), end=p, last_only=True, filled=filled)
+            for t in range(6):
+                if t == drop_after:
+                    index = torch.tensor([rows.index(r) for r in keep])
+                    model.select_cache_rows(index)
+                    rows, filled = keep, filled[index]
+                out = model.hidden(ids[rows, t:t + 1], torch.tensor([p + t]), end=p + t + 1, filled=filled)
+                for i, r in enumerate(rows):
+                    states[r].append(out[i, 0])
+        return {r: torch.stack(s) for r, s in states.items()}
+
+    alone = {r: run([r])[r] for r in range(3)}
+    together = run([0, 1, 2], drop_after=3, keep=[2, 0])  # row 1 stops; the others change places
+    assert len(together[1]) == 3 and len(together[0]) == len(together[2]) == 6
+    for r in range(3):
+        torch.testing.assert_close(together[r], alone[r][:len(together[r])], atol=2e-5, rtol=1e-4)
+
+
+def test_the_sampler_drops_the_rows_that_stopped_and_keeps_each_rows_tokens(tiny_lms, monkeypatch):
+    """At its 16-step checks the batched sampler drops the rows that have stopped; each prompt's
+    tokens stay its own. A scripted draw (per prompt: its index + 1 until its stop step) tracks which
+    prompts are still in the batch as the sampler must, and fails on a batch of the wrong size."""
+    import pcgtts.runtime.decode.sampling as sampling
+    from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.runtime.text.prompt import build_prompt
+    from pcgtts.train.distill import sample_together
+
+    target = TorchLM.load(tiny_lms["target"], max_length=256)
+    stop, stops_at = target.vocab.stop_index, {0: 3, 1: 40, 2: 20}  # step of each prompt's stop token
+    running, step = [0, 1, 2], [0]
+
+    def scripted(probs, generator):
+        t = step[0]
+        if t % 16 == 0 and t:  # after a check: the prompts that had stopped are gone
+            running[:] = [r for r in running if stops_at[r] >= t]
+        assert len(probs) == len(running)
+        step[0] += 1
+        return torch.tensor([stop if t >= stops_at[r] else r + 1 for r in running])
+
+    monkeypatch.setattr(sampling, "sample", scripted)
+    prompts = [build_prompt(target.tokenizer, target.vocab, s) for s in ("One.", "Two three four.", "Five six.")]
+    out = sample_together(target, prompts, 1.0, 48, torch.Generator().manual_seed(0))
+    for r, codes in enumerate(out):
+        assert codes.tolist() == [r + 1] * stops_at[r] + [stop]
+    assert step[0] == 48 and running == [1]  # prompt 2 left at the check after step 31
+
+
 def test_a_time_budget_ends_training_with_the_learning_rate_run_down(tmp_path, monkeypatch):
     """`max_minutes` (a GPU lease's limit): on a clock that moves 1 s a reading, a 30 s budget stops a
     1,000-step run early, the cosine follows the clock (the last logged lr is near 0, and it falls

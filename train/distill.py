@@ -296,8 +296,10 @@ def sample_together(target, prompts: list[torch.Tensor], temperature: float, max
     """The target's samples for B prompts at once -> B codes tensors (restricted indices, the stop
     index last where a row stopped). Shorter prompts are padded on the left, the padding seen by no
     token (`Llama.hidden`'s `filled`); each row is drawn as the runtime draws a plain AR step (a digit
-    head's digit by digit, else `logits_to_probs` and inverse-CDF `sample`). Uses the target's model
-    directly with a cache of B rows (`TorchLM.release()` / `ensure_cache()` after)."""
+    head's digit by digit, else `logits_to_probs` and inverse-CDF `sample`). Every 16 steps the rows
+    that have stopped leave the batch (a batch of 128 long prompts had averaged 244 tokens a row against
+    the 400 steps its longest ran). Uses the target's model directly with a cache of B rows
+    (`TorchLM.release()` / `ensure_cache()` after)."""
     from pcgtts.runtime.config import SamplingConfig
     from pcgtts.runtime.decode.sampling import logits_to_probs, sample
     from pcgtts.runtime.lm.digit_head import sample_digit_codes
@@ -313,33 +315,40 @@ def sample_together(target, prompts: list[torch.Tensor], temperature: float, max
     sampling = SamplingConfig(temperature=temperature)
     by_digits = model.samples_digits and sampling.plain  # drawn digit by digit, as the runtime's plain steps are
 
-    def draw(rows: torch.Tensor) -> torch.Tensor:  # [B, W] -> [B]
+    def draw(states: torch.Tensor) -> torch.Tensor:  # [B', W] -> [B']
         if by_digits:
-            uniforms = torch.rand(b, model.digits + 1, generator=generator, device=device)
-            return sample_digit_codes(model.head_scores(rows), model.digits, temperature, uniforms)
-        return sample(logits_to_probs(model.logits(rows), sampling), generator)
+            uniforms = torch.rand(len(states), model.digits + 1, generator=generator, device=device)
+            return sample_digit_codes(model.head_scores(states), model.digits, temperature, uniforms)
+        return sample(logits_to_probs(model.logits(states), sampling), generator)
 
     model.setup_cache(p + max_tokens, batch_size=b)
     hidden = model.hidden(ids, torch.arange(p, device=device), end=p, last_only=True, filled=filled)  # [B, 1, W]
     out = torch.full((b, max_tokens), vocab.stop_index, dtype=torch.long, device=device)
+    rows = torch.arange(b, device=device)  # the prompt of each row still running
     stopped = torch.zeros(b, dtype=torch.bool, device=device)
     steps = max_tokens
     for t in range(max_tokens):
-        token = draw(hidden[:, -1])  # [B]
-        out[:, t] = token
+        token = draw(hidden[:, -1])  # [B']
+        out[rows, t] = token
         stopped |= token == vocab.stop_index
-        if t % 16 == 15 and bool(stopped.all()):  # one host read every 16 steps
-            steps = t + 1
-            break
+        if t % 16 == 15:  # one host read every 16 steps
+            finished = int(stopped.sum())
+            if finished == len(rows):
+                steps = t + 1
+                break
+            if finished:  # the rows that stopped leave the batch: its cost follows the rows still running
+                keep = (~stopped).nonzero().squeeze(1)
+                model.select_cache_rows(keep)
+                rows, filled, token, stopped = rows[keep], filled[keep], token[keep], stopped[keep]
         if t + 1 < max_tokens:
             position = torch.tensor([p + t], device=device)
             hidden = model.hidden(vocab.restricted_to_token_ids(token)[:, None], position, end=p + t + 1,
                                   filled=filled)
-    rows = []
+    sequences = []
     for row in out[:, :steps].cpu():
         stop = (row == vocab.stop_index).nonzero()
-        rows.append(row[:int(stop[0]) + 1].clone() if len(stop) else row.clone())
-    return rows
+        sequences.append(row[:int(stop[0]) + 1].clone() if len(stop) else row.clone())
+    return sequences
 
 
 def on_policy_sequences(target, prompts: dict[str, list[torch.Tensor]], counts: dict[str, int], sentences: list[str],

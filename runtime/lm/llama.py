@@ -252,6 +252,12 @@ class Llama(nn.Module):
         self.rope_table = rope_cos_sin(self.inv_freq, slots, p.dtype)  # a step indexes it: 2 ops, not 7
         self.max_length = max_length
 
+    def select_cache_rows(self, rows: torch.Tensor) -> None:
+        """Keep batch rows `rows` [B'] of the KV cache, in that order (a batch whose other rows are done)."""
+        for layer in self.layers:
+            attn = layer.self_attn
+            attn.k_cache, attn.v_cache = attn.k_cache[rows], attn.v_cache[rows]
+
     def free_cache(self) -> None:
         for layer in self.layers:
             layer.self_attn.k_cache = layer.self_attn.v_cache = None
