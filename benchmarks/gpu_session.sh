@@ -38,31 +38,58 @@ if [ "$step" = eagle ]; then
     # EAGLE drafts for the built-in voice's target trained here (not part of "all"): EAGLE_RUNS="name:flags;name:flags",
     # the flags `pcgtts heads eagle`'s; the sentences file is carried (.carry/eagle_sentences.txt: no fortunes
     # package there). The first run samples the on-policy sequences (EAGLE_SAMPLE_BATCH at once); each later run
-    # starts once the first has them (its train config written) and reads a copy. Results: $OUT/<name>/ (draft,
-    # loss log and PNG; the first run's sequences.npz too), every run's log tail in $OUT/eagle.log.
-    mkdir -p /tmp/eagle
-    python3 -c "from pcgtts.train.package import expand_lm; expand_lm('pcgtts/voice', 'target', '/tmp/eagle/target')" || exit 1
+    # starts once the first has them (its train config written) and reads a copy. What comes back is what the
+    # device tool returns (8 files, 16 MiB each, two folders down at most): $OUT/<name>.safetensors (the draft)
+    # and $OUT/<name>.log per run, and eagle.log (every run's tail); work folders, checkpoints and the
+    # sequences stay in $EAGLE_WORK. Session 34's lease went on sampling that could not finish in the call and a
+    # sequences file that could not come back (BENCHMARKS §45), hence:
+    # - a probe first: one batch sampled and timed (benchmarks/bench_sampling.py); the step stops there, before
+    #   any run, when the first run's --sequences would take more than EAGLE_SAMPLE_MINUTES (default 3);
+    # - one deadline for the whole step, EAGLE_DEADLINE_MINUTES (default 8.5) from its start: every run is ended
+    #   then (give each run a --max-minutes inside it, so that it ends on its own and writes its draft).
+    started=$(date +%s)
+    deadline=$((started + $(python3 -c "print(int(60 * ${EAGLE_DEADLINE_MINUTES:-8.5}))")))
+    work=${EAGLE_WORK:-/tmp/eagle}
+    mkdir -p "$work"
+    python3 -c "from pcgtts.train.package import expand_lm; expand_lm('pcgtts/voice', 'target', '$work/target')" || exit 1
     IFS=';' read -ra runs <<<"${EAGLE_RUNS:?EAGLE_RUNS names the runs}"
+    wanted=$(grep -oE -- '--sequences [0-9]+' <<<"${runs[0]}" | grep -oE '[0-9]+$' || true)
+    python3 benchmarks/bench_sampling.py "$work/target" --device "${EAGLE_DEVICE:-cuda}" --rounds 1 \
+        --batch "${EAGLE_SAMPLE_BATCH:-512}" --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" \
+        2>"$work/probe.err" | tee "$OUT/eagle.log" | tail -1 >"$work/probe.json" || { tail -5 "$work/probe.err"; exit 1; }
+    if ! python3 - "$work/probe.json" "${wanted:-0}" "${EAGLE_SAMPLE_MINUTES:-3}" <<'PY' | tee -a "$OUT/eagle.log"
+import json, sys
+rate = json.load(open(sys.argv[1]))["rounds"][0]["sequences_per_second"]
+wanted, budget = int(sys.argv[2]), 60 * float(sys.argv[3])
+need = wanted / rate
+print(f"probe: {rate:.1f} sequences/s; the first run's {wanted} would take {need / 60:.1f} min (budget {budget / 60:.1f})")
+sys.exit(0 if need <= budget else 1)
+PY
+    then
+        echo "eagle: stopped before training (lower --sequences or raise EAGLE_SAMPLE_MINUTES)" | tee -a "$OUT/eagle.log"
+        exit 1
+    fi
     first=""
     for run in "${runs[@]}"; do
         name=${run%%:*}
-        mkdir -p "$OUT/$name/work"
+        mkdir -p "$work/$name/work"
         if [ -n "$first" ]; then
-            until [ -f "$OUT/$first/work/eagle_train_config.json" ] || ! kill -0 "$first_pid" 2>/dev/null; do sleep 2; done
-            cp "$OUT/$first/work/sequences.npz" "$OUT/$name/work/" || continue
+            until [ -f "$work/$first/work/eagle_train_config.json" ] || ! kill -0 "$first_pid" 2>/dev/null; do sleep 2; done
+            cp "$work/$first/work/sequences.npz" "$work/$name/work/" || continue
         fi
+        left=$((deadline - $(date +%s)))
+        [ "$left" -gt 10 ] || { echo "== $name: not started, the deadline has passed" | tee -a "$OUT/eagle.log"; continue; }
         # shellcheck disable=SC2086
-        python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" heads eagle --target /tmp/eagle/target \
-            --out "$OUT/$name/eagle_draft.safetensors" --work-dir "$OUT/$name/work" --device "${EAGLE_DEVICE:-cuda}" \
-            --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" --sample-batch "${EAGLE_SAMPLE_BATCH:-512}" \
-            ${run#*:} >"$OUT/$name.log" 2>&1 &
+        timeout "$left" python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" heads eagle \
+            --target "$work/target" --out "$OUT/$name.safetensors" --work-dir "$work/$name/work" \
+            --device "${EAGLE_DEVICE:-cuda}" --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" \
+            --sample-batch "${EAGLE_SAMPLE_BATCH:-512}" ${run#*:} >"$OUT/$name.log" 2>&1 &
         [ -n "$first" ] || { first=$name; first_pid=$!; }
     done
     wait
     for run in "${runs[@]}"; do
         name=${run%%:*}
         { echo "== $name: ${run#*:}"; tail -c 1500 "$OUT/$name.log" | tr '\r' '\n' | grep -av "^\s*$" | tail -8; } | tee -a "$OUT/eagle.log"
-        [ "$name" = "$first" ] || rm -f "$OUT/$name/work/sequences.npz"
     done
 fi
 if [ "$step" = lab ]; then  # one run, named lm: the labs step below with LAB_ARGS as its flags
