@@ -32,12 +32,12 @@ def main() -> None:
         torch.set_num_threads(1)
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.runtime.text.prompt import build_prompt
-    from pcgtts.train.distill import sample_together
     from pcgtts.train.corpus import CorpusConfig, sentence_pool
+    from pcgtts.train.distill import read_sentences, sample_together
 
     target = TorchLM.load(args.target, device=args.device, max_length=1024)
     if args.sentences:
-        texts = [line.strip() for line in open(args.sentences) if line.strip()][:args.batch]
+        texts = read_sentences(args.sentences)[:args.batch]
     else:
         texts = sentence_pool(CorpusConfig(out_dir="."))[24:24 + args.batch]
     prompts = [build_prompt(target.tokenizer, target.vocab, t) for t in texts]

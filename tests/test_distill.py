@@ -242,6 +242,7 @@ def test_rows_that_leave_a_batch_leave_the_others_as_they_were(tiny_lms):
     the sampler dropping rows that stopped)."""
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.runtime.text.prompt import build_prompt
+    from pcgtts.train.distill import left_padded
 
     lm = TorchLM.load(tiny_lms["target"], max_length=256)
     model, vocab, tokenizer = lm.model, lm.vocab, lm.tokenizer
@@ -250,12 +251,8 @@ def test_rows_that_leave_a_batch_leave_the_others_as_they_were(tiny_lms):
     ids = vocab.restricted_to_token_ids(fed.flatten()).view(3, 6)
 
     def run(rows: list[int], drop_after: int | None = None, keep: list[int] | None = None) -> dict[int, torch.Tensor]:
-        p = max(len(prompts[r]) for r in rows)
-        batch = torch.zeros(len(rows), p, dtype=torch.long)
-        filled = torch.zeros(len(rows), p + 6, dtype=torch.bool)
-        filled[:, p:] = True
-        for i, r in enumerate(rows):
-            batch[i, p - len(prompts[r]):], filled[i, p - len(prompts[r]):p] = prompts[r], True
+        batch, filled = left_padded([prompts[r] for r in rows], 6)
+        p = batch.shape[1]
         model.setup_cache(p + 6, batch_size=len(rows))
         states = {r: [] for r in rows}
         with torch.no_grad():

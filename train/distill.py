@@ -290,6 +290,19 @@ def _generate_together(target, cache: SequenceCache, split: str, prompts: list[t
     return made
 
 
+def left_padded(prompts: list[torch.Tensor], room: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts padded on the left to the longest one's length P -> (ids [B, P], filled [B, P + room]:
+    which cache slots hold a token, the `room` slots after the prompts counted as filled), the form
+    `Llama.hidden(filled=...)` reads."""
+    b, p = len(prompts), max(len(prompt) for prompt in prompts)
+    ids = torch.zeros(b, p, dtype=torch.long)
+    filled = torch.zeros(b, p + room, dtype=torch.bool)
+    filled[:, p:] = True
+    for row, prompt in enumerate(prompts):
+        ids[row, p - len(prompt):], filled[row, p - len(prompt):p] = prompt, True
+    return ids, filled
+
+
 @torch.no_grad()
 def sample_together(target, prompts: list[torch.Tensor], temperature: float, max_tokens: int,
                     generator: torch.Generator) -> list[torch.Tensor]:
@@ -305,13 +318,8 @@ def sample_together(target, prompts: list[torch.Tensor], temperature: float, max
     from pcgtts.runtime.lm.digit_head import sample_digit_codes
 
     model, vocab, device = target.model, target.vocab, target.device
-    b, p = len(prompts), max(len(prompt) for prompt in prompts)
-    ids = torch.zeros(b, p, dtype=torch.long)
-    filled = torch.zeros(b, p + max_tokens, dtype=torch.bool)
-    filled[:, p:] = True
-    for row, prompt in enumerate(prompts):
-        ids[row, p - len(prompt):], filled[row, p - len(prompt):p] = prompt, True
-    ids, filled = ids.to(device), filled.to(device)
+    ids, filled = (x.to(device) for x in left_padded(prompts, max_tokens))
+    b, p = ids.shape
     sampling = SamplingConfig(temperature=temperature)
     by_digits = model.samples_digits and sampling.plain  # drawn digit by digit, as the runtime's plain steps are
 
