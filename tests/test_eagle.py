@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.decode.multi_token import EagleProposer
+from pcgtts.runtime.decode.multi_token import EagleProposer, HeadProposer
 from pcgtts.runtime.decode.speculative import decode
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.runtime.text.prompt import build_prompt
@@ -310,7 +310,6 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
     A draft that reads several target layers runs there too (the step graph returns them)."""
     import pcgtts.runtime.lm.buffered as buffered
     from pcgtts.export.onnx_lm import check_eagle, export_lm
-    from pcgtts.runtime.decode.multi_token import HeadProposer
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
@@ -466,7 +465,7 @@ def test_an_attention_free_draft_steps_on_the_host_as_torch_does(target):
 def test_a_draft_reading_several_target_layers(tiny_lms, tiny_groups, tmp_path):
     """EAGLE-3's features (`feature_layers`): the file keeps them; attaching the draft makes the target
     return those layers' RMS-normalised outputs before its final state, and nothing else changes
-    (the same logits); the host step fuses a target row as the torch step does and takes fed-back
+    (the same logits; multi-token heads on it propose as before); the host step fuses a target row as the torch step does and takes fed-back
     rows as they are; greedy decoding with it is plain greedy; what cannot work is refused."""
     from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
     from pcgtts.runtime.lm.torch_lm import TorchLM
@@ -475,6 +474,8 @@ def test_a_draft_reading_several_target_layers(tiny_lms, tiny_groups, tmp_path):
     d = target.model.args.hidden_size
     prompt = build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
     reference, _ = run(target, None, prompt, "ar", GREEDY, tokens=24)
+    heads = HeadProposer.from_heads(random_heads(target, seed=2), target)
+    with_heads, _ = run(target, heads, prompt, "mtp-sd", SamplingConfig(), tokens=24, seed=3)
     target.rollback(0)
     plain_logits, plain_hidden = target.forward_hidden(prompt)
     outputs = {}
@@ -509,6 +510,8 @@ def test_a_draft_reading_several_target_layers(tiny_lms, tiny_groups, tmp_path):
     for policy in ("eagle-sd", "eagle-pcg"):
         output, stats = run(target, proposer, prompt, policy, GREEDY, groups=tiny_groups, tokens=24)
         assert output == reference and stats.drafted > 0
+    # multi-token heads on the same target read each row's final state (its last D entries): as before the taps
+    assert run(target, heads, prompt, "mtp-sd", SamplingConfig(), tokens=24, seed=3)[0] == with_heads
     with pytest.raises(ValueError, match="already returns layers"):
         EagleProposer.from_draft(random_draft(target, block="mlp", feature_layers=(1,)), target)
     with pytest.raises(ValueError, match="feature_layers must be"):

@@ -101,7 +101,9 @@ class HeadProposer:
         [count] int64, their distributions [count, V] or None); (None, None) when count is 0."""
         if not count:
             return None, None
-        head_logits = self.logits(hidden[-1], count)
+        # the final state: a row's last D entries (a target that also returns the layers an EAGLE
+        # draft reads puts them first: `Llama.with_taps`)
+        head_logits = self.logits(hidden[-1, -self.step.hidden_size:], count)
         sampling = config.sampling
         if policy in EXACT_STATE_POLICIES and not sampling.greedy:
             probs = logits_to_probs(head_logits, sampling)
