@@ -2,7 +2,10 @@
 verify) after the same prefill, the folders interleaved round by round on one thread, so two exports of
 the same weights (another graph form, another onnxruntime setting) compare on this noisy machine.
 
-    python benchmarks/bench_graph_step.py EXPORT_DIR [EXPORT_DIR ...] [--rounds 30] [--context 180]
+    python benchmarks/bench_graph_step.py EXPORT_DIR [EXPORT_DIR ...] [--rounds 30] [--context 180] [--taps]
+
+--taps: each folder whose step graph returns an EAGLE draft's taps beside a plain one is timed twice,
+through the plain graph and through the tapped one (`OrtLM.use_taps`).
 
 Prints each folder's median step time per token count and, against the first folder, the median of the
 per-round ratios (paired) with its quartiles.
@@ -28,10 +31,19 @@ def main() -> None:
     parser.add_argument("folders", nargs="+")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--context", type=int, default=180, help="prompt tokens prefilled first")
+    parser.add_argument("--taps", action="store_true", help="also time each folder's tapped step graph")
     args = parser.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
-    lms = [OrtLM.load(folder, max_length=1024, threads=1) for folder in args.folders]
+    lms, names = [], []
+    for folder in args.folders:
+        lms.append(OrtLM.load(folder, max_length=1024, threads=1))
+        names.append(folder)
+        if args.taps and lms[-1].meta.extra.get("plain_graph"):
+            tapped = OrtLM.load(folder, max_length=1024, threads=1)
+            tapped.use_taps()
+            lms.append(tapped)
+            names.append(f"{folder} (tapped)")
     prompt = torch.randint(300, 60000, (args.context,), generator=gen)
     for lm in lms:
         lm.prefill(prompt)
@@ -51,7 +63,7 @@ def main() -> None:
                 times[i, t].append(statistics.median(samples))
     for t in TOKEN_COUNTS:
         first = np.array(times[0, t])
-        for i, folder in enumerate(args.folders):
+        for i, folder in enumerate(names):
             ratio = np.array(times[i, t]) / first
             print(f"T={t}  {statistics.median(times[i, t]) * 1e3:7.3f} ms  x first {np.median(ratio):.3f} "
                   f"(quartiles {np.quantile(ratio, 0.25):.3f}-{np.quantile(ratio, 0.75):.3f})  {folder}")
