@@ -465,8 +465,9 @@ def test_an_attention_free_draft_steps_on_the_host_as_torch_does(target):
 def test_a_draft_reading_several_target_layers(tiny_lms, tiny_groups, tmp_path):
     """EAGLE-3's features (`feature_layers`): the file keeps them; attaching the draft makes the target
     return those layers' RMS-normalised outputs before its final state, and nothing else changes
-    (the same logits; multi-token heads on it propose as before); the host step fuses a target row as the torch step does and takes fed-back
-    rows as they are; greedy decoding with it is plain greedy; what cannot work is refused."""
+    (the same logits; multi-token heads on it propose as before); the host step fuses a target row as
+    the torch step does and takes fed-back rows as they are; greedy decoding with it is plain greedy;
+    what cannot work is refused."""
     from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
