@@ -43,7 +43,7 @@ def main() -> None:
     prompts = [build_prompt(target.tokenizer, target.vocab, t) for t in texts]
     rounds = []
     for r in range(args.rounds):
-        generator = torch.Generator().manual_seed(r)
+        generator = torch.Generator(device=target.device).manual_seed(r)
         started = time.perf_counter()
         codes = sample_together(target, prompts, 0.8, args.max_tokens, generator)
         seconds = time.perf_counter() - started

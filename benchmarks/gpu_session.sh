@@ -11,6 +11,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+rm "$OUT/install.log"  # (the device tool returns 8 files)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 step=${1:-all}
@@ -43,10 +44,11 @@ if [ "$step" = eagle ]; then
     # and $OUT/<name>.log per run, and eagle.log (every run's tail); work folders, checkpoints and the
     # sequences stay in $EAGLE_WORK. Session 34's lease went on sampling that could not finish in the call and a
     # sequences file that could not come back (BENCHMARKS §45), hence:
-    # - a probe first: one batch sampled and timed (benchmarks/bench_sampling.py); the step stops there, before
-    #   any run, when the first run's --sequences would take more than EAGLE_SAMPLE_MINUTES (default 3);
+    # - a probe first: one batch sampled and timed (benchmarks/bench_sampling.py), which sizes the sampling;
     # - one deadline for the whole step, EAGLE_DEADLINE_MINUTES (default 8.5) from its start: every run is ended
-    #   then (give each run a --max-minutes inside it, so that it ends on its own and writes its draft).
+    #   then, and each run's training is given the time up to it (below), so that it ends on its own and writes
+    #   its draft (a run the deadline ends returns its last checkpoint instead);
+    # - the sequences come back split into parts.
     started=$(date +%s)
     deadline=$((started + $(python3 -c "print(int(60 * ${EAGLE_DEADLINE_MINUTES:-8.5}))")))
     work=${EAGLE_WORK:-/tmp/eagle}
@@ -57,18 +59,21 @@ if [ "$step" = eagle ]; then
     python3 benchmarks/bench_sampling.py "$work/target" --device "${EAGLE_DEVICE:-cuda}" --rounds 1 \
         --batch "${EAGLE_SAMPLE_BATCH:-512}" --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" \
         2>"$work/probe.err" | tee "$OUT/eagle.log" | tail -1 >"$work/probe.json" || { tail -5 "$work/probe.err"; exit 1; }
-    if ! python3 - "$work/probe.json" "${wanted:-0}" "${EAGLE_SAMPLE_MINUTES:-3}" <<'PY' | tee -a "$OUT/eagle.log"
+    # The first run's --sequences is cut to what the probe's rate samples within EAGLE_SAMPLE_MINUTES (default
+    # 3) and every run reads that many. A run's training ends by the deadline less EAGLE_MARGIN_SECONDS (default
+    # 45: evaluating and writing the draft) unless its flags give --max-minutes or --end-by.
+    plan=$(python3 - "$work/probe.json" "${wanted:-0}" "${EAGLE_SAMPLE_MINUTES:-3}" <<'PY'
 import json, sys
 rate = json.load(open(sys.argv[1]))["rounds"][0]["sequences_per_second"]
 wanted, budget = int(sys.argv[2]), 60 * float(sys.argv[3])
-need = wanted / rate
-print(f"probe: {rate:.1f} sequences/s; the first run's {wanted} would take {need / 60:.1f} min (budget {budget / 60:.1f})")
-sys.exit(0 if need <= budget else 1)
+n = min(wanted, int(rate * budget))
+print(n, round(n / rate / 60, 3))
+print(f"probe: {rate:.1f} sequences/s; the first run's {wanted} would take {wanted / rate / 60:.1f} min "
+      f"(budget {budget / 60:.1f}): sampling {n}", file=sys.stderr)
 PY
-    then
-        echo "eagle: stopped before training (lower --sequences or raise EAGLE_SAMPLE_MINUTES)" | tee -a "$OUT/eagle.log"
-        exit 1
-    fi
+    ) 2> >(tee -a "$OUT/eagle.log" >&2) || exit 1
+    read -r sequences _ <<<"$plan"
+    [ "$sequences" -gt 0 ] || { echo "eagle: the probe's rate samples no sequence in the budget" | tee -a "$OUT/eagle.log"; exit 1; }
     first=""
     for run in "${runs[@]}"; do
         name=${run%%:*}
@@ -78,19 +83,27 @@ PY
             cp "$work/$first/work/sequences.npz" "$work/$name/work/" || continue
         fi
         left=$((deadline - $(date +%s)))
+        flags=$(sed -E "s/--sequences [0-9]+/--sequences $sequences/" <<<"${run#*:}")
+        grep -qE -- "--max-minutes|--end-by" <<<"$flags" || flags="$flags --end-by $((deadline - ${EAGLE_MARGIN_SECONDS:-45}))"
         [ "$left" -gt 10 ] || { echo "== $name: not started, the deadline has passed" | tee -a "$OUT/eagle.log"; continue; }
+        echo "== $name starts ($((left / 60)) min $((left % 60)) s left): $flags" | tee -a "$OUT/eagle.log"
         # shellcheck disable=SC2086
         timeout "$left" python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" heads eagle \
             --target "$work/target" --out "$OUT/$name.safetensors" --work-dir "$work/$name/work" \
             --device "${EAGLE_DEVICE:-cuda}" --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" \
-            --sample-batch "${EAGLE_SAMPLE_BATCH:-512}" ${run#*:} >"$OUT/$name.log" 2>&1 &
+            --sample-batch "${EAGLE_SAMPLE_BATCH:-512}" $flags >"$OUT/$name.log" 2>&1 &
         [ -n "$first" ] || { first=$name; first_pid=$!; }
     done
     wait
     for run in "${runs[@]}"; do
         name=${run%%:*}
         { echo "== $name: ${run#*:}"; tail -c 1500 "$OUT/$name.log" | tr '\r' '\n' | grep -av "^\s*$" | tail -8; } | tee -a "$OUT/eagle.log"
+        # a run the deadline ended: its last checkpoint instead of the draft
+        [ -f "$OUT/$name.safetensors" ] || cp "$work/$name/work/eagle_checkpoint.pt" "$OUT/$name.checkpoint.pt" 2>/dev/null
     done
+    # the sampled sequences come back in parts under the device tool's 16 MiB a file (cat them together)
+    split -b 15M -d "$work/$first/work/sequences.npz" "$OUT/sequences.npz.part"
+    ls -la "$OUT" | tee -a "$OUT/eagle.log"
 fi
 if [ "$step" = lab ]; then  # one run, named lm: the labs step below with LAB_ARGS as its flags
     LAB_RUNS="lm:${LAB_ARGS:-}"

@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--max-minutes", type=positive(float),
                        help="end training after this long if --steps take longer, the learning rate's "
                             "decay following the clock (a GPU lease's limit)")
+    eagle.add_argument("--end-by", type=positive(float), metavar="EPOCH_SECONDS",
+                       help="end training by this wall-clock time (`date +%%s`), as --max-minutes does: a "
+                            "deadline that sampling the sequences counts against")
     eagle.set_defaults(func=_eagle)
 
     trans = cmds.add_parser("transitions", help="code transition table for mtp-viterbi, from code sequences")
@@ -140,7 +143,8 @@ def _eagle(args) -> int:
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                            intermediate_size=args.mlp_size, block=args.block, feature_layers=args.feature_layers,
-                           device=args.device, sample_batch=args.sample_batch, max_minutes=args.max_minutes, **given)
+                           device=args.device, sample_batch=args.sample_batch, max_minutes=args.max_minutes,
+                           end_by=args.end_by, **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

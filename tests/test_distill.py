@@ -322,3 +322,26 @@ def test_a_time_budget_ends_training_with_the_learning_rate_run_down(tmp_path, m
     assert len(lrs) == step and lrs[-1] < 0.1 * max(lrs) and lrs[-5:] == sorted(lrs[-5:], reverse=True)
     assert torch.load(tmp_path / "t_checkpoint.pt", weights_only=False)["seconds"] >= 30
     assert fit(module, loss, cfg, "t_", "test", {}) == step  # the budget is spent: resumed, nothing more
+
+
+def test_a_deadline_ends_training_by_the_wall_clock(tmp_path, monkeypatch):
+    """`end_by` (a lease's deadline, sampling counted against it): 30 s before it, on a clock that
+    moves 1 s a reading, a 1,000-step run stops early with its lr run down; past it, no step is taken."""
+    import pcgtts.train.on_policy as on_policy
+    from pcgtts.train.on_policy import OnPolicyConfig, fit
+
+    now = iter(range(10**6))
+    monkeypatch.setattr(on_policy.time, "monotonic", lambda: float(next(now)))
+    monkeypatch.setattr(on_policy.time, "time", lambda: 5000.0)
+    module = torch.nn.Linear(2, 1)
+    loss = lambda rng: ((module.weight ** 2).sum(), {})  # noqa: E731
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    cfg = OnPolicyConfig(target=tmp_path, out=tmp_path / "o", work_dir=tmp_path / "a", sentences=("a",), steps=1000,
+                         lr=1e-2, log_every=1, end_by=5030.0)
+    step = fit(module, loss, cfg, "t_", "test", {})
+    assert 5 < step < 30
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "a" / "t_loss.jsonl").read_text().splitlines()]
+    assert lrs[-1] < 0.1 * max(lrs) and lrs[-5:] == sorted(lrs[-5:], reverse=True)
+    late = OnPolicyConfig(target=tmp_path, out=tmp_path / "o", work_dir=tmp_path / "b", sentences=("a",), steps=1000,
+                          end_by=4000.0)
+    assert fit(module, loss, late, "t_", "test", {}) == 0

@@ -189,6 +189,20 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, mlp_proposer,
     assert p_value > 1e-3, (p_value, table)
 
 
+def test_state_sequences_keep_each_sequence_s_rows(target, prompt):
+    """The EAGLE trainer's per-sequence states (kept apart: no all-rows tensor beside them) are the
+    heads trainer's joined rows, sequence by sequence; a one-code sequence is skipped by both."""
+    from pcgtts.train.eagle import state_sequences
+    from pcgtts.train.heads import hidden_rows
+
+    pairs = [(prompt, torch.tensor(run(target, None, prompt, "ar", SamplingConfig(), tokens=n, seed=n)[0]))
+             for n in (12, 1, 20)]
+    data, rows = state_sequences(target, pairs), hidden_rows(target, pairs)
+    assert [len(s) for s in data.states] == [len(c) for c in rows.tokens] == [len(pairs[0][1]), len(pairs[2][1])]
+    assert torch.equal(torch.cat(data.states), rows.hidden)
+    assert rows.left.tolist() == [*range(len(pairs[0][1]) - 1, -1, -1), *range(len(pairs[2][1]) - 1, -1, -1)]
+
+
 @pytest.mark.parametrize("head", ["rows", "digits", "digits-mlp", "digits-mlp-layers"])
 def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, factorised_target):
     """A few optimiser steps on the target's own states lower the loss and raise the acceptance

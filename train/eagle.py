@@ -82,18 +82,16 @@ def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]],
                     feature_layers: tuple[int, ...] = ()) -> StateSequences:
     """The target's rows on `pairs`, with the outputs of `feature_layers` before each (`Llama.taps`),
     kept on the target's device."""
-    from pcgtts.train.heads import hidden_rows
+    from pcgtts.train.heads import sequence_rows
 
     taps, target.model.taps = target.model.taps, tuple(feature_layers)
-    try:
-        rows = hidden_rows(target, pairs, target.device)
+    try:  # kept per sequence: never all rows in one tensor beside them (twice the memory at the peak)
+        states, tokens = sequence_rows(target, pairs, target.device)
     finally:
         target.model.taps = taps
-    sizes = [len(codes) for codes in rows.tokens]
-    states = list(torch.split(rows.hidden, sizes))
     with torch.no_grad():
         embeds = [target.model.embed_tokens(target.vocab.restricted_to_token_ids(codes.to(target.device))).float().clone()
-                  for codes in rows.tokens]
+                  for codes in tokens]
     return StateSequences(states, embeds)
 
 

@@ -48,24 +48,31 @@ class HiddenRows:
     tokens: list[torch.Tensor] = field(default_factory=list)  # per sequence: speech codes (restricted ids)
 
 
-def hidden_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]], device: str | torch.device = "cpu") -> HiddenRows:
-    """One target pass per sequence; keeps the rows from the prompt's last token to the one
-    before the final code (each predicts a code), on `device`. Plain tensors (not inference-mode
-    ones), so the heads can train on them."""
-    states, left, tokens = [], [], []
+def sequence_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]],
+                  device: str | torch.device = "cpu") -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(per sequence: the target's rows [len(codes), D] from the prompt's last token to the one
+    before the final code, each predicting a code, on `device`; per sequence: its codes). One
+    target pass per sequence; sequences of fewer than two codes are skipped. Plain tensors (not
+    inference-mode ones), so heads can train on them."""
+    states, tokens = [], []
     for prompt, codes in sequences:
         if len(codes) < 2:
             continue
         ids = torch.cat([prompt, target.vocab.restricted_to_token_ids(codes[:-1])])
         target.rollback(0)
         _, hidden = target.forward_hidden(ids)
-        rows = hidden[len(prompt) - 1:]  # [len(codes), D]: row j predicts codes[j]
-        states.append(rows.float().to(device).clone())
-        left.append(torch.arange(len(rows) - 1, -1, -1))
+        states.append(hidden[len(prompt) - 1:].float().to(device).clone())  # row j predicts codes[j]
         tokens.append(codes)
     target.rollback(0)
     if not states:
         raise ValueError("the target generated no sequence of two or more codes")
+    return states, tokens
+
+
+def hidden_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]], device: str | torch.device = "cpu") -> HiddenRows:
+    """`sequence_rows` joined: every row of every sequence, with the rows left after each."""
+    states, tokens = sequence_rows(target, sequences, device)
+    left = [torch.arange(len(rows) - 1, -1, -1) for rows in states]
     return HiddenRows(torch.cat(states), torch.cat(left), tokens)
 
 
@@ -135,5 +142,5 @@ def train_heads(cfg: HeadsTrainConfig, progress=None, generation_progress=None) 
             "loss_png": str(cfg.work_dir / "loss.png")}
 
 
-__all__ = ["HeadsTrainConfig", "HiddenRows", "hidden_rows", "head_losses", "evaluate_heads",
+__all__ = ["HeadsTrainConfig", "HiddenRows", "sequence_rows", "hidden_rows", "head_losses", "evaluate_heads",
            "train_heads"]

@@ -45,6 +45,7 @@ class OnPolicyConfig:
     device: str = "cpu"  # where the target samples and the proposer trains ("cuda" on a GPU machine)
     sample_batch: int = 1  # on-policy sequences sampled at once (> 1: `distill.sample_together`)
     max_minutes: float | None = None  # training ends at `steps` or after this long, the lr's cosine following the nearer end
+    end_by: float | None = None  # or at this wall-clock time (seconds since the epoch): a lease's deadline, sampling included
 
     def __post_init__(self) -> None:
         for name in ("target", "out", "work_dir"):
@@ -126,8 +127,12 @@ def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torc
         save_checkpoint(ckpt, {"module": module.state_dict(), "optimizer": opt.state_dict(), "step": step,
                                "rng": rng_state(rng), "seconds": seconds(), **identity})
 
-    def progress_made() -> float:  # the share of the run behind us: by steps, or by the clock if nearer its end
+    until_end = cfg.end_by - time.time() if cfg.end_by is not None else None  # seconds this call may train
+
+    def progress_made() -> float:  # the share of the run behind us: by steps, or by a clock if nearer its end
         by_clock = seconds() / (cfg.max_minutes * 60) if cfg.max_minutes else 0.0
+        if until_end is not None:
+            by_clock = max(by_clock, (time.monotonic() - t_start) / until_end if until_end > 0 else 1.0)
         return max(step / cfg.steps, by_clock)
 
     t_ckpt, window = time.monotonic(), []
@@ -152,7 +157,7 @@ def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torc
             checkpoint()
             t_ckpt = time.monotonic()
     if step < cfg.steps:
-        log.info("stopped at step %d of %d after %.1f min (max_minutes)", step, cfg.steps, seconds() / 60)
+        log.info("stopped at step %d of %d after %.1f min (max_minutes / end_by)", step, cfg.steps, seconds() / 60)
     checkpoint()
     losses.plot(cfg.work_dir / f"{name}loss.png", title=title)
     return step
