@@ -45,7 +45,7 @@ class OnPolicyConfig:
     device: str = "cpu"  # where the target samples and the proposer trains ("cuda" on a GPU machine)
     sample_batch: int = 1  # on-policy sequences sampled at once (> 1: `distill.sample_together`)
     max_minutes: float | None = None  # training ends at `steps` or after this long, the lr's cosine following the nearer end
-    end_by: float | None = None  # or at this wall-clock time (seconds since the epoch): a lease's deadline, sampling included
+    end_by: float | None = None  # or by this wall-clock time (epoch seconds): a lease's deadline, sampling counted
 
     def __post_init__(self) -> None:
         for name in ("target", "out", "work_dir"):
