@@ -49,6 +49,11 @@ if [ "$step" = eagle ]; then
     #   then, and each run's training is given the time up to it (below), so that it ends on its own and writes
     #   its draft (a run the deadline ends returns its last checkpoint instead);
     # - the sequences come back split into parts.
+    # Session 37 (H100, BENCHMARKS §48): 14,000 sequences sampled in 48 s; their states then took ~2 min, one
+    # sequence a pass (since then STATE_BATCH a pass); run a (batch 32) trained 8,135 steps in 3.6 min and is the
+    # built-in voice's draft; a second run beside it only slowed both. Next time: one run, more sequences
+    # (--state-dtype float16 keeps ~40,000 of this target's in ~35 GB), e.g.
+    # EAGLE_SAMPLE_BATCH=1024 EAGLE_RUNS="a:--sequences 40000 --state-dtype float16 ... --batch-sequences 32".
     started=$(date +%s)
     deadline=$((started + $(python3 -c "print(int(60 * ${EAGLE_DEADLINE_MINUTES:-8.5}))")))
     work=${EAGLE_WORK:-/tmp/eagle}

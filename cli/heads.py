@@ -66,6 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--max-minutes", type=positive(float),
                        help="end training after this long if --steps take longer, the learning rate's "
                             "decay following the clock (a GPU lease's limit)")
+    eagle.add_argument("--state-dtype", choices=["float32", "float16"], default="float32",
+                       help="the target's states as kept for training: float16 halves their memory (the built-in "
+                            "voice's target with five layers read: ~7 KB a code in float32), for more sequences")
     eagle.add_argument("--end-by", type=positive(float), metavar="EPOCH_SECONDS",
                        help="end training by this wall-clock time (`date +%%s`), as --max-minutes does: a "
                             "deadline that sampling the sequences counts against")
@@ -144,7 +147,7 @@ def _eagle(args) -> int:
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                            intermediate_size=args.mlp_size, block=args.block, feature_layers=args.feature_layers,
                            device=args.device, sample_batch=args.sample_batch, max_minutes=args.max_minutes,
-                           end_by=args.end_by, **given)
+                           end_by=args.end_by, state_dtype=args.state_dtype, **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

@@ -190,17 +190,28 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, mlp_proposer,
 
 
 def test_state_sequences_keep_each_sequence_s_rows(target, prompt):
-    """The EAGLE trainer's per-sequence states (kept apart: no all-rows tensor beside them) are the
-    heads trainer's joined rows, sequence by sequence; a one-code sequence is skipped by both."""
+    """The EAGLE trainer's per-sequence states (several sequences a pass, padded on the left; kept
+    apart, with no all-rows tensor beside them) are the heads trainer's rows, computed one sequence at
+    a time, sequence by sequence and in the order given; a one-code sequence is skipped by both."""
     from pcgtts.train.eagle import state_sequences
     from pcgtts.train.heads import hidden_rows
 
     pairs = [(prompt, torch.tensor(run(target, None, prompt, "ar", SamplingConfig(), tokens=n, seed=n)[0]))
-             for n in (12, 1, 20)]
+             for n in (20, 1, 12, 16)]
     data, rows = state_sequences(target, pairs), hidden_rows(target, pairs)
-    assert [len(s) for s in data.states] == [len(c) for c in rows.tokens] == [len(pairs[0][1]), len(pairs[2][1])]
-    assert torch.equal(torch.cat(data.states), rows.hidden)
-    assert rows.left.tolist() == [*range(len(pairs[0][1]) - 1, -1, -1), *range(len(pairs[2][1]) - 1, -1, -1)]
+    lengths = [len(pairs[i][1]) for i in (0, 2, 3)]
+    assert [len(s) for s in data.states] == [len(c) for c in rows.tokens] == lengths and len(set(lengths)) == 3
+    torch.testing.assert_close(torch.cat(data.states), rows.hidden, atol=1e-4, rtol=1e-4)
+    assert rows.left.tolist() == [j for n in lengths for j in range(n - 1, -1, -1)]
+    assert target.model.max_length and target.length == 0  # the runtime's cache is back
+    half = state_sequences(target, pairs, dtype=torch.float16)  # `--state-dtype float16`: half the memory
+    assert half.states[0].dtype == half.embeds[0].dtype == torch.float16
+    torch.testing.assert_close(torch.cat(half.states).float(), rows.hidden, atol=2e-2, rtol=2e-3)
+    assert half.batch([0, 2])[0].dtype == torch.float32  # the loss reads float32 batches
+    from pcgtts.train.eagle import EagleTrainConfig
+
+    with pytest.raises(ValueError, match="state_dtype must be one of"):
+        EagleTrainConfig(target=".", out="o", work_dir=".", sentences=("a",), state_dtype="int8")
 
 
 @pytest.mark.parametrize("head", ["rows", "digits", "digits-mlp", "digits-mlp-layers"])
