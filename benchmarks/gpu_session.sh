@@ -52,8 +52,10 @@ if [ "$step" = eagle ]; then
     # Session 37 (H100, BENCHMARKS §48): 14,000 sequences sampled in 48 s; their states then took ~2 min, one
     # sequence a pass (since then STATE_BATCH a pass); run a (batch 32) trained 8,135 steps in 3.6 min and is the
     # built-in voice's draft; a second run beside it only slowed both. Next time: one run, more sequences
-    # (--state-dtype float16 keeps ~40,000 of this target's in ~35 GB), e.g.
-    # EAGLE_SAMPLE_BATCH=1024 EAGLE_RUNS="a:--sequences 40000 --state-dtype float16 ... --batch-sequences 32".
+    # (--state-dtype float16 keeps ~40,000 of this target's in ~35 GB), from scratch or on from the voice's
+    # draft (--init-from pcgtts/voice/eagle_draft.safetensors; --seed 1 samples other sequences, and other
+    # held-out sentences), e.g. EAGLE_SAMPLE_BATCH=1024 EAGLE_RUNS="a:--sequences 40000 --state-dtype float16
+    # --heldout 48 --steps 200000 --block mlp --mlp-size 512 --feature-layers 0,1,2,3,4 --passes 3 --batch-sequences 32".
     started=$(date +%s)
     deadline=$((started + $(python3 -c "print(int(60 * ${EAGLE_DEADLINE_MINUTES:-8.5}))")))
     work=${EAGLE_WORK:-/tmp/eagle}

@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--state-dtype", choices=["float32", "float16"], default="float32",
                        help="the target's states as kept for training: float16 halves their memory (the built-in "
                             "voice's target with five layers read: ~7 KB a code in float32), for more sequences")
+    eagle.add_argument("--init-from", metavar="DRAFT",
+                       help="start from this trained EAGLE draft (same target, --block, --mlp-size and "
+                            "--feature-layers) instead of the target's last block: more training on new sequences")
     eagle.add_argument("--end-by", type=positive(float), metavar="EPOCH_SECONDS",
                        help="end training by this wall-clock time (`date +%%s`), as --max-minutes does: a "
                             "deadline that sampling the sequences counts against")
@@ -133,11 +136,18 @@ def _eagle(args) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: torch sees no CUDA device here")
-    num_layers = json.loads((Path(args.target) / "config.json").read_text()).get("num_hidden_layers", 0)
+    config = json.loads((Path(args.target) / "config.json").read_text())
     try:
-        checked_feature_layers(args.feature_layers, num_layers)
+        checked_feature_layers(args.feature_layers, config.get("num_hidden_layers", 0))
     except ValueError as err:
         raise ValueError(f"--feature-layers: {err}") from None
+    if args.init_from:  # checked before any model loads: a lease's sampling is not lost to a wrong flag
+        from pcgtts.train.eagle import check_init_draft
+
+        if not Path(args.init_from).is_file():
+            raise ValueError(f"--init-from: no draft file {args.init_from}")
+        check_init_draft(Path(args.init_from), args.block, args.mlp_size or config.get("intermediate_size"),
+                         args.feature_layers)
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, train_eagle
 
@@ -147,7 +157,7 @@ def _eagle(args) -> int:
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                            intermediate_size=args.mlp_size, block=args.block, feature_layers=args.feature_layers,
                            device=args.device, sample_batch=args.sample_batch, max_minutes=args.max_minutes,
-                           end_by=args.end_by, state_dtype=args.state_dtype, **given)
+                           end_by=args.end_by, state_dtype=args.state_dtype, init_from=args.init_from, **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

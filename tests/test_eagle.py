@@ -305,6 +305,17 @@ def test_eagle_cli_end_to_end(tiny_models, tmp_path):
 
     with safe_open(str(folder / "eagle_draft.safetensors"), "pt") as f:
         assert f.metadata()["block"] == "mlp"
+    # --init-from: a second run starts where the first ended (its held-out figures before training are the
+    # first's after, to float16's rounding of the saved draft); a draft of another shape is refused
+    again = ["heads", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--max-tokens", "60",
+             "--passes", "2", "--init-from", str(folder / "eagle_draft.safetensors"), "--out", str(tmp_path / "2.st")]
+    assert "no draft file" in run_cli(*again[:-3], str(tmp_path / "none"), *again[-2:]).stderr
+    wrong = run_cli(*again, "--steps", "1", "--block", "attention")
+    assert wrong.returncode == 2 and "not this run's" in wrong.stderr and wrong.stderr.strip().count("\n") == 0
+    resumed = run_cli(*again, "--steps", "5", "--block", "mlp")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    before = json.loads(resumed.stdout.strip().splitlines()[-1])["accept_before"]
+    assert before == pytest.approx(summary["accept_after"], abs=5e-3) and before != summary["accept_before"]
     wav = tmp_path / "eagle.wav"
     done = run_cli("speak", "Hello there.", "--target", str(folder), "--codec", str(tiny_models["codec"]),
                    "--policy", "eagle-sd", "--max-tokens", "40", "--seed", "1", "--out", str(wav))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -51,12 +52,15 @@ class EagleTrainConfig(OnPolicyConfig):
     block: str = "attention"  # or "mlp": attention-free, half the ops a proposal (runtime/lm/eagle.py)
     feature_layers: tuple[int, ...] = ()  # target layers read besides the last (EAGLE-3's multi-layer features)
     state_dtype: str = "float32"  # the target's states as kept for training ("float16": half the memory)
+    init_from: Path | None = None  # a trained draft to start from (same target, block, width and layers)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {BLOCKS}, got {self.block!r}")
         object.__setattr__(self, "feature_layers", checked_feature_layers(self.feature_layers))
+        if self.init_from is not None:
+            object.__setattr__(self, "init_from", Path(self.init_from))
         if self.state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {tuple(STATE_DTYPES)}, got {self.state_dtype!r}")
         if min(self.batch_sequences, self.kl_rows, self.figure_rows, self.passes) < 1 or self.regression < 0:
@@ -182,6 +186,15 @@ def evaluate_eagle(draft: EagleDraft, head: TargetHead, data: StateSequences, kl
     return {key: [round(v / count, 4) for v in vals] for key, vals in sums.items()}
 
 
+def check_init_draft(path: Path, block: str, width: int, layers: tuple[int, ...]) -> None:
+    """Refuse a draft to start from whose (block, MLP width, target layers read) are not the run's."""
+    stored_block, stored_width, stored_layers = EagleDraft.stored_shape(path)
+    shape, wanted = (stored_block, stored_width or width, tuple(stored_layers)), (block, width, tuple(layers))
+    if shape != wanted:
+        raise ValueError(f"{path}: a draft of (block, MLP width, layers read) {shape}, not this run's {wanted}; "
+                         "give --block, --mlp-size and --feature-layers as it was trained")
+
+
 def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) -> dict:
     """Generate (or reuse) on-policy sequences, train the draft (resumable), write `cfg.out`."""
     target, train_pairs, heldout_pairs = frozen_target_and_pairs(cfg, generation_progress)
@@ -203,6 +216,9 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
         if draft.fuse is not None:  # the fused state is h_j at first
             draft.fuse.weight.zero_()
             draft.fuse.weight[:, -d:] = torch.eye(d, device=target.device)
+    if cfg.init_from is not None:
+        check_init_draft(cfg.init_from, draft.block_kind, draft.args.intermediate_size, draft.feature_layers)
+        draft.load_state_dict(EagleDraft.load(cfg.init_from, target.model, target.fingerprint).state_dict())
     before = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
 
     def loss_step(rng: random.Random):

@@ -153,6 +153,12 @@ class EagleDraft(nn.Module):
             save_file(tensors, str(tmp), metadata=meta)
         return path
 
+    @staticmethod
+    def stored_shape(path: str | Path) -> tuple[str, int | None, tuple[int, ...]]:
+        """(block, MLP width or None for the target's, target layers read) of a saved draft, without a target."""
+        _, meta = read_tagged_safetensors(path, FORMAT, VERSION, "EAGLE draft", "train one with `pcgtts heads eagle`")
+        return _stored_shape(meta, path)
+
     @classmethod
     def load(cls, path: str | Path, target: Llama, fingerprint: str | None = None) -> "EagleDraft":
         """Load a draft for `target` (its `Llama`); `fingerprint` (the target's) is checked when given."""
@@ -162,13 +168,9 @@ class EagleDraft(nn.Module):
         if fingerprint is not None and stored and stored != fingerprint:
             raise ValueError(f"{path}: this draft was trained for another target "
                              f"(speech embeddings {stored[:12]}..., this target {fingerprint[:12]}...)")
-        block = meta.get("block", "attention")
-        if block not in BLOCKS:
-            raise ValueError(f"{path}: unknown EAGLE block {block!r} (this version reads {', '.join(BLOCKS)})")
+        block, width, layers = _stored_shape(meta, path)
         try:
-            layers = tuple(int(i) for i in meta["feature_layers"].split(",")) if meta.get("feature_layers") else ()
-            draft = cls(target.args, stored, int(meta.get("intermediate_size", target.args.intermediate_size)), block,
-                        layers)
+            draft = cls(target.args, stored, width or target.args.intermediate_size, block, layers)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
         draft.acceptance = float(meta["acceptance"]) if "acceptance" in meta else None
@@ -178,6 +180,18 @@ class EagleDraft(nn.Module):
             raise ValueError(f"{path}: tensors do not fit this target's shape ({err})") from None
         weight = target.embed_tokens.weight
         return draft.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
+
+
+def _stored_shape(meta: dict, path) -> tuple[str, int | None, tuple[int, ...]]:
+    block = meta.get("block", "attention")
+    if block not in BLOCKS:
+        raise ValueError(f"{path}: unknown EAGLE block {block!r} (this version reads {', '.join(BLOCKS)})")
+    try:
+        layers = tuple(int(i) for i in meta["feature_layers"].split(",")) if meta.get("feature_layers") else ()
+        width = int(meta["intermediate_size"]) if "intermediate_size" in meta else None
+    except ValueError as err:
+        raise ValueError(f"{path}: unreadable EAGLE draft metadata ({err})") from None
+    return block, width, layers
 
 
 class TorchEagleStep:
