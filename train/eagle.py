@@ -89,8 +89,6 @@ class StateSequences:
         return states, embeds, valid
 
 
-
-
 def state_sequences(target, pairs: list[tuple[torch.Tensor, torch.Tensor]],
                     feature_layers: tuple[int, ...] = (), dtype: torch.dtype = torch.float32) -> StateSequences:
     """The target's rows on `pairs`, with the outputs of `feature_layers` before each (`Llama.taps`),
