@@ -69,17 +69,16 @@ if [ "$step" = eagle ]; then
     # The first run's --sequences is cut to what the probe's rate samples within EAGLE_SAMPLE_MINUTES (default
     # 3) and every run reads that many. A run's training ends by the deadline less EAGLE_MARGIN_SECONDS (default
     # 45: evaluating and writing the draft) unless its flags give --max-minutes or --end-by.
-    plan=$(python3 - "$work/probe.json" "${wanted:-0}" "${EAGLE_SAMPLE_MINUTES:-3}" <<'PY'
+    sequences=$(python3 - "$work/probe.json" "${wanted:-0}" "${EAGLE_SAMPLE_MINUTES:-3}" <<'PY'
 import json, sys
 rate = json.load(open(sys.argv[1]))["rounds"][0]["sequences_per_second"]
 wanted, budget = int(sys.argv[2]), 60 * float(sys.argv[3])
 n = min(wanted, int(rate * budget))
-print(n, round(n / rate / 60, 3))
+print(n)
 print(f"probe: {rate:.1f} sequences/s; the first run's {wanted} would take {wanted / rate / 60:.1f} min "
       f"(budget {budget / 60:.1f}): sampling {n}", file=sys.stderr)
 PY
     ) 2> >(tee -a "$OUT/eagle.log" >&2) || exit 1
-    read -r sequences _ <<<"$plan"
     [ "$sequences" -gt 0 ] || { echo "eagle: the probe's rate samples no sequence in the budget" | tee -a "$OUT/eagle.log"; exit 1; }
     first=""
     for run in "${runs[@]}"; do

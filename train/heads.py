@@ -52,10 +52,11 @@ def sequence_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]], de
                   batch: int = 1) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(per sequence: the target's rows [len(codes), D] from the prompt's last token to the one
     before the final code, each predicting a code, on `device`; per sequence: its codes), in the
-    order given; sequences of fewer than two codes are skipped. `batch` > 1 runs that many
-    sequences in one pass (similar lengths together, padded on the left as `distill.left_padded`
-    pads prompts; the same rows to rounding): on a GPU, thousands of sequences in seconds rather
-    than minutes. Plain tensors (not inference-mode ones), so heads can train on them."""
+    order given; sequences of fewer than two codes are skipped. `batch` sequences a target pass
+    (similar lengths together, padded on the left as `distill.left_padded` pads prompts; the same
+    rows to rounding; one a pass gives the runtime's rows bit for bit): on a GPU, thousands of
+    sequences in seconds rather than minutes. Plain tensors (not inference-mode ones), so heads can
+    train on them."""
     from pcgtts.train.distill import left_padded
 
     kept = [(prompt, codes) for prompt, codes in sequences if len(codes) >= 2]
@@ -63,25 +64,18 @@ def sequence_rows(target, sequences: list[tuple[torch.Tensor, torch.Tensor]], de
         raise ValueError("the target generated no sequence of two or more codes")
     ids = [torch.cat([prompt, target.vocab.restricted_to_token_ids(codes[:-1])]) for prompt, codes in kept]
     states: list[torch.Tensor | None] = [None] * len(kept)
-    if batch <= 1:
-        for i, row_ids in enumerate(ids):
-            target.rollback(0)
-            _, hidden = target.forward_hidden(row_ids)
-            states[i] = hidden[len(kept[i][0]) - 1:].float().to(device).clone()  # row j predicts codes[j]
-        target.rollback(0)
-    else:
-        model, order = target.model, sorted(range(len(kept)), key=lambda i: len(ids[i]))
-        with torch.no_grad():
-            for first in range(0, len(order), batch):
-                chunk = order[first:first + batch]
-                padded, filled = (x.to(target.device) for x in left_padded([ids[i] for i in chunk], 0))
-                t = padded.shape[1]
-                model.setup_cache(t, batch_size=len(chunk))
-                hidden = model.hidden(padded, torch.arange(t, device=target.device), end=t, filled=filled)
-                for row, i in enumerate(chunk):  # a row's sequence ends the padded row: its last len(codes) states
-                    states[i] = hidden[row, t - len(kept[i][1]):].float().to(device).clone()
-        target.release()  # the cache was resized for the batches
-        target.ensure_cache()
+    model, order = target.model, sorted(range(len(kept)), key=lambda i: len(ids[i]))
+    with torch.no_grad():
+        for first in range(0, len(order), batch):
+            chunk = order[first:first + batch]
+            padded, filled = (x.to(target.device) for x in left_padded([ids[i] for i in chunk], 0))
+            t = padded.shape[1]
+            model.setup_cache(t, batch_size=len(chunk))
+            hidden = model.hidden(padded, torch.arange(t, device=target.device), end=t, filled=filled)
+            for row, i in enumerate(chunk):  # a row's sequence ends the padded row: its last len(codes) states
+                states[i] = hidden[row, t - len(kept[i][1]):].float().to(device).clone()  # row j predicts codes[j]
+    target.release()  # the cache was sized for the passes
+    target.ensure_cache()
     return states, [codes for _, codes in kept]
 
 
