@@ -1,7 +1,8 @@
-"""`pcgtts heads train | eagle | transitions`: proposers on the target's hidden states.
+"""`pcgtts heads train | eagle | eagle-temperatures | transitions`: proposers on the target's hidden states.
 
 `train`: multi-token heads for the mtp-* policies (train/heads.py); `eagle`: an EAGLE draft for
-the eagle-* policies (train/eagle.py); `transitions`: the code transition table of mtp-viterbi.
+the eagle-* policies (train/eagle.py); `eagle-temperatures`: a trained draft's own temperature,
+fitted on held-out sequences; `transitions`: the code transition table of mtp-viterbi.
 All validate their arguments before any model loads, show progress, print a readable table and
 then one JSON line.
 """
@@ -76,6 +77,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="end training by this wall-clock time (`date +%%s`), as --max-minutes does: a "
                             "deadline that sampling the sequences counts against")
     eagle.set_defaults(func=_eagle)
+
+    temps = cmds.add_parser("eagle-temperatures",
+                            help="fit a trained EAGLE draft's own temperature on held-out sequences the target samples "
+                                 "(the draft's weights are kept; `pcgtts heads eagle` fits it after training)")
+    temps.add_argument("--target", required=True, help="target checkpoint directory (torch format)")
+    temps.add_argument("--eagle", required=True, help="the trained draft file")
+    temps.add_argument("--out", help="where the draft is written with its fitted temperatures (default: --eagle itself)")
+    temps.add_argument("--work-dir", help="the held-out sequences sampled (default: <out>.temperatures)")
+    temps.add_argument("--sentences", help="sentences, one per line, split as the draft's training split them "
+                                           "(default: the lab's template sentences)")
+    temps.add_argument("--heldout", type=positive(int), default=48, help="held-out sequences sampled")
+    temps.add_argument("--temperature", type=positive(float), default=0.8, help="of the held-out sampling")
+    temps.add_argument("--max-tokens", type=positive(int), default=400, help="speech tokens per sequence at most")
+    temps.add_argument("--seed", type=int, default=0, help="the sentence split's seed (the draft's training seed)")
+    temps.add_argument("--sample-batch", type=positive(int), default=16, help="held-out sequences sampled at once")
+    temps.set_defaults(func=_eagle_temperatures)
 
     trans = cmds.add_parser("transitions", help="code transition table for mtp-viterbi, from code sequences")
     trans.add_argument("--codes", required=True, nargs="+",
@@ -160,6 +177,31 @@ def _eagle(args) -> int:
                            end_by=args.end_by, state_dtype=args.state_dtype, init_from=args.init_from, **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
+    return 0
+
+
+def _eagle_temperatures(args) -> int:
+    from pcgtts.runtime.lm.eagle import EagleDraft
+
+    eagle = Path(args.eagle)
+    if not eagle.is_file():
+        raise ValueError(f"--eagle: no draft file {eagle}")
+    block, width, layers = EagleDraft.stored_shape(eagle)  # a readable draft, checked before any model loads
+    out, work, sentences = _checked_paths(argparse.Namespace(target=args.target, sentences=args.sentences,
+                                                             out=args.out or str(eagle), work_dir=args.work_dir),
+                                          eagle.name)
+    if args.work_dir is None:
+        work = out.with_name(out.name + ".temperatures")
+    from pcgtts.train.cli import _Bar
+    from pcgtts.train.eagle import EagleTrainConfig, fit_draft_temperatures
+
+    # one training sequence is sampled too (the split's cache holds both), then left unused
+    cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences, sequences=1,
+                           heldout=args.heldout, temperature=args.temperature, max_tokens=args.max_tokens,
+                           seed=args.seed, sample_batch=args.sample_batch, block=block, intermediate_size=width,
+                           feature_layers=layers)
+    summary = fit_draft_temperatures(cfg, eagle, progress=_Bar("sequences", "seq"))
+    print_report(summary, "pcgtts heads eagle-temperatures")
     return 0
 
 

@@ -168,7 +168,8 @@ def _export_eagle(stage: Path, meta: GraphMeta, model_dir: Path, eagle: Path, to
               "block": draft.block_kind,
               "hidden_size": args.hidden_size, "num_kv_heads": args.num_kv_heads, "head_dim": args.head_dim,
               "intermediate_size": args.intermediate_size, "head_width": model.head.out_features,
-              "digits": model.digits if model.samples_digits else 0, "acceptance": draft.acceptance}
+              "digits": model.digits if model.samples_digits else 0, "acceptance": draft.acceptance,
+              "temperature_scales": [list(pair) for pair in draft.temperature_scales]}
     if draft.feature_layers:  # the graph reads fused rows; the runtime fuses a target's row with this map
         np.save(stage / EAGLE_FUSE_FILE, draft.fuse.weight.detach().float().numpy())
         record |= {"fuse": EAGLE_FUSE_FILE, "feature_layers": list(draft.feature_layers),

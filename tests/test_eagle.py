@@ -70,6 +70,55 @@ def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
         EagleDraft(target.model.args, block="conv")
 
 
+def test_a_draft_proposes_at_its_own_temperature(target, prompt, tmp_path):
+    """`proposal_temperature` interpolates the fitted factors in T (ends held, greedy kept); the scales
+    round-trip through the file and are refused when malformed; a proposer with them draws what a
+    proposer without them draws at the interpolated temperature, and hands the rule that distribution."""
+    from pcgtts.runtime.lm.eagle import parse_temperature_scales, proposal_temperature
+
+    scales = ((0.2, 1.2), (0.8, 0.8))
+    assert proposal_temperature(scales, 0.5) == pytest.approx(0.5)  # factor 1.0 halfway
+    assert proposal_temperature(scales, 0.8) == pytest.approx(0.64)
+    assert proposal_temperature(scales, 1.5) == pytest.approx(1.2)
+    assert proposal_temperature(scales, 0.1) == pytest.approx(0.12)
+    assert proposal_temperature(scales, 0.0) == 0.0 and proposal_temperature((), 0.7) == 0.7
+    for bad in ("0.8", "0.8:0", "0.8:1,0.2:1", "a:b", "0.2:1,0.2:1.1", "nan:1"):
+        with pytest.raises(ValueError, match="temperature scales"):
+            parse_temperature_scales(bad)
+    draft = random_draft(target, seed=3, block="mlp")
+    draft.temperature_scales = scales
+    loaded = EagleDraft.load(draft.save(tmp_path / "t.safetensors", dtype=torch.float32), target.model)
+    assert loaded.temperature_scales == scales
+    hidden = target.forward_hidden(prompt)[1]
+    target.rollback(0)
+    out = {}
+    for name, d, temperature in (("scaled", loaded, 0.8), ("plain", random_draft(target, seed=3, block="mlp"), 0.64)):
+        proposer = EagleProposer.from_draft(d, target)
+        proposer.start(0)
+        config = DecodeConfig(policy="eagle-sd", sampling=SamplingConfig(temperature=temperature))
+        out[name] = proposer.propose("eagle-sd", hidden, prompt[1:].tolist(), 0, 3, config,
+                                     torch.Generator().manual_seed(5))
+    (a, rows_a), (b, rows_b) = out["scaled"], out["plain"]
+    assert torch.equal(a, b) and torch.equal(rows_a, rows_b)
+
+
+def test_the_draft_s_temperature_is_fitted_where_it_is_accepted_most(monkeypatch):
+    """`fit_temperature_scales` on rows whose draft logits are the target's times 0.7 (a flatter
+    draft): at every temperature the factor 0.7 makes the two equal (acceptance 1), and is chosen."""
+    import types
+
+    import pcgtts.train.eagle as trainer
+
+    logits = torch.randn(2, 9, 40, generator=torch.Generator().manual_seed(0)) * 3
+    monkeypatch.setattr(trainer, "pass_features", lambda draft, data, index, passes: (
+        logits[index[0]][None], [0.7 * logits[index[0]][None]] * passes, torch.ones(1, 9, dtype=torch.bool)))
+    head = types.SimpleNamespace(model=types.SimpleNamespace(logits=lambda x: x))
+    data = types.SimpleNamespace(states=[None, None])
+    scales, report = trainer.fit_temperature_scales(None, head, data, passes=2)
+    assert scales == tuple((t, 0.7) for t in trainer.FIT_TEMPERATURES)
+    assert report["accept_fitted"] == pytest.approx([1.0] * 4) and max(report["accept_at_1"]) < 0.99
+
+
 def test_proposer_cache_matches_a_whole_sequence_pass(target, prompt):
     """Rows fed in uneven chunks, with speculation off in between (count 0) and speculative slots
     overwritten, give the same draft distribution as one cache-free pass over the true rows:
@@ -149,21 +198,25 @@ def test_adaptive_eagle_with_a_useless_draft_stays_within_five_percent_of_ar(tar
 
 
 @pytest.mark.slow  # 3,000 decodes per case
-@pytest.mark.parametrize("head", ["rows", "digits", "mlp"])
+@pytest.mark.parametrize("head", ["rows", "digits", "mlp", "cooler"])
 def test_eagle_sd_is_exact_in_distribution(head, target, proposer, mlp_proposer, prompt, factorised_target):
     """The marginal of the 3rd generated code (proposed at draft position 2 after a proposal at
     position 1, both by the draft from its own state) under eagle-sd equals plain AR sampling's.
     Two-sample chi-square over the 8 most frequent codes + the rest pooled, 1,500 runs each, at
     significance 1e-3: false-alarm rate 0.1 % per case (seeds fixed: deterministic). "digits": a
-    digit-factorised target, whose proposals are sampled digit by digit; "mlp": an attention-free draft."""
+    digit-factorised target, whose proposals are sampled digit by digit; "mlp": an attention-free draft;
+    "cooler": a digit-head draft that proposes at its own temperature (0.3 where the target samples at 0.5)."""
     from scipy.stats import chi2_contingency
 
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
-    if head == "digits":
+    if head in ("digits", "cooler"):
         target = TorchLM.load(factorised_target, max_length=256)
         assert target.model.samples_digits
-        proposer = EagleProposer.from_draft(random_draft(target), target)
+        draft = random_draft(target)
+        if head == "cooler":
+            draft.temperature_scales = ((0.5, 0.6),)
+        proposer = EagleProposer.from_draft(draft, target)
         prompt = build_prompt(target.tokenizer, target.vocab, "An eagle draft test sentence.")
     if head == "mlp":
         proposer = mlp_proposer
@@ -304,7 +357,17 @@ def test_eagle_cli_end_to_end(tiny_models, tmp_path):
     from safetensors import safe_open
 
     with safe_open(str(folder / "eagle_draft.safetensors"), "pt") as f:
-        assert f.metadata()["block"] == "mlp"
+        assert f.metadata()["block"] == "mlp" and f.metadata()["temperature_scales"]  # fitted after training
+    assert summary["temperature_fit"]["temperatures"] == [0.2, 0.5, 0.8, 1.0]
+    # a trained draft's temperatures fitted again on sequences sampled for it; its weights are kept
+    refit = ["heads", "eagle-temperatures", "--target", str(folder), "--heldout", "2", "--max-tokens", "60"]
+    missing = run_cli(*refit, "--eagle", str(tmp_path / "none.safetensors"))
+    assert missing.returncode == 2 and "no draft file" in missing.stderr and missing.stderr.strip().count("\n") == 0
+    refitted = run_cli(*refit, "--eagle", str(folder / "eagle_draft.safetensors"), "--out", str(tmp_path / "t.st"))
+    assert refitted.returncode == 0, refitted.stderr[-2000:]
+    assert len(json.loads(refitted.stdout.strip().splitlines()[-1])["temperature_fit"]["factors"]) == 4
+    with safe_open(str(folder / "eagle_draft.safetensors"), "pt") as a, safe_open(str(tmp_path / "t.st"), "pt") as b:
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys()) and b.metadata()["temperature_scales"]
     # --init-from: a second run starts where the first ended (its held-out figures before training are the
     # first's after, to float16's rounding of the saved draft); a draft of another shape is refused
     again = ["heads", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--max-tokens", "60",
@@ -363,10 +426,12 @@ def test_proposers_on_onnxruntime_equal_torch(tiny_lms, target, prompt, tiny_gro
     ort = OrtLM.load(tmp_path / "onnx", max_length=256, tokenizer=target.tokenizer)
     assert ort.exposes_hidden and ort.has_eagle and ort.has_heads
     mlp = random_draft(target, seed=6, block="mlp")
+    mlp.temperature_scales = ((0.5, 0.7), (1.0, 0.9))  # the export carries them: the seeded runs below draw at 0.64
     meta, _ = export_lm(tiny_lms["target"], tmp_path / "onnx-mlp", max_length=256,
                         eagle=mlp.save(tmp_path / "m.safetensors", dtype=torch.float32))
     assert meta.extra["eagle"]["check"]["ok"] and meta.extra["eagle"]["block"] == "mlp"
     ort_mlp = OrtLM.load(tmp_path / "onnx-mlp", max_length=256, tokenizer=target.tokenizer)
+    assert EagleProposer.for_target(ort_mlp).temperature_scales == mlp.temperature_scales
     # a draft that reads two more layers: the step graph returns them, the runtime fuses a target row
     fused = random_draft(target, seed=8, block="mlp", feature_layers=(0, 2))
     meta, _ = export_lm(tiny_lms["target"], tmp_path / "onnx-fused", max_length=256,

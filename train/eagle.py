@@ -17,7 +17,10 @@ target's states). With a digit-factorised target head the KL of every row is tak
 form (`digit_head.digit_kl`, 34 scores a row); with any other head on a random subset of rows
 (the 65,537-way distributions are the cost). The block runs over whole sequences. Reported on
 held-out sequences, before and after: the SD acceptance 1 - TV(p, q) at temperature 1 and top-1
-agreement, per pass.
+agreement, per pass. Then the draft's own temperature is fitted on the same held-out rows
+(`fit_temperature_scales`): at each of a few sampling temperatures T, the factor f whose draft at
+T * f is accepted most (1 - TV against the target at T, over the passes), stored with the draft
+(`eagle.proposal_temperature`). `pcgtts heads eagle-temperatures` fits them for a trained draft.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from pcgtts.train.on_policy import OnPolicyConfig, fit, frozen_target_and_pairs
 
 
 STATE_BATCH = 32  # sequences a target pass when collecting states (CPU: ~1.6x faster than one at a time)
+FIT_TEMPERATURES = (0.2, 0.5, 0.8, 1.0)  # sampling temperatures the draft's own temperature is fitted at
+FIT_FACTORS = tuple(round(0.5 + 0.1 * i, 1) for i in range(11))  # draft temperature / sampling temperature tried
+FIT_ROWS = 32  # held-out rows a sequence enters the fit with (each expanded at every temperature and factor)
 STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
@@ -143,18 +149,27 @@ class TargetHead:
         return out
 
 
+def pass_features(draft: EagleDraft, data: StateSequences, index: list[int],
+                  passes: int) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """(the target's next states h [B, T - 1, D], the draft's predictions of them per pass, k x [B, T - 1, D],
+    valid [B, T - 1]) on sequences `index`. Pass 1 reads the target's states; pass k + 1 reads pass k's
+    predictions where the target's states were."""
+    states, embeds, valid = data.batch(index)
+    d = embeds.shape[-1]
+    inputs, nexts = draft.fused(states[:, :-1]), states[:, 1:, -d:]  # the draft's input; the target's h
+    features, fed = [], inputs
+    for _ in range(passes):
+        features.append(draft.train_features(fed, embeds[:, :-1]))
+        fed = torch.cat([inputs[:, :1], features[-1][:, :-1]], dim=1)
+    return nexts, features, valid
+
+
 def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, index: list[int], kl_rows: int,
                  regression: float, rng: random.Random, passes: int = 2,
                  figure_rows: int | None = None) -> tuple[torch.Tensor, dict]:
     """The training loss on sequences `index`, with per-pass acceptance / agreement figures
     (on `figure_rows` random rows, default `kl_rows`)."""
-    states, embeds, valid = data.batch(index)
-    d = embeds.shape[-1]
-    inputs, nexts = draft.fused(states[:, :-1]), states[:, 1:, -d:]  # the draft's input; the target's h
-    features, fed = [], inputs
-    for _ in range(passes):  # pass k + 1 reads pass k's predictions where the target's states were
-        features.append(draft.train_features(fed, embeds[:, :-1]))
-        fed = torch.cat([inputs[:, :1], features[-1][:, :-1]], dim=1)
+    nexts, features, valid = pass_features(draft, data, index, passes)
     rows = valid.nonzero()
 
     def pick(count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,6 +197,41 @@ def evaluate_eagle(draft: EagleDraft, head: TargetHead, data: StateSequences, kl
                 sums[key] = [s + v for s, v in zip(sums[key], figures[key])]
             count += 1
     return {key: [round(v / count, 4) for v in vals] for key, vals in sums.items()}
+
+
+@torch.no_grad()
+def fit_temperature_scales(draft: EagleDraft, head: TargetHead, data: StateSequences, passes: int,
+                           temperatures=FIT_TEMPERATURES, factors=FIT_FACTORS,
+                           rows: int = FIT_ROWS) -> tuple[tuple[tuple[float, float], ...], dict]:
+    """The draft's own temperature, fitted on held-out sequences: for each sampling temperature T, the
+    factor f (of `factors`) maximising the SD acceptance sum_x min(p_T(x), q_{T f}(x)) averaged over
+    `rows` random rows a sequence and the passes -> (((T, f), ...), {"temperatures", "accept_at_1",
+    "accept_fitted"}: the mean acceptance at f = 1 and at the fitted f, per T)."""
+    rng = random.Random(0)
+    sums = torch.zeros(len(temperatures), len(factors), dtype=torch.float64)
+    count = 0
+    for i in range(len(data.states)):
+        nexts, features, valid = pass_features(draft, data, [i], passes)
+        valid_rows = valid[0].nonzero()[:, 0].tolist()
+        pick = rng.sample(valid_rows, min(rows, len(valid_rows)))
+        if not pick:
+            continue
+        p_logits = head.model.logits(nexts[0, pick])
+        q_logits = [head.model.logits(f[0, pick]) for f in features]
+        for a, t in enumerate(temperatures):
+            p = torch.softmax(p_logits / t, -1)
+            for b, factor in enumerate(factors):
+                sums[a, b] += sum(float(torch.minimum(p, torch.softmax(q / (t * factor), -1)).sum()) for q in q_logits)
+        count += len(pick) * len(q_logits)
+    if not count:
+        raise ValueError("no held-out rows to fit the draft's temperature on")
+    accept = sums / count
+    best = accept.argmax(1).tolist()
+    scales = tuple((float(t), float(factors[b])) for t, b in zip(temperatures, best))
+    at_one = factors.index(1.0) if 1.0 in factors else None
+    return scales, {"temperatures": list(temperatures), "factors": [f for _, f in scales],
+                    "accept_at_1": None if at_one is None else [round(float(x), 4) for x in accept[:, at_one]],
+                    "accept_fitted": [round(float(x), 4) for x in accept.max(1).values]}
 
 
 def check_init_draft(path: Path, block: str, width: int, layers: tuple[int, ...]) -> None:
@@ -230,14 +280,29 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
                 **({"feature_layers": list(cfg.feature_layers)} if cfg.feature_layers else {})}, progress, clip=1.0)
     after = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
     draft.acceptance = sum(after["accept"]) / len(after["accept"])
+    draft.temperature_scales, fitted = fit_temperature_scales(draft, head, heldout, cfg.passes)
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     draft.cpu().save(cfg.out)
     return {"draft": str(cfg.out), "steps": step, "train_sequences": len(data.states),
             "heldout_sequences": len(heldout.states),
             "accept_before": before["accept"], "accept_after": after["accept"],
             "agree_before": before["agree"], "agree_after": after["agree"],
-            "loss_png": str(cfg.work_dir / "eagle_loss.png")}
+            "temperature_fit": fitted, "loss_png": str(cfg.work_dir / "eagle_loss.png")}
+
+
+def fit_draft_temperatures(cfg: EagleTrainConfig, eagle: Path, progress=None) -> dict:
+    """Fit a trained draft's own temperature (`fit_temperature_scales`) on `cfg.heldout` sequences
+    the target samples for `cfg`'s held-out sentences, and write the draft with them to `cfg.out`
+    (atomically; `cfg.out` may be `eagle` itself). The draft's weights are unchanged."""
+    target, _, heldout_pairs = frozen_target_and_pairs(cfg, progress)
+    draft = EagleDraft.load(eagle, target.model, target.fingerprint).float()
+    heldout = state_sequences(target, heldout_pairs, draft.feature_layers)
+    before = draft.temperature_scales
+    draft.temperature_scales, fitted = fit_temperature_scales(draft, TargetHead(target.model), heldout, cfg.passes)
+    draft.cpu().save(cfg.out)  # float16, as the trainer writes drafts
+    return {"draft": str(cfg.out), "heldout_sequences": len(heldout.states),
+            "temperature_scales_before": [list(pair) for pair in before], "temperature_fit": fitted}
 
 
 __all__ = ["EagleTrainConfig", "StateSequences", "TargetHead", "state_sequences", "eagle_losses", "evaluate_eagle",
-           "train_eagle"]
+           "fit_temperature_scales", "fit_draft_temperatures", "pass_features", "train_eagle"]

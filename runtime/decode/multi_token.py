@@ -36,6 +36,7 @@ No I/O, logging or tokenization here; restricted-vocabulary indices in and out, 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 import torch
@@ -123,13 +124,16 @@ class EagleProposer:
     Its slot s holds the target's row at target slot `first_slot + s` (the prompt's last token is
     slot 0). Rows whose proposals were not asked for (speculation off) wait in `pending` and are
     fed with the next proposal's forward. With a `chain` (`eagle.CompiledEagleChain`, a compiled
-    CPU target's), proposals drawn digit by digit are made together in one call."""
+    CPU target's), proposals drawn digit by digit are made together in one call. Proposals are
+    drawn at the draft's own temperature (`eagle.proposal_temperature`), and the rows handed to the
+    rule are that distribution."""
 
     max_proposals = 1 << 30  # any number: the draft length alone bounds it
 
     def __init__(self, step, chain=None):
         self.step, self.chain, self.max_length = step, chain, step.max_length
         self.acceptance = step.acceptance  # the adaptive draft length's starting estimate (None: its default)
+        self.temperature_scales = step.temperature_scales  # the draft's own temperature (`proposal_sampling`)
         self.first_slot, self.length = 0, 0
         self.pending_states, self.pending_tokens = [], []
 
@@ -186,6 +190,13 @@ class EagleProposer:
         """Whether proposals at `sampling` are made together in one call."""
         return self.chain is not None and sampling.plain
 
+    def proposal_sampling(self, sampling):
+        """`sampling` at the temperature this draft proposes at (`eagle.proposal_temperature`)."""
+        from pcgtts.runtime.lm.eagle import proposal_temperature
+
+        temperature = proposal_temperature(self.temperature_scales, sampling.temperature)
+        return sampling if temperature == sampling.temperature else replace(sampling, temperature=temperature)
+
     def _chained(self, states: torch.Tensor, tokens: torch.Tensor, count: int, temperature: float,
                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """`count` proposals after rows states [k, D] (an attention-free draft reads only the last)
@@ -237,6 +248,7 @@ class EagleProposer:
         self.pending_tokens.extend(tokens)
         if not count:
             return None, None
+        sampling = self.proposal_sampling(sampling)
         states = torch.cat(self.pending_states)
         self.length = slot - self.first_slot - (len(states) - len(hidden))  # the pending rows' first slot
         chosen = torch.tensor(self.pending_tokens, device=states.device)

@@ -33,9 +33,17 @@ safetensors metadata {"format": "pcgtts-eagle-draft", "version": "1", "target_fi
 optionally "block": "attention" (the default) or "mlp", optionally "feature_layers": "1,3" (the
 target layers read besides the last, ascending, 0-based; then a tensor `fuse.weight` [D, (k + 1) D]),
 optionally "acceptance": <held-out SD acceptance measured by the trainer, the adaptive draft
-length's starting estimate>};
+length's starting estimate>, optionally "temperature_scales": "0.2:1.1,0.8:0.8" <sampling temperature:
+the factor the draft's own temperature is multiplied by there, fitted on held-out sequences
+(`proposal_temperature`)>};
 the block's other dimensions (heads, head size, RoPE) are the target's, and a draft trained for
 one target is refused for another. A narrower MLP than the target's makes each proposal cheaper.
+
+The draft proposes at its own temperature: the sampling temperature T times a factor
+interpolated in T from the file's "temperature_scales" (1 without them). A draft fitted by a KL at
+temperature 1 is flatter than the target where the target is hot (drawing it cooler, e.g. 0.64 for
+T 0.8, is accepted more) and sharper where it is cold. The rules read the distribution the
+proposals were drawn from, so this too changes speed only.
 
 At run time a draft step is `run(states, tokens, start) -> (f, head scores)` over its own static
 cache: `TorchEagleStep` here (`HostEagleStep`: its NumPy twin for an attention-free draft on a CPU),
@@ -63,6 +71,33 @@ EAGLE_FILE = "eagle_draft.safetensors"
 FORMAT = "pcgtts-eagle-draft"
 VERSION = "1"
 BLOCKS = ("attention", "mlp")
+
+
+def proposal_temperature(scales: tuple[tuple[float, float], ...], temperature: float) -> float:
+    """The temperature a draft with `scales` ((T, factor) pairs, T ascending) proposes at when the
+    target samples at `temperature`: T times the factor interpolated linearly in T, the end factors
+    held beyond the fitted range; T itself without scales, and 0 (greedy) stays 0."""
+    if not scales or temperature == 0:
+        return temperature
+    ts, factors = zip(*scales)
+    return temperature * float(np.interp(temperature, ts, factors))
+
+
+def parse_temperature_scales(text: str) -> tuple[tuple[float, float], ...]:
+    """"0.2:1.1,0.8:0.8" -> ((0.2, 1.1), (0.8, 0.8)), checked: temperatures > 0 strictly ascending,
+    factors > 0, all finite."""
+    try:
+        pairs = tuple((float(t), float(f)) for t, f in (item.split(":") for item in text.split(",")))
+    except ValueError:
+        raise ValueError(f"temperature scales must read like 0.2:1.1,0.8:0.8, got {text!r}") from None
+    ts = [t for t, _ in pairs]
+    if not all(np.isfinite(v) and v > 0 for pair in pairs for v in pair) or ts != sorted(set(ts)):
+        raise ValueError(f"temperature scales need temperatures > 0 in ascending order and factors > 0, got {text!r}")
+    return pairs
+
+
+def format_temperature_scales(scales: tuple[tuple[float, float], ...]) -> str:
+    return ",".join(f"{t:g}:{f:.3f}" for t, f in scales)
 
 
 class ResidualMLP(nn.Module):
@@ -98,6 +133,7 @@ class EagleDraft(nn.Module):
         self.norm = RMSNorm(d, args.rms_norm_eps)
         self.target_fingerprint = target_fingerprint
         self.acceptance: float | None = None  # held-out SD acceptance recorded by the trainer
+        self.temperature_scales: tuple[tuple[float, float], ...] = ()  # fitted by the trainer (`proposal_temperature`)
         self.register_buffer("inv_freq", rope_inv_freq(self.args), persistent=False)
 
     def features(self, states: torch.Tensor, token_embeds: torch.Tensor, positions: torch.Tensor,
@@ -149,6 +185,8 @@ class EagleDraft(nn.Module):
             meta["feature_layers"] = ",".join(map(str, self.feature_layers))
         if self.acceptance is not None:
             meta["acceptance"] = f"{self.acceptance:.4f}"
+        if self.temperature_scales:
+            meta["temperature_scales"] = format_temperature_scales(self.temperature_scales)
         with atomic_output(path) as tmp:
             save_file(tensors, str(tmp), metadata=meta)
         return path
@@ -174,6 +212,11 @@ class EagleDraft(nn.Module):
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
         draft.acceptance = float(meta["acceptance"]) if "acceptance" in meta else None
+        if meta.get("temperature_scales"):
+            try:
+                draft.temperature_scales = parse_temperature_scales(meta["temperature_scales"])
+            except ValueError as err:
+                raise ValueError(f"{path}: {err}") from None
         try:
             draft.load_state_dict(tensors)
         except RuntimeError as err:
@@ -203,7 +246,7 @@ class TorchEagleStep:
 
     def __init__(self, draft: EagleDraft, target: Llama, vocab, max_length: int):
         self.draft, self.model, self.vocab, self.max_length = draft, target, vocab, max_length
-        self.acceptance = draft.acceptance
+        self.acceptance, self.temperature_scales = draft.acceptance, draft.temperature_scales
         self.dtype, self.device = draft.fc.weight.dtype, draft.fc.weight.device
         self.hidden_size = draft.state_size  # the width of the target's rows it reads
         self.digits = target.digits if target.samples_digits else 0  # > 0: scores can be drawn digit by digit
@@ -245,6 +288,7 @@ class HostEagleStep:
         if not self.suits(draft, target):
             raise ValueError("the host EAGLE step runs an attention-free float32 draft on a CPU target")
         self.model, self.vocab, self.acceptance = target, vocab, draft.acceptance
+        self.temperature_scales = draft.temperature_scales
         self.max_length = max_length  # slots the proposer may address (no cache: rows are independent)
         self.dtype, self.device = torch.float32, torch.device("cpu")
         self.hidden_size = draft.state_size  # the width of the target's rows it reads

@@ -225,6 +225,7 @@ class OrtEagleStep:
     def __init__(self, session, record: dict, device: torch.device, max_length: int, fuse: torch.Tensor | None = None):
         self._bound, self.device, self.max_length = _Bound(session, device), device, max_length
         self.acceptance = record.get("acceptance")
+        self.temperature_scales = tuple((t, f) for t, f in record.get("temperature_scales", ()))
         self.head_width = record["head_width"]
         self.feature_size = record["hidden_size"]  # f's width: the target's hidden size
         self.hidden_size = record.get("state_size", self.feature_size)  # the width of the target's rows it reads
