@@ -328,6 +328,7 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     2 digits x 4 levels + stop = 17 tokens, one proposal); the same test must tell the digit rows
     apart from a slightly different target (power check). `fallback`: one thinning trial, no extra
     rounds and uniforms near 1, so the dense residual (SD) or the all-groups residual (PCG) runs often.
+    The draft's rows are at a temperature of their own (0.6 against the target's 0.8).
     "compiled": the compiled rule's graph (`compiled_rule.PCGDigitRule`, run eagerly here; its
     AOTInductor package computes the same: tests/test_compiled_rule.py) judges the digit rows, for
     SD over singleton groups; with `fallback` its one candidate is mostly refused and the host
@@ -354,9 +355,9 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     speech = lambda z: z[..., 0] + z[..., 1:-1].unflatten(-1, (2, 4)).logsumexp(-1).sum(-1)  # noqa: E731
     target_scores[:, -1] = speech(target_scores)  # the stop token takes half the target's mass,
     draft_scores[:, -1] = speech(draft_scores) - 3.0  # and ~5 % of the draft's (at temperature 1)
-    other_scores = target_scores + torch.tensor([0.0] + [0.6, 0, 0, 0] + [0] * 4 + [0.0])  # a shifted digit-0 softmax
-    temperature = 0.8
-    dense = lambda scores: DigitRows(scores, 2, temperature).dense()  # noqa: E731
+    other_scores = target_scores + torch.tensor([0.0] + [0.8, 0, 0, 0] + [0] * 4 + [0.0])  # a shifted digit-0 softmax
+    temperature, draft_temperature = 0.8, 0.6  # the draft proposes cooler, at its own temperature (an EAGLE draft's)
+    dense = lambda scores, t=temperature: DigitRows(scores, 2, t).dense()  # noqa: E731
 
     def sample(target_rows, draft_rows, draft_dense, seed, compiled=None):
         gen = torch.Generator().manual_seed(seed)
@@ -369,8 +370,8 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
             counts[n, row[-1]] += 1
         return counts
 
-    draft_dense = dense(draft_scores)
-    draft_rows = DenseRows(draft_dense) if draft_kind == "dense" else DigitRows(draft_scores, 2, temperature)
+    draft_dense = dense(draft_scores, draft_temperature)
+    draft_rows = DenseRows(draft_dense) if draft_kind == "dense" else DigitRows(draft_scores, 2, draft_temperature)
     if compiled is not None:  # count the graph's calls: the compiled rule must be what judged
         graph = compiled.runner
         compiled.runner = lambda *args: runs.append(1) or graph(*args)

@@ -167,7 +167,7 @@ def test_the_package_computes_what_the_graph_computes_for_any_length_and_table(m
                 args = (draft_scores, target_scores, torch.randint(0, 65, (length,), generator=gen),
                         torch.rand(length, generator=gen),
                         torch.rand(length + 5 * (DIGITS + 1) + 8, generator=gen, dtype=torch.float64),
-                        torch.tensor(0.9, dtype=torch.float64), *rule.table)
+                        torch.tensor(0.7, dtype=torch.float64), torch.tensor(0.9, dtype=torch.float64), *rule.table)
                 assert rule.runner(*args).tolist() == graph(*args).tolist(), (length, case)
     assert len(list(tmp_path.glob("*.pt2"))) == 1
 

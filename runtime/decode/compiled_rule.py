@@ -50,8 +50,9 @@ _STAGE = 4  # thinning candidates judged before the rest are (most steps keep on
 
 class PCGDigitRule(torch.nn.Module):
     """The graph (see the module docstring): forward(draft_scores [L, S] f32, target_scores [L + 1, S]
-    f32, tokens [L] int64, accept_u [L] f32, u [L + (1 + T) * (digits + 1) + 2T] f64, temperature []
-    f64, then the table: token_span [V + 1, 2], token_shift [V + 1], token_groups [nnz] int16,
+    f32, tokens [L] int64, accept_u [L] f32, u [L + (1 + T) * (digits + 1) + 2T] f64, the draft's and
+    the target's temperatures [] f64 (a draft may propose at its own: `eagle.proposal_temperature`),
+    then the table: token_span [V + 1, 2], token_shift [V + 1], token_groups [nnz] int16,
     group_span [G + 1, 2], member_shift [G + 1], group_members [nnz] int16, inv_n [V + 1] f32,
     slots [W] (0 .. W - 1)) -> int64 [3]: (n, token, ok)."""
 
@@ -59,11 +60,11 @@ class PCGDigitRule(torch.nn.Module):
         super().__init__()
         self.digits, self.trials = digits, trials
 
-    def forward(self, draft_scores, target_scores, tokens, accept_u, u, temperature, token_span, token_shift,
-                token_groups, group_span, member_shift, group_members, inv_n, slots):
+    def forward(self, draft_scores, target_scores, tokens, accept_u, u, draft_temperature, temperature, token_span,
+                token_shift, token_groups, group_span, member_shift, group_members, inv_n, slots):
         digits, trials, length = self.digits, self.trials, tokens.shape[0]
         table = (token_span, token_shift, token_groups, group_span, member_shift, group_members, inv_n, slots)
-        draft, target = _tables(draft_scores, digits, temperature), _tables(target_scores, digits, temperature)
+        draft, target = _tables(draft_scores, digits, draft_temperature), _tables(target_scores, digits, temperature)
         draws_end = length + (1 + trials) * (digits + 1)  # then T candidates' group picks, T keep tests
         pick_u, draw_u = u[:length], u[length:draws_end].view(1 + trials, digits + 1)
 
@@ -148,28 +149,33 @@ class CompiledRule:
         self.groups, self.digits, self.trials, self.rule, self.runner = groups, digits, trials, rule, runner
         self.table = [spans.token, spans.token_shift, groups.token_groups, spans.group, spans.member_shift,
                       groups.group_members, groups.inv_groups_per_token, torch.arange(groups.max_group_size)]
-        self._temperature: tuple[float | None, torch.Tensor | None] = (None, None)
+        self._temperatures: dict[float, torch.Tensor] = {}  # the graph's temperature arguments, made once each
 
     def suits(self, rule: str, groups, draft, target) -> bool:
         """Whether this rule judges `rule` over these rows (digit rows of its digit count) and groups."""
         return (rule == self.rule and (rule == "sd" or groups is self.groups) and isinstance(draft, DigitRows)
-                and isinstance(target, DigitRows) and draft.digits == target.digits == self.digits
-                and draft.temperature == target.temperature)
+                and isinstance(target, DigitRows) and draft.digits == target.digits == self.digits)
 
     def __call__(self, tokens: torch.Tensor, draft, target, accept_u: torch.Tensor,
                  generator: torch.Generator) -> tuple[int, list[int]]:
         """tokens [L], draft / target `DigitRows` of L and L + 1 rows, accept_u [L] -> (n, the n + 1 tokens)."""
         length = len(tokens)
-        if self._temperature[0] != target.temperature:
-            self._temperature = (target.temperature, torch.tensor(target.temperature, dtype=torch.float64))
         u = torch.rand(length + (1 + self.trials) * (self.digits + 1) + 2 * self.trials, generator=generator,
                        dtype=torch.float64)
-        n, token, ok = self.runner(draft.scores, target.scores, tokens, accept_u, u, self._temperature[1],
-                                   *self.table).tolist()
+        n, token, ok = self.runner(draft.scores, target.scores, tokens, accept_u, u, self._temperature(draft.temperature),
+                                   self._temperature(target.temperature), *self.table).tolist()
         if not ok:  # no thinning candidate was kept: the later rounds and the exact residual, on the host
             view = acceptance._coarse_view(self.groups, target.size)
             token = _recover(view, draft, target, n, self.trials, generator, first_round=1)
         return n, [*tokens[:n].tolist(), token]
+
+    def _temperature(self, value: float) -> torch.Tensor:
+        """`value` as the graph's f64 scalar argument (a request's temperatures are few: a server's kept bounded)."""
+        if value not in self._temperatures:
+            if len(self._temperatures) >= 8:
+                self._temperatures.clear()
+            self._temperatures[value] = torch.tensor(value, dtype=torch.float64)
+        return self._temperatures[value]
 
 
 # Every index the graph gathers with is in range by construction (spans of the table it is given,
@@ -234,7 +240,7 @@ def example_inputs(digits: int, trials: int, length: int = 3):
     width = 1 + LEVELS * digits + 1
     return (torch.randn(length, width), torch.randn(length + 1, width), torch.zeros(length, dtype=torch.long),
             torch.rand(length), torch.rand(length + (1 + trials) * (digits + 1) + 2 * trials, dtype=torch.float64),
-            torch.tensor(1.0, dtype=torch.float64), *rule.table)
+            torch.tensor(1.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64), *rule.table)
 
 
 def export_rule(digits: int, trials: int):
@@ -245,7 +251,7 @@ def export_rule(digits: int, trials: int):
     # entries: both CSR directions of one table hold one entry per (group, member) pair
     tokens, groups, entries, width = (Dim(name, min=2) for name in ("tokens", "groups", "entries", "width"))
     block = (1 + trials) * (digits + 1) + 2 * trials
-    shapes = ({0: length}, {0: length + 1}, {0: length}, {0: length}, {0: length + block}, {},
+    shapes = ({0: length}, {0: length + 1}, {0: length}, {0: length}, {0: length + block}, {}, {},
               {0: tokens}, {0: tokens}, {0: entries}, {0: groups}, {0: groups}, {0: entries}, {0: tokens},
               {0: width})
     return torch.export.export(PCGDigitRule(digits, trials), example_inputs(digits, trials), dynamic_shapes=shapes)
