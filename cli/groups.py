@@ -67,11 +67,11 @@ def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = No
     beside the user's cache; refused with an estimate past `max_bytes` (groups/build.py)."""
     from pcgtts.tools.model_groups import build_groups_for_model
     from pcgtts.groups.table import GroupTable
-    from pcgtts.tools.demo import default_cache_dir
+    from pcgtts.runtime.files import cache_root
 
     fingerprint = target_lm.fingerprint
     cap = "" if top_k is None else f"-k{top_k}"
-    path = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-t{theta:.4f}{cap}.pcg"
+    path = cache_root() / "groups" / f"{fingerprint[:16]}-t{theta:.4f}{cap}.pcg"
     if not path.is_file():  # GroupTable.save writes atomically
         path.parent.mkdir(parents=True, exist_ok=True)
         build_groups_for_model(target_dir, theta, top_k, device=target_lm.device.type, progress=True,

@@ -38,11 +38,11 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
         return None
     import hashlib
 
-    from pcgtts.tools.demo import default_cache_dir
+    from pcgtts.runtime.files import cache_root as default_root
     from pcgtts.train.package import expand_voice
 
     digest = hashlib.sha256((pack_dir / "voice.json").read_bytes()).hexdigest()[:16]
-    cache = (cache_root or default_cache_dir().parent) / f"voice-{digest}"
+    cache = (cache_root or default_root()) / f"voice-{digest}"
     names = ("target", "draft", "codec", "groups")
     paths = {"target": cache / "target", "draft": cache / "draft", "codec": cache / "codec",
              "groups": cache / "groups.pcg"}

@@ -355,11 +355,11 @@ def _run_melgroups(args, base, settings, plan, recipe, testset, host_table, prog
     from pcgtts.quality.melgroups import build_mel_groups
     from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
     from pcgtts.tools.bench import BenchCase
-    from pcgtts.tools.demo import default_cache_dir
+    from pcgtts.runtime.files import cache_root
 
     (theta, emb_table), = _group_tables(args, base, host_table).items()
     rows, vocab, fingerprint = load_speech_embeddings(settings.models.target)
-    cache = default_cache_dir().parent / "groups" / f"{fingerprint[:16]}-mel-t{theta:.3f}.pcg"
+    cache = cache_root() / "groups" / f"{fingerprint[:16]}-mel-t{theta:.3f}.pcg"
     info_path = cache.with_suffix(".json")
     from pcgtts.groups.table import GroupTable
 

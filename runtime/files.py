@@ -2,6 +2,8 @@
 
     with atomic_output("out.wav") as tmp:
         write(tmp)            # an exception here leaves out.wav as it was and no temporary file behind
+
+and where pcgtts keeps what it makes once per machine (`cache_root`).
 """
 
 from __future__ import annotations
@@ -86,3 +88,9 @@ def read_tagged_safetensors(path: str | Path, fmt: str, version: str, what: str,
     if meta.get("format") != fmt or meta.get("version") != version:
         raise ValueError(f"{path}: not a pcgtts {what} (format {meta.get('format')!r}, version {meta.get('version')!r})")
     return tensors, meta
+
+
+def cache_root() -> Path:
+    """pcgtts's cache folder: `$PCGTTS_CACHE`, default ~/.cache/pcgtts (the built-in voice's expansion and
+    exports, the demo models, built group tables, compiled packages)."""
+    return Path(os.environ.get("PCGTTS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pcgtts"))

@@ -174,6 +174,52 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
 
 
 @pytest.mark.slow
+def test_the_chain_s_package_proposes_what_torch_compile_does(factorised_target, monkeypatch, tmp_path, caplog):
+    """`CompiledEagleChain`'s ahead-of-time package (the weights as inputs, `runtime/aot.py`) gives the
+    torch.compile graph's proposals and scores bit for bit; another draft of the same shapes runs
+    through the same package without exporting again, with its own weights (the package holds none);
+    where no package can be built, torch.compile runs it, with a warning."""
+    import logging
+
+    import pcgtts.runtime.aot as aot
+    from pcgtts.runtime.lm.eagle import CompiledEagleChain
+    from pcgtts.runtime.lm.torch_lm import compile_for_cpu
+
+    from helpers import random_draft
+
+    monkeypatch.setenv("PCGTTS_CACHE", str(tmp_path))
+    target = TorchLM.load(factorised_target, max_length=256)
+    draft = random_draft(target, seed=4, block="mlp")
+    chain = CompiledEagleChain(draft, target.model, target.vocab)
+    reference = compile_for_cpu(lambda *args: chain.body(*args), dynamic=False)
+    gen = torch.Generator().manual_seed(2)
+    state = torch.randn(target.model.args.hidden_size, generator=gen)
+    temperature = torch.tensor(0.8, dtype=torch.float64)
+    for count in (1, 3):
+        uniforms = torch.rand(count, target.model.digits + 1, generator=gen)
+        ours, theirs = chain(state, torch.tensor(5), uniforms, 0.8), reference(state, torch.tensor(5), uniforms, temperature)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), count
+    assert len(list((tmp_path / "eagle-chains").glob("*.pt2"))) == 2
+
+    # another draft of the same shapes: the package built for the first runs it with its own weights
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: pytest.fail("exported again"))
+    again = CompiledEagleChain(random_draft(target, seed=5, block="mlp"), target.model, target.vocab)
+    uniforms = torch.rand(3, target.model.digits + 1, generator=gen)
+    expected = compile_for_cpu(lambda *args: again.body(*args), dynamic=False)(state, torch.tensor(7), uniforms, temperature)
+    assert all(torch.equal(a, b) for a, b in zip(again(state, torch.tensor(7), uniforms, 0.8), expected))
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(aot, "load_or_build", fail)
+    fallback = CompiledEagleChain(draft, target.model, target.vocab)
+    with caplog.at_level(logging.WARNING):
+        out = fallback(state, torch.tensor(7), uniforms, 0.8)
+    assert "no C++ compiler" in caplog.text and "torch.compile runs it" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(out, chain(state, torch.tensor(7), uniforms, 0.8)))
+
+
+@pytest.mark.slow
 def test_a_compiled_target_tapped_for_a_multi_layer_draft_steps_as_eager(factorised_target, tiny_groups):
     """Attaching a draft that reads several layers (`EagleDraft.feature_layers`) compiles the target's
     step again with those layers' outputs (its graph does not guard the model, so without that it

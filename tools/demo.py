@@ -188,10 +188,9 @@ DEMO_THETA = 0.25  # groups ~ lattice balls of radius sqrt(2) on the demo's embe
 
 
 def default_cache_dir() -> Path:
-    import os
+    from pcgtts.runtime.files import cache_root
 
-    root = os.environ.get("PCGTTS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pcgtts")
-    return Path(root) / "demo-v1"
+    return cache_root() / "demo-v1"
 
 
 def ensure_demo(cache_dir: str | Path | None = None, seed: int = 0) -> dict[str, Path]:

@@ -7,7 +7,7 @@ through its loader (~40 µs on cold caches, against ~170 µs for a torch.compile
 wrappers): ~0.16 ms a step in the loop (BENCHMARKS.md §29). The package does not depend on the
 model or the table (both are inputs, their sizes symbolic); it is built once per torch version,
 digit count and thinning-trial count (~15 s on 2 cores) and kept in the cache folder
-(`$PCGTTS_CACHE`, default ~/.cache/pcgtts). SD is the same graph over singleton groups (PCG over
+(`runtime/aot.py`). SD is the same graph over singleton groups (PCG over
 them is SD exactly).
 
 What the graph computes is what `acceptance_cpu._pcg` computes, from one block of uniforms drawn
@@ -29,15 +29,14 @@ probability is the product of two lookups in per-row tables over a code's high a
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from pcgtts.runtime.config import MAX_DRAFT_LENGTH
+from pcgtts.runtime import aot
 from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance_cpu import DigitRows, _recover
 from pcgtts.runtime.lm.digit_head import LEVELS, digit_halves, digit_log_probs, sample_digit_codes
@@ -192,7 +191,7 @@ def load_rule(groups, digits: int, trials: int, cache_dir: str | Path | None = N
     key = (digits, trials)
     if key not in _RUNNERS:
         try:
-            _RUNNERS[key] = _load_or_build(digits, trials, Path(cache_dir) if cache_dir else _cache_dir())
+            _RUNNERS[key] = _load_or_build(digits, trials, Path(cache_dir) if cache_dir else aot.cache_dir("compiled-rules"))
         except Exception as err:  # noqa: BLE001 - any build failure leaves the (exact, slower) host lane
             log.warning("the compiled rule could not be built (%s); the rule runs on the host", err)
             _RUNNERS[key] = None
@@ -200,34 +199,12 @@ def load_rule(groups, digits: int, trials: int, cache_dir: str | Path | None = N
     return CompiledRule(runner, groups, digits, trials, rule) if runner is not None else None
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("PCGTTS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pcgtts")
-    return Path(root) / "compiled-rules"
-
-
-def _package_name(digits: int, trials: int) -> str:
-    source = Path(__file__).read_bytes()
-    tag = hashlib.sha256(source + torch.__version__.encode()).hexdigest()[:16]
-    return f"pcg-d{digits}-t{trials}-{tag}.pt2"
-
-
 def _load_or_build(digits: int, trials: int, cache_dir: Path):
-    import torch._inductor
+    from pcgtts.runtime.aot import load_or_build, package_name
 
-    path = cache_dir / _package_name(digits, trials)
-    if not path.exists():
-        log.info("compiling the rule ahead of time (~15 s on 2 cores, once per machine) into %s", cache_dir)
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        program = export_rule(digits, trials)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.pt2")
-        try:
-            torch._inductor.aoti_compile_and_package(program, package_path=str(tmp), inductor_configs=_OPTIONS)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-    package = torch._inductor.aoti_load_package(str(path))
-    loader = package.loader
-    return lambda *args: loader.run(list(args))[0]
+    path = cache_dir / package_name(f"pcg-d{digits}-t{trials}", (Path(__file__),), "")
+    run = load_or_build(path, lambda: export_rule(digits, trials), _OPTIONS, "the rule")
+    return lambda *args: run(*args)[0]
 
 
 def example_inputs(digits: int, trials: int, length: int = 3):

@@ -55,6 +55,7 @@ attention-free draft's proposals of a step are made in one compiled call (`Compi
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,8 @@ from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 from pcgtts.runtime.lm.digit_head import sample_digit_codes
 from pcgtts.runtime.lm.llama import MLP, Block, Llama, LlamaArgs, RMSNorm, rope_cos_sin, rope_inv_freq
 from pcgtts.runtime.lm.torch_lm import compile_for_cpu
+
+log = logging.getLogger(__name__)
 
 EAGLE_FILE = "eagle_draft.safetensors"
 FORMAT = "pcgtts-eagle-draft"
@@ -327,17 +330,20 @@ class HostEagleStep:
 
 
 class CompiledEagleChain:
-    """An attention-free float32 draft's `count` proposals, each drawn digit by digit, in one call
-    through torch.compile: the proposer of a compiled CPU target (`multi_token.EagleProposer`).
+    """An attention-free float32 draft's `count` proposals, each drawn digit by digit, in one
+    compiled call: the proposer of a compiled CPU target (`multi_token.EagleProposer`).
 
     Step by step, a proposal on lab-v1 costs ~0.25 ms right after a target forward: the fixed
     costs of ~25 NumPy and torch calls and a draw in Python on cold caches. One graph per count
     runs the whole chain (the block, the target's digit head, the draw, the next token's
-    embedding) in one call: 3 proposals 0.35 ms against 0.75 on 2 threads, 0.55 against 0.71 on
-    the one thread a streaming LM has beside the codec (BENCHMARKS §28). The draws read the
-    uniforms `sampling.sample_by_digits` would (one [count, digits + 1] torch.rand, the same stream
-    as count draws of digits + 1) in float64 as `digit_head.draw_digit_code` does, so a chain
-    proposes what `HostEagleStep` and that draw do, up to float rounding (tests/test_compiled.py).
+    embedding) in one call (BENCHMARKS §28), compiled ahead of time by AOTInductor with the
+    weights as inputs (`runtime/aot.py`: a package per shape, built once per machine, ~17 s a
+    count; called through its loader, 3 proposals after a target pass take ~0.40 ms against ~0.60
+    through torch.compile's wrappers, §49); where a package cannot be built, through torch.compile.
+    The draws read the uniforms `sampling.sample_by_digits` would (one [count, digits + 1]
+    torch.rand, the same stream as count draws of digits + 1) in float64 as
+    `digit_head.draw_digit_code` does, so a chain proposes what `HostEagleStep` and that draw do, up
+    to float rounding (tests/test_compiled.py).
 
     __call__(state [D], token [] (restricted index), uniforms [count, digits + 1], temperature)
     -> (proposals [count] int64, the head's scores of each [count, W] float32)."""
@@ -345,8 +351,11 @@ class CompiledEagleChain:
     def __init__(self, draft: EagleDraft, target: Llama, vocab):
         if not HostEagleStep.suits(draft, target) or not target.samples_digits:
             raise ValueError("a compiled EAGLE chain runs an attention-free float32 draft with a digit head on a CPU")
-        self.draft, self.model, self.vocab, self.digits = draft, target, vocab, target.digits
-        self._graphs: dict[int, object] = {}  # count -> compiled chain (a graph per count)
+        self.body = _Chain(draft, target, vocab)
+        self._names = self.body.weight_names()
+        params = dict(self.body.named_parameters())
+        self._weights = [params[name].detach() for name in self._names]
+        self._graphs: dict[int, object] = {}  # count -> the compiled chain
         # the last temperature as the graphs' tensor argument (a float would make a graph per value;
         # keeping only the last bounds what a server's per-request temperatures leave behind)
         self._temperature: tuple[float | None, torch.Tensor | None] = (None, None)
@@ -355,13 +364,49 @@ class CompiledEagleChain:
                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         count = len(uniforms)
         if count not in self._graphs:
-            self._graphs[count] = compile_for_cpu(lambda *args: self._chain(*args), dynamic=False)
+            self._graphs[count] = self._compile(state, token, uniforms)
         if self._temperature[0] != temperature:
             self._temperature = (temperature, torch.tensor(temperature, dtype=torch.float64))
         return self._graphs[count](state, token, uniforms, self._temperature[1])
 
-    def _chain(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor,
-               temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _compile(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor):
+        """The chain for `len(uniforms)` proposals: its package (built on first use), or torch.compile's graph."""
+        from pcgtts.runtime import aot
+        from pcgtts.runtime.lm import digit_head, llama
+        from pcgtts.runtime.text import vocab
+
+        count, body, weights = len(uniforms), self.body, self._weights
+        v, draft = body.vocab, body.draft
+        key = (f"{count}|{body.digits}|{tuple(state.shape)}|{[tuple(w.shape) for w in weights]}|"
+               f"{draft.norm.eps}|{draft.block.post_attention_layernorm.eps}|{v.stop_index},{v.stop_id},{v.speech_offset}")
+        sources = tuple(Path(m.__file__) for m in (aot, digit_head, llama, vocab)) + (Path(__file__),)
+        path = aot.cache_dir("eagle-chains") / aot.package_name(f"chain-{count}", sources, key)
+        example = (state, token, uniforms, torch.tensor(1.0, dtype=torch.float64), *weights)
+        try:
+            run = aot.load_or_build(path, lambda: torch.export.export(_WeightsAsInputs(body, self._names), example),
+                                    what="the EAGLE draft's proposal chain")
+        except Exception as err:  # noqa: BLE001 - any build failure leaves torch.compile's graph
+            log.warning("the EAGLE chain could not be compiled ahead of time (%s); torch.compile runs it", err)
+            return compile_for_cpu(lambda *args: body(*args), dynamic=False)
+        return lambda *args: tuple(run(*args, *weights))
+
+
+class _Chain(nn.Module):
+    """The chain's body over the draft and the target (submodules, so that `torch.func.functional_call`
+    can swap their weights for inputs): forward(state, token, uniforms, temperature) as
+    `CompiledEagleChain.__call__`."""
+
+    def __init__(self, draft: EagleDraft, target: Llama, vocab):
+        super().__init__()
+        self.draft, self.model, self.vocab, self.digits = draft, target, vocab, target.digits
+
+    def weight_names(self) -> list[str]:
+        """The weights the chain reads: the draft's, the target's embedding and (digit) head."""
+        return [f"draft.{name}" for name, _ in self.draft.named_parameters()] + ["model.embed_tokens.weight",
+                                                                                 "model.head.weight"]
+
+    def forward(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor,
+                temperature: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         model, proposals, rows = self.model, [], []
         for u in uniforms:  # unrolled: one graph per count
             embed = model.embed_tokens(self.vocab.restricted_to_token_ids(token).reshape(1))
@@ -371,6 +416,20 @@ class CompiledEagleChain:
             proposals.append(token)
             rows.append(scores)
         return torch.stack(proposals), torch.stack(rows)
+
+
+class _WeightsAsInputs(nn.Module):
+    """`_Chain` with the weights it reads as trailing inputs (in `names`' order): what is exported, so
+    that the package holds no weights (the target's embedding alone is 67 MB on the built-in voice)."""
+
+    def __init__(self, body: _Chain, names: list[str]):
+        super().__init__()
+        self._body = (body,)  # not a submodule: torch.export would lift its weights into the program
+        self.names = names
+
+    def forward(self, state, token, uniforms, temperature, *weights):
+        return torch.func.functional_call(self._body[0], dict(zip(self.names, weights)),
+                                          (state, token, uniforms, temperature))
 
 
 def checked_feature_layers(layers, num_layers: int | None = None) -> tuple[int, ...]:
