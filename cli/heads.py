@@ -187,11 +187,10 @@ def _eagle_temperatures(args) -> int:
     if not eagle.is_file():
         raise ValueError(f"--eagle: no draft file {eagle}")
     block, width, layers = EagleDraft.stored_shape(eagle)  # a readable draft, checked before any model loads
-    out, work, sentences = _checked_paths(argparse.Namespace(target=args.target, sentences=args.sentences,
-                                                             out=args.out or str(eagle), work_dir=args.work_dir),
-                                          eagle.name)
-    if args.work_dir is None:
-        work = out.with_name(out.name + ".temperatures")
+    out = Path(args.out or eagle)
+    out, work, sentences = _checked_paths(argparse.Namespace(  # the work folder checked is the one used
+        target=args.target, sentences=args.sentences, out=str(out),
+        work_dir=args.work_dir or str(out.with_name(out.name + ".temperatures"))), eagle.name)
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, fit_draft_temperatures
 

@@ -11,6 +11,7 @@ neither package holds model weights (they are inputs), so one serves every model
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -27,6 +28,13 @@ def cache_dir(kind: str) -> Path:
     from pcgtts.runtime.files import cache_root
 
     return cache_root() / kind
+
+
+@functools.lru_cache(maxsize=8)  # bounded: a server's per-request temperatures leave few behind
+def f64_scalar(value: float) -> torch.Tensor:
+    """`value` as a graph's float64 scalar input (a temperature), made once per value: a float argument
+    would make torch.compile build a graph per value, and a package takes only tensors."""
+    return torch.tensor(value, dtype=torch.float64)
 
 
 def package_name(prefix: str, sources: tuple[Path, ...], key: str) -> str:

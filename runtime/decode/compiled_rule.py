@@ -148,7 +148,6 @@ class CompiledRule:
         self.groups, self.digits, self.trials, self.rule, self.runner = groups, digits, trials, rule, runner
         self.table = [spans.token, spans.token_shift, groups.token_groups, spans.group, spans.member_shift,
                       groups.group_members, groups.inv_groups_per_token, torch.arange(groups.max_group_size)]
-        self._temperatures: dict[float, torch.Tensor] = {}  # the graph's temperature arguments, made once each
 
     def suits(self, rule: str, groups, draft, target) -> bool:
         """Whether this rule judges `rule` over these rows (digit rows of its digit count) and groups."""
@@ -161,20 +160,12 @@ class CompiledRule:
         length = len(tokens)
         u = torch.rand(length + (1 + self.trials) * (self.digits + 1) + 2 * self.trials, generator=generator,
                        dtype=torch.float64)
-        n, token, ok = self.runner(draft.scores, target.scores, tokens, accept_u, u, self._temperature(draft.temperature),
-                                   self._temperature(target.temperature), *self.table).tolist()
+        n, token, ok = self.runner(draft.scores, target.scores, tokens, accept_u, u, aot.f64_scalar(draft.temperature),
+                                   aot.f64_scalar(target.temperature), *self.table).tolist()
         if not ok:  # no thinning candidate was kept: the later rounds and the exact residual, on the host
             view = acceptance._coarse_view(self.groups, target.size)
             token = _recover(view, draft, target, n, self.trials, generator, first_round=1)
         return n, [*tokens[:n].tolist(), token]
-
-    def _temperature(self, value: float) -> torch.Tensor:
-        """`value` as the graph's f64 scalar argument (a request's temperatures are few: a server's kept bounded)."""
-        if value not in self._temperatures:
-            if len(self._temperatures) >= 8:
-                self._temperatures.clear()
-            self._temperatures[value] = torch.tensor(value, dtype=torch.float64)
-        return self._temperatures[value]
 
 
 # Every index the graph gathers with is in range by construction (spans of the table it is given,
@@ -200,10 +191,8 @@ def load_rule(groups, digits: int, trials: int, cache_dir: str | Path | None = N
 
 
 def _load_or_build(digits: int, trials: int, cache_dir: Path):
-    from pcgtts.runtime.aot import load_or_build, package_name
-
-    path = cache_dir / package_name(f"pcg-d{digits}-t{trials}", (Path(__file__),), "")
-    run = load_or_build(path, lambda: export_rule(digits, trials), _OPTIONS, "the rule")
+    path = cache_dir / aot.package_name(f"pcg-d{digits}-t{trials}", (Path(__file__),), "")
+    run = aot.load_or_build(path, lambda: export_rule(digits, trials), _OPTIONS, "the rule")
     return lambda *args: run(*args)[0]
 
 

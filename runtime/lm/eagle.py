@@ -353,21 +353,17 @@ class CompiledEagleChain:
             raise ValueError("a compiled EAGLE chain runs an attention-free float32 draft with a digit head on a CPU")
         self.body = _Chain(draft, target, vocab)
         self._names = self.body.weight_names()
-        params = dict(self.body.named_parameters())
-        self._weights = [params[name].detach() for name in self._names]
+        self._weights = [self.body.get_parameter(name).detach() for name in self._names]
         self._graphs: dict[int, object] = {}  # count -> the compiled chain
-        # the last temperature as the graphs' tensor argument (a float would make a graph per value;
-        # keeping only the last bounds what a server's per-request temperatures leave behind)
-        self._temperature: tuple[float | None, torch.Tensor | None] = (None, None)
 
     def __call__(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor,
                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         count = len(uniforms)
         if count not in self._graphs:
             self._graphs[count] = self._compile(state, token, uniforms)
-        if self._temperature[0] != temperature:
-            self._temperature = (temperature, torch.tensor(temperature, dtype=torch.float64))
-        return self._graphs[count](state, token, uniforms, self._temperature[1])
+        from pcgtts.runtime.aot import f64_scalar
+
+        return self._graphs[count](state, token, uniforms, f64_scalar(temperature))
 
     def _compile(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor):
         """The chain for `len(uniforms)` proposals: its package (built on first use), or torch.compile's graph."""
