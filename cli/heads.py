@@ -58,6 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     eagle.add_argument("--passes", type=positive(int),
                        help="proposal positions trained: pass k feeds the draft k - 1 of its own states (default 3)")
     eagle.add_argument("--batch-sequences", type=positive(int), help="sequences per optimiser step (default 8)")
+    eagle.add_argument("--lr", type=positive(float), help="peak learning rate (default 1e-3; lower with --init-from)")
+    eagle.add_argument("--loss", choices=["kl", "tv", "tv+group"], default="kl",
+                       help="kl: KL at temperature 1 on every row; tv / tv+group: what SD / PCG lose, at --temperature")
+    eagle.add_argument("--groups", help="the target's .pcg group table (for --loss tv+group)")
     eagle.add_argument("--seed", type=int, default=0)
     eagle.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                        help="where the target samples and the draft trains")
@@ -168,13 +172,18 @@ def _eagle(args) -> int:
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, train_eagle
 
-    given = {name: getattr(args, name) for name in ("sequences", "heldout", "steps", "passes", "batch_sequences")
+    if (args.loss == "tv+group") != (args.groups is not None):
+        raise ValueError("--loss tv+group needs --groups (the target's .pcg table), and only it reads one")
+    if args.groups is not None and not Path(args.groups).is_file():
+        raise ValueError(f"--groups: no group table {args.groups}")
+    given = {name: getattr(args, name) for name in ("sequences", "heldout", "steps", "passes", "batch_sequences", "lr")
              if getattr(args, name) is not None}
     cfg = EagleTrainConfig(target=Path(args.target), out=out, work_dir=work, sentences=sentences,
                            temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
                            intermediate_size=args.mlp_size, block=args.block, feature_layers=args.feature_layers,
                            device=args.device, sample_batch=args.sample_batch, max_minutes=args.max_minutes,
-                           end_by=args.end_by, state_dtype=args.state_dtype, init_from=args.init_from, **given)
+                           end_by=args.end_by, state_dtype=args.state_dtype, init_from=args.init_from,
+                           loss=args.loss, groups=args.groups, **given)
     summary = train_eagle(cfg, progress=_Bar("eagle", "step"), generation_progress=_Bar("sequences", "seq"))
     print_report(summary, "pcgtts heads eagle")
     return 0

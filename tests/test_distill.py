@@ -201,6 +201,10 @@ def test_losses_are_the_acceptance_rules_distances():
     # the pcg equal split: token 1 gives half its mass to each of its groups; the stop token its own
     expected = torch.stack([p[:, 0] + p[:, 1] / 2, p[:, 1] / 2 + p[:, 2], p[:, 3], p[:, 4]], -1)
     torch.testing.assert_close(coarse(p, view), expected)
+    # the sparse product training reads is the rule's own float64 masses
+    from pcgtts.runtime.decode.acceptance import _all_coarse_masses
+
+    torch.testing.assert_close(coarse(p, view), _all_coarse_masses(view, p).float())
     group_loss, _ = distill_loss("tv+group", target_logits, draft_logits, 0.7, view)
     torch.testing.assert_close(group_loss.detach() - tv, divergences(p, q, view)["group_tv"])
     group_loss.sum().backward()

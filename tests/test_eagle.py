@@ -265,15 +265,23 @@ def test_state_sequences_keep_each_sequence_s_rows(target, prompt):
 
     with pytest.raises(ValueError, match="state_dtype must be one of"):
         EagleTrainConfig(target=".", out="o", work_dir=".", sentences=("a",), state_dtype="int8")
+    with pytest.raises(ValueError, match="tv\\+group needs the target's group table"):
+        EagleTrainConfig(target=".", out="o", work_dir=".", sentences=("a",), loss="tv+group")
+    with pytest.raises(ValueError, match="loss must be one of"):
+        EagleTrainConfig(target=".", out="o", work_dir=".", sentences=("a",), loss="js")
 
 
-@pytest.mark.parametrize("head", ["rows", "digits", "digits-mlp", "digits-mlp-layers"])
-def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, factorised_target):
+@pytest.mark.parametrize("head", ["rows", "digits", "digits-mlp", "digits-mlp-layers", "digits-mlp-tv",
+                                  "digits-mlp-tv+group"])
+def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, factorised_target, tiny_groups):
     """A few optimiser steps on the target's own states lower the loss and raise the acceptance
     estimate on the training rows (the trainer's loss, on a tiny model), for three passes. "rows":
     KL over sampled expanded rows; "digits": a digit-factorised target, every row's KL in closed
-    form; "digits-mlp": the same with an attention-free draft; "-layers": one that also reads layer 1."""
+    form; "digits-mlp": the same with an attention-free draft; "-layers": one that also reads layer 1;
+    "-tv" / "-tv+group": the losses that are what SD / PCG lose, at temperature 0.8."""
+    from pcgtts.runtime.decode.acceptance import _coarse_view
     from pcgtts.runtime.lm.torch_lm import TorchLM
+    from pcgtts.train.distill import CoarseMasses
     from pcgtts.train.eagle import TargetHead, eagle_losses, state_sequences
 
     if head.startswith("digits"):
@@ -294,11 +302,17 @@ def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, fa
     opt = torch.optim.AdamW(draft.parameters(), lr=3e-3)
     rng = random.Random(0)
 
+    kind = head.rsplit("-", 1)[1] if "tv" in head else "kl"
+    masses = CoarseMasses(_coarse_view(tiny_groups, target.vocab.restricted_size)) if kind == "tv+group" else None
+
     def losses(rng):
-        return eagle_losses(draft, loss_head, data, [0, 1, 2, 3], 64, 0.1, rng, passes=3)
+        return eagle_losses(draft, loss_head, data, [0, 1, 2, 3], 64, 0.1, rng, passes=3, loss=kind,
+                            temperature=1.0 if kind == "kl" else 0.8, masses=masses)
 
     with torch.no_grad():
         first = losses(random.Random(0))
+    if kind == "tv+group":  # the group term is in the loss: it is TV plus the group TV, both under 1
+        assert 0 < float(first[0]) - 0.1 * first[1]["regression"] < 2 * 3
     for _ in range(40):
         loss, _ = losses(rng)
         opt.zero_grad()

@@ -40,6 +40,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,7 +50,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pcgtts.runtime.decode.acceptance import _all_coarse_masses, _coarse_view
+from pcgtts.groups.device import widen
+from pcgtts.runtime.decode.acceptance import _coarse_view, _CoarseView
 from pcgtts.runtime.lm.checkpoint import HEAD_CODES_FILE
 from pcgtts.runtime.lm.checkpoint import TOKENIZER_FILES
 from pcgtts.train.progress import LossLog, lr_at, resume, rng_state, save_checkpoint
@@ -61,7 +63,6 @@ SEQUENCES_FILE = "sequences.npz"
 SPLITS = ("train", "heldout")
 DEFAULT_SENTENCES = "train/corpus.py template_sentences(seed=0)"  # never quality/testset_v1.json (held out)
 _CACHE_FORMAT = 1
-_COARSE_ENTRIES = 1 << 24  # rows x group-table entries per chunk of the coarse masses (float64: 128 MB)
 
 
 @dataclass(frozen=True)
@@ -385,11 +386,30 @@ def on_policy_sequences(target, prompts: dict[str, list[torch.Tensor]], counts: 
 
 # ---------------------------------------------------------------- distributions and losses
 
-def coarse(probs: torch.Tensor, view) -> torch.Tensor:
-    """Group-level distributions P_c [R, M + 1] of rows probs [R, V] (acceptance.py's own code,
-    differentiable), in chunks of rows that bound its [rows, table entries] intermediate."""
-    rows = max(1, _COARSE_ENTRIES // max(1, view.table.group_members.numel()))
-    return torch.cat([_all_coarse_masses(view, probs[i:i + rows]) for i in range(0, len(probs), rows)]).float()
+class CoarseMasses:
+    """P_c(k) = sum_{t in G_k} p(t) / N(t) for rows of p, differentiable and fast enough to train on: one
+    sparse [groups, V] product (the pcg rule's coarse masses, acceptance._all_coarse_masses, which
+    works in float64 for the rule's thinning: ~0.2 s a row here against ~15 ms for fwd + bwd)."""
+
+    def __init__(self, view: _CoarseView):
+        table = view.table
+        members = widen(table.group_members)
+        self.inv_n = view.inv_n.float()
+        with warnings.catch_warnings():  # "sparse CSR support is in beta": products by a dense matrix are what we use
+            warnings.simplefilter("ignore", UserWarning)
+            self.members = torch.sparse_csr_tensor(table.group_offsets.long(), members,
+                                                   torch.ones(len(members), device=members.device),
+                                                   size=(table.num_groups, len(self.inv_n)), check_invariants=True)
+
+    def __call__(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs [R, V] -> P_c [R, M + 1] (the stop token's own group last)."""
+        scaled = probs.float() * self.inv_n
+        return torch.cat([(self.members @ scaled.T).T, scaled[:, -1:]], dim=1)
+
+
+def coarse(probs: torch.Tensor, view: _CoarseView | CoarseMasses) -> torch.Tensor:
+    """Group-level distributions P_c [R, M + 1] of rows probs [R, V] (pass a `CoarseMasses` to reuse its matrix)."""
+    return (view if isinstance(view, CoarseMasses) else CoarseMasses(view))(probs)
 
 
 def divergences(target_probs: torch.Tensor, draft_probs: torch.Tensor, view=None) -> dict[str, torch.Tensor]:
@@ -583,7 +603,7 @@ def _train_distill(cfg: DistillConfig, progress, generation_progress, stop_after
         from pcgtts.groups.table import GroupTable
 
         table = GroupTable.load(cfg.groups, expect_vocab=vocab, expect_fingerprint=target.fingerprint)
-        view = _coarse_view(table.to_device(device), vocab.restricted_size)
+        view = CoarseMasses(_coarse_view(table.to_device(device), vocab.restricted_size))
 
     # 1. The target's own sequences (cached; a rerun only makes the missing ones).
     cache = on_policy_sequences(target, prompts, {"heldout": cfg.heldout, "train": cfg.sequences}, sentences,
@@ -699,6 +719,6 @@ def _plot(losses: LossLog, png: Path, loss: str) -> Path | None:
     return losses.plot(png, title=f"draft distillation ({loss}); held-out = TV", keys=("loss", "heldout"))
 
 
-__all__ = ["DistillConfig", "LOSSES", "Sequence", "SequenceCache", "Student", "coarse", "distill_loss", "divergences",
+__all__ = ["CoarseMasses", "DistillConfig", "LOSSES", "Sequence", "SequenceCache", "Student", "coarse", "distill_loss", "divergences",
            "export_student", "generate_sequences", "sample_together", "load_student", "measure", "read_sentences", "split_sentences",
            "teacher_forced_logits", "train_distill"]

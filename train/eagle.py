@@ -15,7 +15,9 @@ The draft reads (h_j, x_{j+1}) and must give the target's distribution of x_{j+2
 Pass k is what the draft meets at its k-th proposal (its own predictions in place of the
 target's states). With a digit-factorised target head the KL of every row is taken in closed
 form (`digit_head.digit_kl`, 34 scores a row); with any other head on a random subset of rows
-(the 65,537-way distributions are the cost). The block runs over whole sequences. Reported on
+(the 65,537-way distributions are the cost). `--loss tv` / `tv+group` replace the KL by what the
+rules lose (train/distill.py's losses, DistillSpec's point): 1 - TV is SD's acceptance and 1 - the
+group TV PCG's, at the sampling temperature, on `kl_rows` random rows a pass. The block runs over whole sequences. Reported on
 held-out sequences, before and after: the SD acceptance 1 - TV(p, q) at temperature 1 and top-1
 agreement, per pass. Then the draft's own temperature is fitted on the same held-out rows
 (`fit_temperature_scales`): at each of a few sampling temperatures T, the factor f whose draft at
@@ -33,6 +35,7 @@ import torch
 
 from pcgtts.runtime.lm.digit_head import digit_kl
 from pcgtts.runtime.lm.eagle import BLOCKS, EagleDraft, checked_feature_layers
+from pcgtts.train.distill import LOSSES, CoarseMasses, distill_loss
 from pcgtts.train.on_policy import OnPolicyConfig, fit, frozen_target_and_pairs
 
 
@@ -59,6 +62,8 @@ class EagleTrainConfig(OnPolicyConfig):
     feature_layers: tuple[int, ...] = ()  # target layers read besides the last (EAGLE-3's multi-layer features)
     state_dtype: str = "float32"  # the target's states as kept for training ("float16": half the memory)
     init_from: Path | None = None  # a trained draft to start from (same target, block, width and layers)
+    loss: str = "kl"  # kl: KL at temperature 1 on every row; tv, tv+group (train/distill.py): at `temperature`
+    groups: Path | None = None  # the target's .pcg table, for loss tv+group
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -67,6 +72,12 @@ class EagleTrainConfig(OnPolicyConfig):
         object.__setattr__(self, "feature_layers", checked_feature_layers(self.feature_layers))
         if self.init_from is not None:
             object.__setattr__(self, "init_from", Path(self.init_from))
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if (self.loss == "tv+group") != (self.groups is not None):
+            raise ValueError("loss tv+group needs the target's group table (--groups), and only it reads one")
+        if self.groups is not None:
+            object.__setattr__(self, "groups", Path(self.groups))
         if self.state_dtype not in STATE_DTYPES:
             raise ValueError(f"state_dtype must be one of {tuple(STATE_DTYPES)}, got {self.state_dtype!r}")
         if min(self.batch_sequences, self.kl_rows, self.figure_rows, self.passes) < 1 or self.regression < 0:
@@ -166,9 +177,11 @@ def pass_features(draft: EagleDraft, data: StateSequences, index: list[int],
 
 def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, index: list[int], kl_rows: int,
                  regression: float, rng: random.Random, passes: int = 2,
-                 figure_rows: int | None = None) -> tuple[torch.Tensor, dict]:
+                 figure_rows: int | None = None, loss: str = "kl", temperature: float = 1.0,
+                 masses: CoarseMasses | None = None) -> tuple[torch.Tensor, dict]:
     """The training loss on sequences `index`, with per-pass acceptance / agreement figures
-    (on `figure_rows` random rows, default `kl_rows`)."""
+    (on `figure_rows` random rows, default `kl_rows`). `loss` "tv" / "tv+group" (`masses`: the
+    target's groups) are taken at `temperature` on `kl_rows` rows a batch."""
     nexts, features, valid = pass_features(draft, data, index, passes)
     rows = valid.nonzero()
 
@@ -176,12 +189,19 @@ def eagle_losses(draft: EagleDraft, head: TargetHead, data: StateSequences, inde
         chosen = rows[torch.tensor(rng.sample(range(len(rows)), min(count, len(rows))), device=rows.device)]
         return chosen[:, 0], chosen[:, 1]
 
-    b, j = (rows[:, 0], rows[:, 1]) if head.digits else pick(kl_rows)
-    loss = sum(kl.mean() for kl in head.kl(nexts[b, j], [f[b, j] for f in features]))
+    if loss == "kl":
+        b, j = (rows[:, 0], rows[:, 1]) if head.digits else pick(kl_rows)
+        total = sum(kl.mean() for kl in head.kl(nexts[b, j], [f[b, j] for f in features]))
+    else:
+        b, j = pick(kl_rows)
+        with torch.no_grad():
+            p_logits = head.model.logits(nexts[b, j])
+        total = sum(distill_loss(loss, p_logits, head.model.logits(f[b, j]), temperature, masses)[0].mean()
+                    for f in features)
     reg = torch.nn.functional.smooth_l1_loss(features[0][valid], nexts[valid])
     fb, fj = pick(figure_rows or kl_rows)
     accept, agree = zip(*head.figures(nexts[fb, fj], [f[fb, fj] for f in features]))
-    return loss + regression * reg, {"accept": list(accept), "agree": list(agree), "regression": float(reg.detach())}
+    return total + regression * reg, {"accept": list(accept), "agree": list(agree), "regression": float(reg.detach())}
 
 
 def evaluate_eagle(draft: EagleDraft, head: TargetHead, data: StateSequences, kl_rows: int = 512,
@@ -249,6 +269,13 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     data, heldout = (state_sequences(target, pairs, cfg.feature_layers, STATE_DTYPES[cfg.state_dtype])
                      for pairs in (train_pairs, heldout_pairs))
     head = TargetHead(target.model)
+    masses = None
+    if cfg.groups is not None:
+        from pcgtts.groups.table import GroupTable
+        from pcgtts.runtime.decode.acceptance import _coarse_view
+
+        table = GroupTable.load(cfg.groups, expect_vocab=target.vocab, expect_fingerprint=target.fingerprint)
+        masses = CoarseMasses(_coarse_view(table.to_device(target.device), target.vocab.restricted_size))
     draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block,
                        cfg.feature_layers).to(target.device)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map
@@ -272,11 +299,11 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     def loss_step(rng: random.Random):
         index = [rng.randrange(len(data.states)) for _ in range(cfg.batch_sequences)]
         loss, figures = eagle_losses(draft, head, data, index, cfg.kl_rows, cfg.regression, rng, cfg.passes,
-                                     cfg.figure_rows)
+                                     cfg.figure_rows, cfg.loss, cfg.temperature, masses)
         return loss, {f"accept{k + 1}": accept for k, accept in enumerate(figures["accept"])}
 
-    step = fit(draft, loss_step, cfg, "eagle_", "EAGLE draft: KL to the target",
-               {"intermediate_size": draft.args.intermediate_size, "block": cfg.block,
+    step = fit(draft, loss_step, cfg, "eagle_", f"EAGLE draft: {cfg.loss} to the target",
+               {"loss": cfg.loss, "intermediate_size": draft.args.intermediate_size, "block": cfg.block,
                 **({"feature_layers": list(cfg.feature_layers)} if cfg.feature_layers else {})}, progress, clip=1.0)
     after = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
     draft.acceptance = sum(after["accept"]) / len(after["accept"])
