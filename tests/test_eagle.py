@@ -347,9 +347,9 @@ def test_eagle_policies_need_their_draft(tiny_models, tmp_path, target, prompt):
 
 
 @pytest.mark.slow
-def test_eagle_cli_end_to_end(tiny_models, tmp_path):
+def test_eagle_cli_end_to_end(tiny_models, tiny_groups_file, tmp_path):
     """`pcgtts heads eagle` writes the draft next to the target (here attention-free, two passes);
-    `pcgtts speak --policy eagle-sd` uses it."""
+    `pcgtts speak --policy eagle-sd` uses it. The resumed run trains on PCG's loss (tv+group)."""
     import json
     import shutil
     import subprocess
@@ -389,7 +389,10 @@ def test_eagle_cli_end_to_end(tiny_models, tmp_path):
     assert "no draft file" in run_cli(*again[:-3], str(tmp_path / "none"), *again[-2:]).stderr
     wrong = run_cli(*again, "--steps", "1", "--block", "attention")
     assert wrong.returncode == 2 and "not this run's" in wrong.stderr and wrong.stderr.strip().count("\n") == 0
-    resumed = run_cli(*again, "--steps", "5", "--block", "mlp")
+    no_table = run_cli(*again, "--steps", "1", "--block", "mlp", "--loss", "tv+group")
+    assert no_table.returncode == 2 and "needs --groups" in no_table.stderr and no_table.stderr.strip().count("\n") == 0
+    resumed = run_cli(*again, "--steps", "5", "--block", "mlp", "--loss", "tv+group", "--groups", str(tiny_groups_file),
+                      "--lr", "1e-4")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     before = json.loads(resumed.stdout.strip().splitlines()[-1])["accept_before"]
     assert before == pytest.approx(summary["accept_after"], abs=5e-3) and before != summary["accept_before"]

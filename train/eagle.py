@@ -302,8 +302,9 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
                                      cfg.figure_rows, cfg.loss, cfg.temperature, masses)
         return loss, {f"accept{k + 1}": accept for k, accept in enumerate(figures["accept"])}
 
+    identity = {"loss": cfg.loss} if cfg.loss != "kl" else {}  # (a KL run resumes checkpoints made before losses)
     step = fit(draft, loss_step, cfg, "eagle_", f"EAGLE draft: {cfg.loss} to the target",
-               {"loss": cfg.loss, "intermediate_size": draft.args.intermediate_size, "block": cfg.block,
+               {**identity, "intermediate_size": draft.args.intermediate_size, "block": cfg.block,
                 **({"feature_layers": list(cfg.feature_layers)} if cfg.feature_layers else {})}, progress, clip=1.0)
     after = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
     draft.acceptance = sum(after["accept"]) / len(after["accept"])
