@@ -172,8 +172,6 @@ def _eagle(args) -> int:
     from pcgtts.train.cli import _Bar
     from pcgtts.train.eagle import EagleTrainConfig, train_eagle
 
-    if (args.loss == "tv+group") != (args.groups is not None):
-        raise ValueError("--loss tv+group needs --groups (the target's .pcg table), and only it reads one")
     if args.groups is not None and not Path(args.groups).is_file():
         raise ValueError(f"--groups: no group table {args.groups}")
     given = {name: getattr(args, name) for name in ("sequences", "heldout", "steps", "passes", "batch_sequences", "lr")

@@ -390,7 +390,7 @@ def test_eagle_cli_end_to_end(tiny_models, tiny_groups_file, tmp_path):
     wrong = run_cli(*again, "--steps", "1", "--block", "attention")
     assert wrong.returncode == 2 and "not this run's" in wrong.stderr and wrong.stderr.strip().count("\n") == 0
     no_table = run_cli(*again, "--steps", "1", "--block", "mlp", "--loss", "tv+group")
-    assert no_table.returncode == 2 and "needs --groups" in no_table.stderr and no_table.stderr.strip().count("\n") == 0
+    assert no_table.returncode == 2 and "needs the target's group table" in no_table.stderr and no_table.stderr.strip().count("\n") == 0
     resumed = run_cli(*again, "--steps", "5", "--block", "mlp", "--loss", "tv+group", "--groups", str(tiny_groups_file),
                       "--lr", "1e-4")
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -401,6 +401,14 @@ class CoarseMasses:
                                                    torch.ones(len(members), device=members.device),
                                                    size=(table.num_groups, len(self.inv_n)), check_invariants=True)
 
+    @classmethod
+    def load(cls, path: Path, vocab, fingerprint: str, device) -> "CoarseMasses":
+        """The masses of the .pcg table at `path`, checked to be this target's (`vocab`, `fingerprint`)."""
+        from pcgtts.groups.table import GroupTable
+
+        table = GroupTable.load(path, expect_vocab=vocab, expect_fingerprint=fingerprint)
+        return cls(_coarse_view(table.to_device(device), vocab.restricted_size))
+
     def __call__(self, probs: torch.Tensor) -> torch.Tensor:
         """probs [R, V] -> P_c [R, M + 1] (the stop token's own group last)."""
         scaled = probs.float() * self.inv_n
@@ -598,12 +606,7 @@ def _train_distill(cfg: DistillConfig, progress, generation_progress, stop_after
     max_length = max(len(p) for ps in prompts.values() for p in ps) + cfg.max_tokens + 2
     device = torch.device(cfg.compute_device)
     target = TorchLM.load(cfg.target, device=cfg.compute_device, max_length=max_length, tokenizer=tokenizer)
-    view = None
-    if cfg.groups is not None:
-        from pcgtts.groups.table import GroupTable
-
-        table = GroupTable.load(cfg.groups, expect_vocab=vocab, expect_fingerprint=target.fingerprint)
-        view = CoarseMasses(_coarse_view(table.to_device(device), vocab.restricted_size))
+    view = CoarseMasses.load(cfg.groups, vocab, target.fingerprint, device) if cfg.groups is not None else None
 
     # 1. The target's own sequences (cached; a rerun only makes the missing ones).
     cache = on_policy_sequences(target, prompts, {"heldout": cfg.heldout, "train": cfg.sequences}, sentences,

@@ -269,13 +269,7 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
     data, heldout = (state_sequences(target, pairs, cfg.feature_layers, STATE_DTYPES[cfg.state_dtype])
                      for pairs in (train_pairs, heldout_pairs))
     head = TargetHead(target.model)
-    masses = None
-    if cfg.groups is not None:
-        from pcgtts.groups.table import GroupTable
-        from pcgtts.runtime.decode.acceptance import _coarse_view
-
-        table = GroupTable.load(cfg.groups, expect_vocab=target.vocab, expect_fingerprint=target.fingerprint)
-        masses = CoarseMasses(_coarse_view(table.to_device(target.device), target.vocab.restricted_size))
+    masses = CoarseMasses.load(cfg.groups, target.vocab, target.fingerprint, target.device) if cfg.groups is not None else None
     draft = EagleDraft(target.model.args, target.fingerprint, cfg.intermediate_size, cfg.block,
                        cfg.feature_layers).to(target.device)
     with torch.no_grad():  # start from the target's last block and final norm: a sensible next-state map

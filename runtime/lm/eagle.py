@@ -62,6 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pcgtts.runtime import aot
 from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
 from pcgtts.runtime.lm.digit_head import sample_digit_codes
@@ -361,13 +362,10 @@ class CompiledEagleChain:
         count = len(uniforms)
         if count not in self._graphs:
             self._graphs[count] = self._compile(state, token, uniforms)
-        from pcgtts.runtime.aot import f64_scalar
-
-        return self._graphs[count](state, token, uniforms, f64_scalar(temperature))
+        return self._graphs[count](state, token, uniforms, aot.f64_scalar(temperature))
 
     def _compile(self, state: torch.Tensor, token: torch.Tensor, uniforms: torch.Tensor):
         """The chain for `len(uniforms)` proposals: its package (built on first use), or torch.compile's graph."""
-        from pcgtts.runtime import aot
         from pcgtts.runtime.lm import digit_head, llama
         from pcgtts.runtime.text import vocab
 
