@@ -150,17 +150,18 @@ def with_builtin_models(settings: Settings) -> Settings:
     if given:
         raise ValueError(f"{', '.join(given)} given without a target model; give the target too "
                          "(without one the built-in voice's own models are used)")
-    models = builtin_models()
-    if device.backend == "onnxruntime":
+    if device.backend == "onnxruntime":  # checked before the voice is expanded (seconds on first use)
         if device.dtype != "float32":
             raise ValueError("the built-in voice runs on onnxruntime as an int8 graph; leave dtype at float32")
         if not onnx_export_available():
             raise ValueError("the built-in voice on onnxruntime is exported on first use, which needs "
                              "pip install 'pcgtts[onnx]' (or leave --backend at auto / torch)")
-    elif device.backend != "auto":
+    models = builtin_models()
+    if device.backend not in ("auto", "onnxruntime"):
         return replace(settings, models=models)
-    elif not (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
-              and not device.compile and onnx_export_available()):
+    if device.backend == "auto" and not (device.compute_device == "cpu" and device.dtype == "float32"
+                                         and device.quantize == "none" and not device.compile
+                                         and onnx_export_available()):
         log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
                  "--quantize or --compile and pcgtts[onnx] installed)")
         return replace(settings, models=models)
