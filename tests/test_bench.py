@@ -53,6 +53,9 @@ def test_summaries_and_harness_overhead(bench_report):
     assert 0 <= pcg["acceptance_rate"] <= 1 and 1 <= pcg["mean_accepted_length"] <= 4
     assert pcg["target_forwards_per_token"] < 1.0  # several tokens per verify pass
     assert pcg["predicted_speedup"] > 0 and pcg["efficiency"] > 0
+    # AR's per-token overhead on both sides: the prediction moves toward 1, never past it.
+    bounds = sorted((1.0, pcg["predicted_speedup"]))
+    assert pcg["per_token_overhead"] >= 0 and bounds[0] <= pcg["predicted_speedup_with_overhead"] <= bounds[1]
     ttfa = ar["time_to_first_audio"]
     assert ttfa["p50"] <= ttfa["p90"] <= ttfa["p99"]
     for s in report["summaries"]:
@@ -132,3 +135,24 @@ def test_an_adaptive_prediction_counts_the_tokens_its_steps_emitted_not_rates_po
     assert predicted_speedup(summary, {}) == pytest.approx(40 / 33.0)
     pooled = (10 * 1.5 + 10 * 3) / 33.0  # what rates pooled over the mix would have claimed
     assert predicted_speedup(summary, {}) < pooled
+
+
+def test_a_per_token_overhead_pulls_the_prediction_toward_one_and_is_read_from_the_ar_case():
+    """AR at 400 tok/s with 2 ms of forward + sampling a token: 0.5 ms a token outside any step.
+    A fixed-length case of 2 tokens a verify (rates 1.0 at L = 1) at 3 ms a step: 1.5 ms a token,
+    predicted 2 / 1.5; with the overhead on both sides (2 + 0.5) / (1.5 + 0.5) = 1.25. An adaptive
+    case's model seconds (the second test above, 40 tokens in 33 s, AR 1.0 s) take it the same way."""
+    from pcgtts.tools.bench import per_token_overhead, predicted_speedup
+
+    ar = {"tokens_per_second": 400.0, "t_target_step": 0.002}
+    assert per_token_overhead(ar) == pytest.approx(0.0005)
+    assert per_token_overhead({"tokens_per_second": 600.0, "t_target_step": 0.002}) == 0.0  # never negative
+    fixed = {"conditional_acceptance": [1.0], "policy": "sd", "draft_length": 1, "t_draft_step": 0.001,
+             "t_target_step": 0.002}
+    assert predicted_speedup(fixed, ar) == pytest.approx(2 / 1.5)
+    assert predicted_speedup(fixed, ar, overhead=0.0005) == pytest.approx(2.5 / 2.0)
+    planned = {"target_forward": [1.0, 1.2, 1.4], "draft_forward": [0.2, 0.3], "rule": 0.0, "sample": 0.0}
+    adaptive = {"conditional_acceptance": [0.5, 1.0], "length_counts": [0, 10, 10], "tokens": 40,
+                "catchup_tokens": 10, "planned_costs": planned, "learned_costs": None, "policy": "sd"}
+    assert predicted_speedup(adaptive, ar, overhead=0.5) == pytest.approx(1.5 / (33.0 / 40 + 0.5))
+    assert 1.0 < predicted_speedup(adaptive, ar, overhead=0.5) < predicted_speedup(adaptive, ar)
