@@ -323,14 +323,11 @@ def add_speedups(summaries: list[dict]) -> None:
         s["predicted_speedup"] = s["efficiency"] = None
         if base is None or s["policy"] in ("ar", "draft") or not s["t_target_step"]:
             continue
-        predicted = predicted_speedup(s, base)
-        s["predicted_speedup"] = predicted
         if s.get("planned_costs"):
             s["predicted_speedup_at_load"] = predicted_speedup(s, base, at_load=True)
-        s["efficiency"] = s["speedup_vs_ar"] / predicted if s["speedup_vs_ar"] and predicted else None
-        # The same prediction with AR's per-token cost outside the steps on both sides.
-        s["per_token_overhead"] = overhead = per_token_overhead(base)
-        with_overhead = predicted_speedup(s, base, overhead=overhead)
-        s["predicted_speedup_with_overhead"] = with_overhead
-        s["efficiency_with_overhead"] = (s["speedup_vs_ar"] / with_overhead
-                                         if s["speedup_vs_ar"] and with_overhead else None)
+        # The step model's prediction, and the same with AR's per-token cost outside the steps on both sides.
+        s["per_token_overhead"] = per_token_overhead(base)
+        for suffix, overhead in (("", 0.0), ("_with_overhead", s["per_token_overhead"])):
+            predicted = predicted_speedup(s, base, overhead=overhead)
+            s["predicted_speedup" + suffix] = predicted
+            s["efficiency" + suffix] = s["speedup_vs_ar"] / predicted if s["speedup_vs_ar"] and predicted else None
