@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pcgtts.runtime.lm.torch_lm import TorchLM
+from pcgtts.runtime.lm.torch_lm import TorchLM, lay_out_for_cpu_steps
 
 FEATURES = [
     {},  # GQA, tied head, llama3 rope (LLaSA-1B's layout)
@@ -35,6 +35,19 @@ def test_prefill_and_steps_match_transformers(tiny_lm_factory, features):
     torch.testing.assert_close(lm.forward(ids[26:30]), ref[26:30], atol=2e-5, rtol=1e-4)  # verify step
     assert lm.length == 30
 
+
+
+def test_weights_laid_out_for_cpu_steps_still_match_transformers(tiny_lm_factory):
+    # A compiled CPU LM's decoder weights are stored transposed (`lay_out_for_cpu_steps`): same values.
+    model_dir = tiny_lm_factory()
+    lm = TorchLM.load(model_dir, max_length=64)
+    lay_out_for_cpu_steps(lm.model)
+    weight = lm.model.layers[0].mlp.up_proj.weight
+    assert weight.t().is_contiguous() and not weight.is_contiguous()
+    ids = torch.randint(0, lm.vocab.vocab_size, (30,), generator=torch.Generator().manual_seed(2))
+    ref = hf_logits(model_dir, ids, lm.vocab.head_rows())
+    torch.testing.assert_close(lm.prefill(ids[:25]), ref[24], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(lm.forward(ids[25:30]), ref[25:30], atol=2e-5, rtol=1e-4)
 
 def test_rollback_then_refeed_equals_fresh_computation(tiny_lm_factory):
     model_dir = tiny_lm_factory()
