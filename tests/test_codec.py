@@ -82,6 +82,29 @@ def test_chunks_start_small_and_double_up_to_the_chunk_size(codecs):
     assert [len(c) // 320 for c in big_first.push(codes)] == [30, 25, 25, 25, 25]
 
 
+
+@pytest.mark.parametrize("config", [StreamConfig(), StreamConfig(first_chunk_tokens=1, chunk_tokens=3, codec_lookahead=0,
+                                                                 first_chunk_lookahead=4, crossfade_samples=0)])
+def test_the_codec_thread_is_handed_tokens_once_a_chunk_is_due(codecs, config):
+    # The LM's thread keeps tokens until the window's next chunk is due (`ChunkSchedule`): the codec's
+    # thread wakes once a chunk, not once a token, and emits the chunks an in-line window emits, in order.
+    from pcgtts.runtime.audio.streaming import CodecThread
+
+    decode_only, _ = codecs
+    codes = np.random.default_rng(3).integers(0, 65536, 140)
+    inline = WindowDecoder(decode_only.decode, config)
+    expected = [c for t in codes for c in inline.push([t])] + [inline.flush()]
+    window = WindowDecoder(decode_only.decode, config)
+    handed, got = [], []
+    push = window.push
+    window.push = lambda tokens: handed.append(len(tokens)) or push(tokens)
+    codec = CodecThread(window, lambda samples, last: got.append(samples) or True)
+    for t in codes:
+        assert codec.push([int(t)])
+    assert codec.finish()
+    assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    assert sum(handed) == len(codes) and len(handed) <= len(expected), handed
+
 def test_streamed_audio_matches_one_shot_decode(codecs):
     decode_only, _ = codecs
     for seed in range(2):

@@ -14,7 +14,9 @@ to `chunk_tokens` (fewer decodes), so the next chunk is ready before the audio a
 Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
 
 `CodecThread` runs a `WindowDecoder` on a thread of its own, so the codec decodes a window on one
-core while the LM decodes the next tokens on another (the same chunks, in the same order).
+core while the LM decodes the next tokens on another (the same chunks, in the same order). The LM's
+thread holds tokens back until a chunk is due: waking the codec's thread for every token cost the
+LM's thread about 0.1 ms a token on a 2-core CPU (BENCHMARKS §52).
 """
 
 from __future__ import annotations
@@ -29,6 +31,32 @@ from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
 from pcgtts.runtime.config import StreamConfig
 
 
+class ChunkSchedule:
+    """Where a stream's chunks end: the first is `first_chunk_tokens` long, each later one twice the
+    one before, up to `chunk_tokens`; a chunk is due once the tokens its window reads past it (its
+    lookahead) exist. The window decoder and the thread feeding it keep one each."""
+
+    def __init__(self, config: StreamConfig):
+        self.config = config
+        self.done = 0  # stream tokens already emitted
+        self.size = config.first_chunk_tokens  # tokens in the next chunk
+
+    @property
+    def lookahead(self) -> int:
+        """Tokens past the next chunk its window decodes (the first chunk's are fewer)."""
+        return self.config.first_chunk_lookahead if self.done == 0 else self.config.codec_lookahead
+
+    @property
+    def due(self) -> int:
+        """Stream tokens that must exist before the next chunk is emitted."""
+        return self.done + self.size + self.lookahead
+
+    def emitted(self, end: int) -> None:
+        """The stream's audio now runs to token `end`; the next chunk doubles (up to `chunk_tokens`)."""
+        self.done = end
+        self.size = min(2 * self.size, self.config.chunk_tokens)
+
+
 class WindowDecoder:
     """Feed tokens with `push`, get audio chunks back; `flush` at the end of the stream."""
 
@@ -41,8 +69,7 @@ class WindowDecoder:
         ctx = np.zeros(0, np.int64) if context is None else np.asarray(context, np.int64)[-config.left_context_tokens:]
         self.offset = len(ctx) if config.left_context_tokens else 0  # tokens before the stream's first
         self.tokens = list(ctx[-self.offset:]) if self.offset else []
-        self.done = 0  # stream tokens already emitted
-        self.size = config.first_chunk_tokens  # tokens in the next chunk (doubles up to chunk_tokens)
+        self.schedule = ChunkSchedule(config)
         self.tail: np.ndarray | None = None  # previous window's audio just past its chunk
         fade = np.arange(config.crossfade_samples, dtype=np.float32) + 0.5
         self.fade_in = (0.5 - 0.5 * np.cos(np.pi * fade / max(config.crossfade_samples, 1))).astype(np.float32)
@@ -51,15 +78,17 @@ class WindowDecoder:
     def available(self) -> int:
         return len(self.tokens) - self.offset
 
+    @property
+    def done(self) -> int:
+        """Stream tokens already emitted."""
+        return self.schedule.done
+
     def push(self, tokens) -> list[np.ndarray]:
         self.tokens.extend(int(t) for t in tokens)
         out = []
-        while True:
-            right = self.config.first_chunk_lookahead if self.done == 0 else self.config.codec_lookahead
-            if self.available < self.done + self.size + right:
-                return out
-            out.append(self._emit(self.done + self.size, right))
-            self.size = min(2 * self.size, self.config.chunk_tokens)
+        while self.available >= self.schedule.due:
+            out.append(self._emit(self.schedule.done + self.schedule.size, self.schedule.lookahead))
+        return out
 
     def flush(self) -> np.ndarray:
         """Audio for every token not emitted yet (possibly empty)."""
@@ -79,7 +108,7 @@ class WindowDecoder:
             n = min(len(self.tail), len(chunk), len(self.fade_in))
             chunk[:n] = self.tail[:n] * (1 - self.fade_in[:n]) + chunk[:n] * self.fade_in[:n]
         self.tail = audio[lead + (end - start) * hop:lead + (end - start) * hop + cfg.crossfade_samples]
-        self.done = end
+        self.schedule.emitted(end)
         return chunk
 
 
@@ -89,14 +118,18 @@ _FLUSH, _CLOSE = object(), object()
 class CodecThread:
     """A `WindowDecoder` on its own thread, fed by the LM's thread.
 
-    push(tokens) queues tokens and returns at once (False once `emit` has refused a chunk: the
-    consumer is gone, stop producing); finish() flushes, waits and returns whether the last chunk
-    was taken; close() stops the thread (idempotent; after finish it only joins). `emit(samples,
-    last) -> bool` runs on the codec thread. An error there is raised again on the LM's thread by
-    its next push / finish."""
+    push(tokens) keeps tokens and returns at once, handing the codec's thread what it holds once the
+    window's next chunk is due (a `ChunkSchedule` of its own; False once `emit` has refused a chunk: the
+    consumer is gone, stop producing); finish() hands over the rest, flushes, waits and returns
+    whether the last chunk was taken; close() stops the thread (idempotent; after finish it only
+    joins). `emit(samples, last) -> bool` runs on the codec thread. An error there is raised again on
+    the LM's thread by its next push / finish."""
 
     def __init__(self, window: WindowDecoder, emit: Callable[[np.ndarray, bool], bool]):
         self.window, self.emit = window, emit
+        self._held: list = []  # tokens not handed over yet
+        self._handed = 0  # tokens handed over so far
+        self._schedule = ChunkSchedule(window.config)  # the window's, followed on this thread
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._refused = threading.Event()
         self._error: BaseException | None = None
@@ -108,10 +141,23 @@ class CodecThread:
         self._raise()
         if self._refused.is_set():
             return False
-        self._queue.put(list(tokens))
+        self._held.extend(tokens)
+        count = self._handed + len(self._held)
+        if count < self._schedule.due:
+            return True
+        while count >= self._schedule.due:  # the chunks the window will emit from these tokens
+            self._schedule.emitted(self._schedule.done + self._schedule.size)
+        self._hand_over()
         return True
 
+    def _hand_over(self) -> None:
+        if self._held:
+            self._queue.put(self._held)
+            self._handed += len(self._held)
+            self._held = []
+
     def finish(self) -> bool:
+        self._hand_over()
         self._queue.put(_FLUSH)
         self._thread.join()
         self._raise()
