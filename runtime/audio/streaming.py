@@ -16,7 +16,7 @@ Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
 `CodecThread` runs a `WindowDecoder` on a thread of its own, so the codec decodes a window on one
 core while the LM decodes the next tokens on another (the same chunks, in the same order). The LM's
 thread holds tokens back until a chunk is due: waking the codec's thread for every token cost the
-LM's thread about 0.1 ms a token on a 2-core CPU (BENCHMARKS §52).
+LM's thread 0.1-0.15 ms a token on a 2-core CPU (AR 484-490 → 511-529 tok/s, BENCHMARKS §52).
 """
 
 from __future__ import annotations
