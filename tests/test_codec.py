@@ -82,7 +82,6 @@ def test_chunks_start_small_and_double_up_to_the_chunk_size(codecs):
     assert [len(c) // 320 for c in big_first.push(codes)] == [30, 25, 25, 25, 25]
 
 
-
 @pytest.mark.parametrize("config", [StreamConfig(), StreamConfig(first_chunk_tokens=1, chunk_tokens=3, codec_lookahead=0,
                                                                  first_chunk_lookahead=4, crossfade_samples=0)])
 def test_the_codec_thread_is_handed_tokens_once_a_chunk_is_due(codecs, config):
@@ -104,6 +103,7 @@ def test_the_codec_thread_is_handed_tokens_once_a_chunk_is_due(codecs, config):
     assert codec.finish()
     assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
     assert sum(handed) == len(codes) and len(handed) <= len(expected), handed
+
 
 def test_streamed_audio_matches_one_shot_decode(codecs):
     decode_only, _ = codecs

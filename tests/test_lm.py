@@ -36,7 +36,6 @@ def test_prefill_and_steps_match_transformers(tiny_lm_factory, features):
     assert lm.length == 30
 
 
-
 def test_weights_laid_out_for_cpu_steps_still_match_transformers(tiny_lm_factory):
     # A compiled CPU LM's decoder weights are stored transposed (`lay_out_for_cpu_steps`): same values.
     model_dir = tiny_lm_factory()
@@ -48,6 +47,7 @@ def test_weights_laid_out_for_cpu_steps_still_match_transformers(tiny_lm_factory
     ref = hf_logits(model_dir, ids, lm.vocab.head_rows())
     torch.testing.assert_close(lm.prefill(ids[:25]), ref[24], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(lm.forward(ids[25:30]), ref[25:30], atol=2e-5, rtol=1e-4)
+
 
 def test_rollback_then_refeed_equals_fresh_computation(tiny_lm_factory):
     model_dir = tiny_lm_factory()
