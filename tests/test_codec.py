@@ -105,6 +105,36 @@ def test_the_codec_thread_is_handed_tokens_once_a_chunk_is_due(codecs, config):
     assert sum(handed) == len(codes) and len(handed) <= len(expected), handed
 
 
+@pytest.mark.parametrize("length, context", [(140, 0), (77, 30), (15, 0)])
+def test_the_last_window_is_decoded_on_the_finishing_thread(codecs, length, context):
+    # finish() decodes the last window on the LM's thread (the codec's may still be busy with the chunk
+    # before it); the codec's thread only joins it on: the same chunks as an in-line window, bit for
+    # bit, a voice prompt's codes as left context included. 15 tokens: the chunks due (5 + 2, then 10 + 8)
+    # leave 10 tokens to flush.
+    import threading
+
+    from pcgtts.runtime.audio.streaming import CodecThread
+
+    decode_only, _ = codecs
+    rng = np.random.default_rng(4 + length)
+    codes, ctx = rng.integers(0, 65536, length), rng.integers(0, 65536, context) if context else None
+    inline = WindowDecoder(decode_only.decode, StreamConfig(), context=ctx)
+    expected = [c for t in codes for c in inline.push([t])] + [inline.flush()]
+    calls = []
+
+    def decode(window_codes):
+        calls.append(threading.current_thread() is threading.main_thread())
+        return decode_only.decode(window_codes)
+
+    got = []
+    codec = CodecThread(WindowDecoder(decode, StreamConfig(), context=ctx), lambda samples, last: got.append(samples) or True)
+    for t in codes:
+        assert codec.push([int(t)])
+    assert codec.finish()
+    assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    assert len(calls) == len(expected) and calls.count(True) == 1  # the last window, possibly decoded first
+
+
 def test_streamed_audio_matches_one_shot_decode(codecs):
     decode_only, _ = codecs
     for seed in range(2):

@@ -16,7 +16,10 @@ Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
 `CodecThread` runs a `WindowDecoder` on a thread of its own, so the codec decodes a window on one
 core while the LM decodes the next tokens on another (the same chunks, in the same order). The LM's
 thread holds tokens back until a chunk is due: waking the codec's thread for every token cost the
-LM's thread 0.1-0.15 ms a token on a 2-core CPU (AR 484-490 → 511-529 tok/s, BENCHMARKS §52).
+LM's thread 0.1-0.15 ms a token on a 2-core CPU (AR 484-490 → 511-529 tok/s, BENCHMARKS §52). At the
+end of a stream the LM's thread, idle from then on, decodes the last window itself while the codec's
+thread may still be decoding the chunk before it (the two decodes are independent; only the
+cross-fade joins them, on the codec's thread), so the stream ends one window decode sooner.
 """
 
 from __future__ import annotations
@@ -57,6 +60,12 @@ class ChunkSchedule:
         self.size = min(2 * self.size, self.config.chunk_tokens)
 
 
+def window_span(config: StreamConfig, offset: int, start: int, end: int, right: int) -> tuple[int, int]:
+    """[first, last): where in a stream's token list (its `offset` context tokens first) the window lies
+    that decodes the chunk of stream tokens [start, end) with `right` tokens of lookahead."""
+    return max(0, offset + start - config.left_context_tokens), offset + end + right
+
+
 class WindowDecoder:
     """Feed tokens with `push`, get audio chunks back; `flush` at the end of the stream."""
 
@@ -90,18 +99,24 @@ class WindowDecoder:
             out.append(self._emit(self.schedule.done + self.schedule.size, self.schedule.lookahead))
         return out
 
-    def flush(self) -> np.ndarray:
-        """Audio for every token not emitted yet (possibly empty)."""
+    def flush(self, decoded: np.ndarray | None = None) -> np.ndarray:
+        """Audio for every token not emitted yet (possibly empty). `decoded`: the last window's audio,
+        already decoded from the same codes elsewhere (`CodecThread.finish`)."""
         if self.done >= self.available:
             return np.zeros(0, np.float32)
-        return self._emit(self.available, 0)
+        return self._emit(self.available, 0, decoded)
 
-    def _emit(self, end: int, right: int) -> np.ndarray:
+    def _emit(self, end: int, right: int, decoded: np.ndarray | None = None) -> np.ndarray:
         cfg, hop = self.config, SAMPLES_PER_TOKEN
         start = self.done
-        first = max(0, self.offset + start - cfg.left_context_tokens)  # window bounds, in self.tokens
-        last = self.offset + end + right
-        audio = self.decode(np.asarray(self.tokens[first:last], dtype=np.int64))
+        first, last = window_span(cfg, self.offset, start, end, right)  # window bounds, in self.tokens
+        if decoded is None:
+            audio = self.decode(np.asarray(self.tokens[first:last], dtype=np.int64))
+        elif len(decoded) == (last - first) * hop:
+            audio = decoded
+        else:
+            raise ValueError(f"a window of {last - first} tokens decodes to {(last - first) * hop} samples, "
+                             f"got {len(decoded)}")
         lead = (self.offset + start - first) * hop
         chunk = audio[lead:lead + (end - start) * hop].copy()
         if self.tail is not None and len(self.tail):
@@ -120,8 +135,9 @@ class CodecThread:
 
     push(tokens) keeps tokens and returns at once, handing the codec's thread what it holds once the
     window's next chunk is due (a `ChunkSchedule` of its own; False once `emit` has refused a chunk: the
-    consumer is gone, stop producing); finish() hands over the rest, flushes, waits and returns
-    whether the last chunk was taken; close() stops the thread (idempotent; after finish it only
+    consumer is gone, stop producing); finish() hands over the rest, decodes the last window on the
+    calling thread (the codec's may still be busy with the chunk before it), has the codec's thread
+    emit it, waits and returns whether the last chunk was taken; close() stops the thread (idempotent; after finish it only
     joins). `emit(samples, last) -> bool` runs on the codec thread. An error there is raised again on
     the LM's thread by its next push / finish."""
 
@@ -129,6 +145,8 @@ class CodecThread:
         self.window, self.emit = window, emit
         self._held: list = []  # tokens not handed over yet
         self._handed = 0  # tokens handed over so far
+        self._codes = list(window.tokens)  # the window's context, then every token pushed (the last window's codes)
+        self._offset = window.offset
         self._schedule = ChunkSchedule(window.config)  # the window's, followed on this thread
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._refused = threading.Event()
@@ -142,6 +160,7 @@ class CodecThread:
         if self._refused.is_set():
             return False
         self._held.extend(tokens)
+        self._codes.extend(int(t) for t in tokens)
         count = self._handed + len(self._held)
         if count < self._schedule.due:
             return True
@@ -158,7 +177,7 @@ class CodecThread:
 
     def finish(self) -> bool:
         self._hand_over()
-        self._queue.put(_FLUSH)
+        self._queue.put((_FLUSH, self._last_window()))
         self._thread.join()
         self._raise()
         return self._last_taken
@@ -167,6 +186,14 @@ class CodecThread:
         self._refused.set()
         self._queue.put(_CLOSE)
         self._thread.join()
+
+    def _last_window(self) -> np.ndarray | None:
+        """The audio of the window `flush` will emit, decoded on this thread (None: nothing left)."""
+        start, end = self._schedule.done, self._handed  # the chunks due before it are the codec thread's
+        if start >= end:
+            return None
+        first, last = window_span(self.window.config, self._offset, start, end, 0)
+        return self.window.decode(np.asarray(self._codes[first:last], dtype=np.int64))
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -179,8 +206,8 @@ class CodecThread:
                 item = self._queue.get()
                 if item is _CLOSE or self._refused.is_set():
                     return
-                if item is _FLUSH:
-                    self._last_taken = self.emit(self.window.flush(), True)
+                if isinstance(item, tuple):  # (_FLUSH, the last window's audio or None)
+                    self._last_taken = self.emit(self.window.flush(item[1]), True)
                     return
                 for audio in self.window.push(item):
                     if not self.emit(audio, False):
