@@ -127,7 +127,8 @@ def test_the_last_window_is_decoded_on_the_finishing_thread(codecs, length, cont
         return decode_only.decode(window_codes)
 
     got = []
-    codec = CodecThread(WindowDecoder(decode, StreamConfig(), context=ctx), lambda samples, last: got.append(samples) or True)
+    window = WindowDecoder(decode, StreamConfig(), context=ctx)
+    codec = CodecThread(window, lambda samples, last: got.append(samples) or True)
     for t in codes:
         assert codec.push([int(t)])
     assert codec.finish()

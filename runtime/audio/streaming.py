@@ -137,8 +137,8 @@ class CodecThread:
     window's next chunk is due (a `ChunkSchedule` of its own; False once `emit` has refused a chunk: the
     consumer is gone, stop producing); finish() hands over the rest, decodes the last window on the
     calling thread (the codec's may still be busy with the chunk before it), has the codec's thread
-    emit it, waits and returns whether the last chunk was taken; close() stops the thread (idempotent; after finish it only
-    joins). `emit(samples, last) -> bool` runs on the codec thread. An error there is raised again on
+    emit it, waits and returns whether the last chunk was taken; close() stops the thread
+    (idempotent; after finish it only joins). `emit(samples, last) -> bool` runs on the codec thread. An error there is raised again on
     the LM's thread by its next push / finish."""
 
     def __init__(self, window: WindowDecoder, emit: Callable[[np.ndarray, bool], bool]):
@@ -206,7 +206,7 @@ class CodecThread:
                 item = self._queue.get()
                 if item is _CLOSE or self._refused.is_set():
                     return
-                if isinstance(item, tuple):  # (_FLUSH, the last window's audio or None)
+                if isinstance(item, tuple) and item[0] is _FLUSH:  # with the last window's audio (or None)
                     self._last_taken = self.emit(self.window.flush(item[1]), True)
                     return
                 for audio in self.window.push(item):
