@@ -138,15 +138,13 @@ class CodecThread:
     consumer is gone, stop producing); finish() hands over the rest, decodes the last window on the
     calling thread (the codec's may still be busy with the chunk before it), has the codec's thread
     emit it, waits and returns whether the last chunk was taken; close() stops the thread
-    (idempotent; after finish it only joins). `emit(samples, last) -> bool` runs on the codec thread. An error there is raised again on
-    the LM's thread by its next push / finish."""
+    (idempotent; after finish it only joins). `emit(samples, last) -> bool` runs on the codec
+    thread. An error there is raised again on the LM's thread by its next push / finish."""
 
     def __init__(self, window: WindowDecoder, emit: Callable[[np.ndarray, bool], bool]):
         self.window, self.emit = window, emit
-        self._held: list = []  # tokens not handed over yet
-        self._handed = 0  # tokens handed over so far
         self._codes = list(window.tokens)  # the window's context, then every token pushed (the last window's codes)
-        self._offset = window.offset
+        self._handed = 0  # stream tokens handed over so far; the rest of `_codes` is held back
         self._schedule = ChunkSchedule(window.config)  # the window's, followed on this thread
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._refused = threading.Event()
@@ -159,9 +157,8 @@ class CodecThread:
         self._raise()
         if self._refused.is_set():
             return False
-        self._held.extend(tokens)
         self._codes.extend(int(t) for t in tokens)
-        count = self._handed + len(self._held)
+        count = len(self._codes) - self.window.offset
         if count < self._schedule.due:
             return True
         while count >= self._schedule.due:  # the chunks the window will emit from these tokens
@@ -170,10 +167,10 @@ class CodecThread:
         return True
 
     def _hand_over(self) -> None:
-        if self._held:
-            self._queue.put(self._held)
-            self._handed += len(self._held)
-            self._held = []
+        held = self._codes[self.window.offset + self._handed:]
+        if held:
+            self._queue.put(held)
+            self._handed += len(held)
 
     def finish(self) -> bool:
         self._hand_over()
@@ -192,7 +189,7 @@ class CodecThread:
         start, end = self._schedule.done, self._handed  # the chunks due before it are the codec thread's
         if start >= end:
             return None
-        first, last = window_span(self.window.config, self._offset, start, end, 0)
+        first, last = window_span(self.window.config, self.window.offset, start, end, 0)
         return self.window.decode(np.asarray(self._codes[first:last], dtype=np.int64))
 
     def _raise(self) -> None:
