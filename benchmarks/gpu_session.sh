@@ -48,14 +48,15 @@ if [ "$step" = eagle ]; then
     # - one deadline for the whole step, EAGLE_DEADLINE_MINUTES (default 8.5) from its start: every run is ended
     #   then, and each run's training is given the time up to it (below), so that it ends on its own and writes
     #   its draft (a run the deadline ends returns its last checkpoint instead);
-    # - the sequences come back split into parts.
+    # - the sequences come back split into parts, when the 8 files that come back leave room for them.
     # Session 37 (H100, BENCHMARKS §48): 14,000 sequences sampled in 48 s; their states then took ~2 min, one
     # sequence a pass (since then STATE_BATCH a pass); run a (batch 32) trained 8,135 steps in 3.6 min and is the
-    # built-in voice's draft; a second run beside it only slowed both. Next time: one run, more sequences
-    # (--state-dtype float16 keeps ~40,000 of this target's in ~35 GB), from scratch or on from the voice's
-    # draft (--init-from pcgtts/voice/eagle_draft.safetensors; --seed 1 samples other sequences, and other
-    # held-out sentences), e.g. EAGLE_SAMPLE_BATCH=1024 EAGLE_RUNS="a:--sequences 40000 --state-dtype float16
-    # --heldout 48 --steps 200000 --block mlp --mlp-size 512 --feature-layers 0,1,2,3,4 --passes 3 --batch-sequences 32".
+    # built-in voice's draft; a second run beside it only slowed both. Session 43 (H200, BENCHMARKS §54): that
+    # draft trained on from its weights (--init-from, --seed 1, --lr 3e-4) on 32,599 new sequences, 12,500
+    # steps in 4.6 min, +0.01 acceptance: the voice's draft since; a second round (--seed 2, 16,189 more)
+    # moved nothing. This draft's shape (--block mlp --mlp-size 512) is saturated: a next lease should
+    # train another shape from scratch (e.g. --mlp-size 1024, or --block attention) and weigh its
+    # acceptance against its proposal cost on the CPU.
     started=$(date +%s)
     deadline=$((started + $(python3 -c "print(int(60 * ${EAGLE_DEADLINE_MINUTES:-8.5}))")))
     work=${EAGLE_WORK:-/tmp/eagle}
@@ -107,8 +108,16 @@ PY
         # a run the deadline ended: its last checkpoint instead of the draft
         [ -f "$OUT/$name.safetensors" ] || cp "$work/$name/work/eagle_checkpoint.pt" "$OUT/$name.checkpoint.pt" 2>/dev/null
     done
-    # the sampled sequences come back in parts under the device tool's 16 MiB a file (cat them together)
-    split -b 15M -d "$work/$first/work/sequences.npz" "$OUT/sequences.npz.part"
+    # the sampled sequences come back in parts under the device tool's 16 MiB a file (cat them together),
+    # unless they would push $OUT past the tool's 8 files, which would leave out files the drafts may be
+    # among: then they stay in $EAGLE_WORK
+    split -b 15M -d "$work/$first/work/sequences.npz" "$work/sequences.npz.part"
+    parts=("$work"/sequences.npz.part*)
+    if [ $(( $(find "$OUT" -maxdepth 1 -type f | wc -l) + ${#parts[@]} )) -le 8 ]; then
+        mv "${parts[@]}" "$OUT/"
+    else
+        echo "eagle: the sequences ($((${#parts[@]})) parts) stay in $work: they would exceed the 8 files that come back" | tee -a "$OUT/eagle.log"
+    fi
     ls -la "$OUT" | tee -a "$OUT/eagle.log"
 fi
 if [ "$step" = lab ]; then  # one run, named lm: the labs step below with LAB_ARGS as its flags
