@@ -54,9 +54,9 @@ if [ "$step" = eagle ]; then
     # built-in voice's draft; a second run beside it only slowed both. Session 43 (H200, BENCHMARKS §54): that
     # draft trained on from its weights (--init-from, --seed 1, --lr 3e-4) on 32,599 new sequences, 12,500
     # steps in 4.6 min, +0.01 acceptance: the voice's draft since; a second round (--seed 2, 16,189 more)
-    # moved nothing. This draft's shape (--block mlp --mlp-size 512) is saturated: a next lease should
-    # train another shape from scratch (e.g. --mlp-size 1024, or --block attention) and weigh its
-    # acceptance against its proposal cost on the CPU.
+    # moved nothing. This draft's shape (--block mlp --mlp-size 512) is saturated. Another shape pays on the
+    # CPU only if it accepts ~0.07 more a position (§54.5: --mlp-size 1024's proposals cost 0.77 against
+    # 0.45 ms a step; --block attention has no compiled chain on the CPU yet and costs 2-3 ms).
     started=$(date +%s)
     deadline=$((started + $(python3 -c "print(int(60 * ${EAGLE_DEADLINE_MINUTES:-8.5}))")))
     work=${EAGLE_WORK:-/tmp/eagle}
