@@ -49,7 +49,21 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
     if not all(p.exists() for p in paths.values()):
         log.warning("expanding the built-in voice into %s (once; about a minute on a 2-core CPU)", cache)
         paths = expand_voice(pack_dir, cache)
+        _note_earlier_expansions(cache)
     return ModelPaths(**{name: str(paths[name]) for name in names})
+
+
+def _note_earlier_expansions(cache: Path) -> list[Path]:
+    """Log the other built-in voice expansions beside `cache` (an earlier version's weights, or another
+    install's) and what they hold: ~0.5 GB each with their exports. They are left in place, since another
+    install sharing the cache may still use one. Returns them."""
+    earlier = sorted(p for p in cache.parent.glob("voice-*") if p.is_dir() and p != cache)
+    if earlier:
+        size = sum(f.stat().st_size for folder in earlier for f in folder.rglob("*") if f.is_file())
+        log.warning("%d earlier expansion(s) of the built-in voice remain beside it (%.0f MB): %s; remove them "
+                    "if no other pcgtts install uses them", len(earlier), size / 1e6,
+                    ", ".join(str(p) for p in earlier))
+    return earlier
 
 
 def voice_settings(pack_dir: Path | None = None) -> dict:

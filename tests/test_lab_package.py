@@ -3,6 +3,7 @@ and expanding them back into the released layouts gives the same model (to fp16 
 layout-checked draft, a loadable codec, re-keyed heads and a group table."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +224,41 @@ def test_pack_voice_refuses_bad_settings_before_writing(tmp_path):
         pack_voice(tmp_path / "voice", tmp_path / "lm", tmp_path / "draft", codec, name="t",
                    settings={"temperature": -0.5})
     assert not (tmp_path / "voice").exists() and not (tmp_path / "voice.tmp").exists()
+
+
+def test_a_new_expansion_of_the_builtin_voice_names_the_earlier_ones(tmp_path, monkeypatch, caplog):
+    """A changed voice.json expands into a new cache folder; the folders of earlier expansions are named
+    with their size, once (at the expansion), and left in place (another install may use them)."""
+    import logging
+
+    from pcgtts import builtin
+
+    pack = tmp_path / "voice"
+    pack.mkdir()
+    (pack / "voice.json").write_text('{"name": "v2"}')
+    root = tmp_path / "cache"
+    old = root / "voice-0123456789abcdef"
+    (old / "target").mkdir(parents=True)
+    (old / "target" / "model.safetensors").write_bytes(b"\0" * 3_000_000)
+    (root / "demo-v1").mkdir()  # not a voice expansion
+
+    def fake_expand(pack_dir, cache):
+        paths = {"target": cache / "target", "draft": cache / "draft", "codec": cache / "codec",
+                 "groups": cache / "groups.pcg"}
+        for name, path in paths.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir() if name != "groups" else path.write_bytes(b"")
+        return paths
+
+    monkeypatch.setattr("pcgtts.train.package.expand_voice", fake_expand)
+    with caplog.at_level(logging.WARNING, logger="pcgtts.builtin"):
+        models = builtin.trained_voice(pack, root)
+    notes = [r.getMessage() for r in caplog.records if "earlier expansion" in r.getMessage()]
+    assert len(notes) == 1 and str(old) in notes[0] and "(3 MB)" in notes[0]
+    assert str(root / "demo-v1") not in notes[0] and Path(models.target).parent.name not in notes[0]
+    assert old.is_dir()
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pcgtts.builtin"):
+        assert builtin.trained_voice(pack, root) == models  # already expanded: nothing to say
+    assert not caplog.records
