@@ -7,8 +7,9 @@ through torch.compile (inductor's C++ kernels, the weights read in place): one g
 and cache length are symbolic serves 1-token steps and verifies alike, compiled at load (the
 demo shape: ~52 s on 2 cores the first time, ~17 s from torch's on-disk caches). A step then
 costs about two thirds of an eager one on small models, whose step time is mostly per-op
-overhead (BENCHMARKS.md §26-27); prefills stay eager. A compiled LM's decoder weights are laid out
-[in, out] in memory (`lay_out_for_cpu_steps`), the layout MKL multiplies fastest at several tokens.
+overhead (BENCHMARKS.md §26-27); prefills stay eager. On a CPU, in float32, compiled or not, the
+decoder weights are laid out [in, out] in memory (`lay_out_for_cpu_steps`), the layout MKL
+multiplies fastest at several tokens.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class TorchLM(SequenceMixin):
         self.graph_sizes = tuple(graph_sizes)
         self._graphs: dict[int, _StepGraph] = {}
         self._fingerprint: str | None = None
-        if compiled:
+        if self.device.type == "cpu" and model.embed_tokens.weight.dtype == torch.float32:
             lay_out_for_cpu_steps(model)
         self._compiled_hidden = _compile_hidden(model) if compiled else None
         self.ensure_cache()
