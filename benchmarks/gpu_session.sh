@@ -113,7 +113,9 @@ PY
     # among: then they stay in $EAGLE_WORK
     split -b 15M -d "$work/$first/work/sequences.npz" "$work/sequences.npz.part"
     parts=("$work"/sequences.npz.part*)
-    if [ $(( $(find "$OUT" -maxdepth 1 -type f | wc -l) + ${#parts[@]} )) -le 8 ]; then
+    if [ ! -e "${parts[0]}" ]; then
+        echo "eagle: no sequences to return" | tee -a "$OUT/eagle.log"
+    elif [ $(( $(find "$OUT" -maxdepth 1 -type f | wc -l) + ${#parts[@]} )) -le 8 ]; then
         mv "${parts[@]}" "$OUT/"
     else
         echo "eagle: the sequences ($((${#parts[@]})) parts) stay in $work: they would exceed the 8 files that come back" | tee -a "$OUT/eagle.log"

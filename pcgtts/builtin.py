@@ -53,17 +53,16 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
     return ModelPaths(**{name: str(paths[name]) for name in names})
 
 
-def _note_earlier_expansions(cache: Path) -> list[Path]:
+def _note_earlier_expansions(cache: Path) -> None:
     """Log the other built-in voice expansions beside `cache` (an earlier version's weights, or another
     install's) and what they hold: ~0.5 GB each with their exports. They are left in place, since another
-    install sharing the cache may still use one. Returns them."""
+    install sharing the cache may still use one."""
     earlier = sorted(p for p in cache.parent.glob("voice-*") if p.is_dir() and p != cache)
     if earlier:
         size = sum(f.stat().st_size for folder in earlier for f in folder.rglob("*") if f.is_file())
         log.warning("%d earlier expansion(s) of the built-in voice remain beside it (%.0f MB): %s; remove them "
                     "if no other pcgtts install uses them", len(earlier), size / 1e6,
                     ", ".join(str(p) for p in earlier))
-    return earlier
 
 
 def voice_settings(pack_dir: Path | None = None) -> dict:
