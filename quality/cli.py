@@ -398,20 +398,22 @@ def render_tables(result: dict) -> str:
     from pcgtts.quality.stats import format_table
 
     mode, rows = result["mode"], result["summaries"]
+    pct = dict(scale=100.0, digits=1)
     if mode == "cloning":
         speakers = sorted(result["passed_by_speaker"])
         n_each = {s: sum(c["speaker"] == s for c in result["cases"]) for s in speakers}
-        table = [[s, f"{result['passed_by_speaker'][s]} / {n_each[s]}"] for s in speakers]
+        table = [[s, f"{result['passed_by_speaker'][s]} / {n_each[s]}", est(result["wer_by_speaker"][s], **pct)]
+                 for s in speakers]
         for name, key in (("all, vs every speaker", "all_speakers"), ("all, vs distinct sources", "distinct_sources")):
             r = result[key]
             table.append([name, f"{r['passed']} / {r['n']} = {100 * r['rate']:.0f} % "
-                                f"[{100 * r['low']:.0f}, {100 * r['high']:.0f}] (bar 80 %)"])
-        table.append(["mean margin (own - best other)", f"{result['mean_margin']:+.3f}"])
+                                f"[{100 * r['low']:.0f}, {100 * r['high']:.0f}] (bar 80 %)",
+                          est(result["wer"], **pct) if key == "all_speakers" else ""])
+        table.append(["mean margin (own - best other)", f"{result['mean_margin']:+.3f}", ""])
         what = "real utterances (oracle)" if result["oracle"] else "cloned syntheses"
-        return format_table(["speaker", "nearest centroid is its own"], table,
+        return format_table(["speaker", "nearest centroid is its own", "WER %"], table,
                             title=f"pcgtts eval: cloning, {what} vs {len(result['pool'])} speakers' centroids")
     note = f"  [{result['notice']}]" if result.get("notice") else ""
-    pct = dict(scale=100.0, digits=1)
     if mode == "source":
         return format_table(["voice", "n", "WER %", "CER %", "Sim-O", "WER % reversed"],
                             [[s["case"], s["wer"]["n"], est(s["wer"], **pct), est(s["cer"], **pct),

@@ -6,7 +6,8 @@ cloning). The result's speaker embedding (resemblyzer, `metrics.speaker_encoder`
 cosine with every pool speaker's centroid: the mean embedding of up to `per_speaker` of that
 speaker's utterances (never a reference). A case passes when its own speaker's centroid is the
 nearest. The bar: pass rate >= 80 %, reported with a Wilson 95 % interval and the mean margin
-(cosine to the own centroid minus the best other). The corpus's derived speakers (pitch/tempo
+(cosine to the own centroid minus the best other). A clone must also say its sentence: each case's
+PocketSphinx WER is reported beside it (a voice copied into babble would pass the speaker test). The corpus's derived speakers (pitch/tempo
 variants of one packaged voice) are near-twins to a speaker encoder, so the rate is also given
 against the speakers of *other* source voices only ("distinct sources").
 
@@ -85,17 +86,20 @@ def identify(embedding: np.ndarray, own: str, centroids: dict) -> tuple[bool, fl
 
 def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, sentences: Sequence[str],
                 embed: Callable[[np.ndarray], np.ndarray] | None = None, progress: Callable[[str], None] = lambda m: None,
-                seed: int = 0) -> dict:
+                seed: int = 0, transcribe: Callable[[np.ndarray], str] | None = None) -> dict:
     """Every (speaker, reference) case: speak a sentence cloned from the reference (speak(text,
     ref_path, ref_text, seed) -> 16 kHz audio), or with `speak=None` (oracle) take the speaker's
-    next real utterance; identify it against the pool's centroids."""
-    from pcgtts.quality.metrics import speaker_encoder
+    next real utterance; identify it against the pool's centroids and transcribe it (WER against
+    the text it says)."""
+    from pcgtts.quality.metrics import error_rates, recognizer, speaker_encoder
+    from pcgtts.quality.stats import mean_ci
     from pcgtts.runtime.audio.io import load_audio
 
     corpus = Path(corpus)
     if embed is None:
-        encoder = speaker_encoder()
-        embed = encoder.embed
+        embed = speaker_encoder().embed
+    if transcribe is None:
+        transcribe = recognizer().transcribe
 
     def load(row):
         return load_audio(corpus / row["path"])
@@ -112,20 +116,25 @@ def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, s
             text = sentences[len(cases) % len(sentences)]
             if speak is None:  # oracle: a real utterance of the speaker that is in no centroid
                 others = [r for r in plan.references[speaker] if r is not ref]
-                audio = load(others[0] if others else ref)
+                real = others[0] if others else ref
+                audio, text = load(real), real["text"]
             else:
                 progress(f"clone {speaker} ref {i + 1}: {text[:40]}")
                 audio = speak(text, corpus / ref["path"], ref["text"], seed + i)
             emb = embed(audio)  # None: no speech found (a silent synthesis fails the case)
             passed, margin = identify(emb, speaker, centroids) if emb is not None else (False, None)
             passed_distinct = identify(emb, speaker, distinct)[0] if emb is not None else False
+            heard = transcribe(audio)
             cases.append({"speaker": speaker, "reference": ref["id"], "text": text, "passed": passed,
-                          "passed_distinct_sources": passed_distinct, "margin": margin, "seconds": len(audio) / 16000})
+                          "passed_distinct_sources": passed_distinct, "margin": margin, "seconds": len(audio) / 16000,
+                          "transcript": heard, "wer": error_rates(text, heard)[0]})
     margins = [c["margin"] for c in cases if c["margin"] is not None]
     return {"mode": "cloning", "oracle": speak is None, "pool": sorted(centroids), "cases": cases,
             "all_speakers": _rate(cases, "passed"), "distinct_sources": _rate(cases, "passed_distinct_sources"),
             "mean_margin": float(np.mean(margins)) if margins else math.nan,
-            "passed_by_speaker": {s: sum(c["passed"] for c in cases if c["speaker"] == s) for s in plan.cloned}}
+            "passed_by_speaker": {s: sum(c["passed"] for c in cases if c["speaker"] == s) for s in plan.cloned},
+            "wer": mean_ci([c["wer"] for c in cases]).as_dict(),
+            "wer_by_speaker": {s: mean_ci([c["wer"] for c in cases if c["speaker"] == s]).as_dict() for s in plan.cloned}}
 
 
 def _rate(cases: Sequence[dict], key: str) -> dict:

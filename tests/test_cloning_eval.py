@@ -87,3 +87,28 @@ def test_real_utterances_are_identified_and_another_speakers_are_not(corpus):
 
     wrong = run_cloning(plan, corpus, wrong_speaker, SENTENCES)
     assert wrong["all_speakers"]["passed"] == 0 and wrong["mean_margin"] < 0
+
+
+def test_each_case_is_transcribed_and_scored_against_the_text_it_says(corpus):
+    """The WER beside the speaker test: a clone is scored against the sentence it was asked to say, the
+    oracle's real utterance against its own transcript (fake judges: no encoder or recogniser needed)."""
+    plan = cloning_plan(read_manifest(corpus), refs=2, per_speaker=3)
+    embed = lambda audio: np.array([1.0, float(len(audio) % 7)])  # noqa: E731
+    heard = {}
+
+    def speak(text, ref_path, ref_text, seed):
+        audio = np.full(16000 + seed, 0.1, dtype=np.float32)
+        heard[len(audio)] = " ".join(text.split()[:-2])  # says all but its last two words
+        return audio
+
+    result = run_cloning(plan, corpus, speak, SENTENCES, embed=embed, transcribe=lambda audio: heard[len(audio)])
+    for case in result["cases"]:
+        words = len(case["text"].split())
+        assert case["wer"] == pytest.approx(2 / words)
+    assert result["wer"]["n"] == 2 and result["wer"]["mean"] == pytest.approx(np.mean([c["wer"] for c in result["cases"]]))
+    assert set(result["wer_by_speaker"]) == {"awb"}
+
+    refs = {r["id"]: r["text"] for r in plan.references["awb"]}
+    oracle = run_cloning(plan, corpus, None, SENTENCES, embed=embed, transcribe=lambda audio: "")
+    for case in oracle["cases"]:  # the real utterance scored against its own text (an empty hearing: WER 1)
+        assert case["text"] in refs.values() and case["text"] != refs[case["reference"]] and case["wer"] == 1.0
