@@ -114,9 +114,9 @@ def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, s
                     if name == speaker or plan.sources[name] != plan.sources[speaker]}
         for i, ref in enumerate(plan.references[speaker]):
             text = sentences[len(cases) % len(sentences)]
-            if speak is None:  # oracle: a real utterance of the speaker that is in no centroid
-                others = [r for r in plan.references[speaker] if r is not ref]
-                real = others[0] if others else ref
+            if speak is None:  # oracle: a real utterance of the speaker that is in no centroid (the next reference)
+                refs = plan.references[speaker]
+                real = refs[(i + 1) % len(refs)]
                 audio, text = load(real), real["text"]
             else:
                 progress(f"clone {speaker} ref {i + 1}: {text[:40]}")

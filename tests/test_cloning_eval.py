@@ -112,3 +112,6 @@ def test_each_case_is_transcribed_and_scored_against_the_text_it_says(corpus):
     oracle = run_cloning(plan, corpus, None, SENTENCES, embed=embed, transcribe=lambda audio: "")
     for case in oracle["cases"]:  # the real utterance scored against its own text (an empty hearing: WER 1)
         assert case["text"] in refs.values() and case["text"] != refs[case["reference"]] and case["wer"] == 1.0
+    three = cloning_plan(read_manifest(corpus), refs=3, per_speaker=3)
+    oracle = run_cloning(three, corpus, None, SENTENCES, embed=embed, transcribe=lambda audio: "")
+    assert len({c["text"] for c in oracle["cases"]}) == 3  # each case another real utterance
