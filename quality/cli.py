@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from pcgtts.cli.flags import comma_list, quiet_logger
@@ -402,16 +403,20 @@ def render_tables(result: dict) -> str:
     if mode == "cloning":
         speakers = sorted(result["passed_by_speaker"])
         n_each = {s: sum(c["speaker"] == s for c in result["cases"]) for s in speakers}
-        table = [[s, f"{result['passed_by_speaker'][s]} / {n_each[s]}", est(result["wer_by_speaker"][s], **pct)]
-                 for s in speakers]
+        def most_like(speaker):  # whom its cases sound like most often
+            votes = Counter(c.get("nearest") for c in result["cases"] if c["speaker"] == speaker and c.get("nearest"))
+            return ", ".join(f"{name} ({k})" for name, k in votes.most_common(2))
+
+        table = [[s, f"{result['passed_by_speaker'][s]} / {n_each[s]}", est(result["wer_by_speaker"][s], **pct),
+                  most_like(s)] for s in speakers]
         for name, key in (("all, vs every speaker", "all_speakers"), ("all, vs distinct sources", "distinct_sources")):
             r = result[key]
             table.append([name, f"{r['passed']} / {r['n']} = {100 * r['rate']:.0f} % "
                                 f"[{100 * r['low']:.0f}, {100 * r['high']:.0f}] (bar 80 %)",
-                          est(result["wer"], **pct) if key == "all_speakers" else ""])
-        table.append(["mean margin (own - best other)", f"{result['mean_margin']:+.3f}", ""])
+                          est(result["wer"], **pct) if key == "all_speakers" else "", ""])
+        table.append(["mean margin (own - best other)", f"{result['mean_margin']:+.3f}", "", ""])
         what = "real utterances (oracle)" if result["oracle"] else "cloned syntheses"
-        return format_table(["speaker", "nearest centroid is its own", "WER %"], table,
+        return format_table(["speaker", "nearest centroid is its own", "WER %", "nearest most often"], table,
                             title=f"pcgtts eval: cloning, {what} vs {len(result['pool'])} speakers' centroids")
     note = f"  [{result['notice']}]" if result.get("notice") else ""
     if mode == "source":

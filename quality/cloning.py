@@ -76,12 +76,22 @@ def cloning_plan(rows: Sequence[dict], refs: int = 4, per_speaker: int = 8, seed
     return CloningPlan(cloned, sources, references, centroid_rows)
 
 
+def _cosines(embedding: np.ndarray, centroids: dict) -> dict:
+    return {name: float(embedding @ c / (np.linalg.norm(embedding) * np.linalg.norm(c) + 1e-12))
+            for name, c in centroids.items()}
+
+
 def identify(embedding: np.ndarray, own: str, centroids: dict) -> tuple[bool, float]:
     """(own centroid is the nearest by cosine, own cosine - best other cosine)."""
-    sims = {name: float(embedding @ c / (np.linalg.norm(embedding) * np.linalg.norm(c) + 1e-12))
-            for name, c in centroids.items()}
+    sims = _cosines(embedding, centroids)
     best_other = max(v for name, v in sims.items() if name != own)
     return sims[own] > best_other, sims[own] - best_other
+
+
+def nearest(embedding: np.ndarray, centroids: dict) -> str:
+    """The speaker whose centroid is nearest by cosine (who a clone sounds like, when not its own)."""
+    sims = _cosines(embedding, centroids)
+    return max(sims, key=sims.get)
 
 
 def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, sentences: Sequence[str],
@@ -127,6 +137,7 @@ def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, s
             heard = transcribe(audio)
             cases.append({"speaker": speaker, "reference": ref["id"], "text": text, "passed": passed,
                           "passed_distinct_sources": passed_distinct, "margin": margin, "seconds": len(audio) / 16000,
+                          "nearest": nearest(emb, centroids) if emb is not None else None,
                           "transcript": heard, "wer": error_rates(text, heard)[0]})
     margins = [c["margin"] for c in cases if c["margin"] is not None]
     return {"mode": "cloning", "oracle": speak is None, "pool": sorted(centroids), "cases": cases,
@@ -143,4 +154,4 @@ def _rate(cases: Sequence[dict], key: str) -> dict:
     return {"passed": k, "n": n, "rate": k / n if n else math.nan, "low": low, "high": high}
 
 
-__all__ = ["read_manifest", "CloningPlan", "cloning_plan", "identify", "run_cloning"]
+__all__ = ["read_manifest", "CloningPlan", "cloning_plan", "identify", "nearest", "run_cloning"]

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from pcgtts.quality.cloning import cloning_plan, identify, read_manifest, run_cloning
+from pcgtts.quality.cloning import cloning_plan, identify, nearest, read_manifest, run_cloning
 from pcgtts.quality.stats import wilson
 
 SENTENCES = ["The old barn stood at the edge of the field for many years.",
@@ -56,6 +56,7 @@ def test_identify_picks_the_nearest_centroid():
     assert identify(np.array([0.9, 0.1]), "a", centroids)[0]
     passed, margin = identify(np.array([0.9, 0.1]), "b", centroids)
     assert not passed and margin < 0
+    assert nearest(np.array([0.9, 0.1]), centroids) == "a" and nearest(np.array([0.2, 0.7]), centroids) == "b"
 
 
 def test_plan_keeps_references_out_of_centroids(corpus):
