@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="cloning mode: a lab corpus (`pcgtts lab corpus`); its held-out speakers are cloned")
     p.add_argument("--refs", type=positive(int), default=4, help="cloning mode: references (3-5 s) per speaker (default 4)")
     p.add_argument("--oracle", action="store_true",
-                   help="cloning mode: score real utterances instead of syntheses (the pool's ceiling; no models)")
+                   help="cloning mode: score real utterances instead of syntheses (the pool's ceiling; no LM); "
+                        "with --codec, resynthesised through it (the ceiling of syntheses through that codec)")
     p.add_argument("--testset", help="test-set JSON (default: quality/testset_v1.json)")
     p.add_argument("--cache-dir", help="where reference audio is rendered (default ~/.cache/pcgtts/eval)")
     p.add_argument("--out", help="output folder for results.json, tables.txt and curves_*.png")
@@ -142,8 +143,8 @@ def check_args(args: argparse.Namespace):
 
         if not args.corpus:
             raise ValueError("--mode cloning needs --corpus (a lab corpus with held-out speakers)")
-        if args.oracle and (args.target or args.draft or args.groups or args.codec):
-            raise ValueError("--oracle scores real utterances; it takes no models")
+        if args.oracle and (args.target or args.draft or args.groups or args.eagle or args.heads or args.transitions):
+            raise ValueError("--oracle scores real utterances; it takes no LM (a --codec resynthesises them)")
         args.cloning_plan = cloning_plan(read_manifest(args.corpus), refs=args.refs)
         voices = []
     elif args.mode in ("source", "codec"):
@@ -236,7 +237,15 @@ def _run_cloning(args, sentences, progress):
     from pcgtts.quality.cloning import run_cloning
     from pcgtts.quality.harness import synthesize_one
 
-    speak = None
+    speak = resynthesize = None
+    if args.oracle and args.codec:  # the ceiling of syntheses through this codec: real utterances resynthesised
+        from pcgtts.runtime.audio.codec import Codec
+
+        progress(f"loading codec {args.codec}")
+        codec = Codec.from_pretrained(args.codec, decode_only=False)
+
+        def resynthesize(audio):
+            return codec.decode(codec.encode(audio))
     if not args.oracle:
         from pcgtts.cli.commands import load_synthesizer
 
@@ -251,8 +260,9 @@ def _run_cloning(args, sentences, progress):
             config = replace(base.config, seed=seed, decode=decode)
             return synthesize_one(base, text, config, base.voice_from_audio(ref_path, ref_text))[0]
 
-    result = run_cloning(args.cloning_plan, args.corpus, speak, sentences, progress=progress, seed=args.seeds[0])
-    result.update({"corpus": args.corpus, "summaries": []})
+    result = run_cloning(args.cloning_plan, args.corpus, speak, sentences, progress=progress, seed=args.seeds[0],
+                         resynthesize=resynthesize)
+    result.update({"corpus": args.corpus, "codec": args.codec, "summaries": []})
     from pcgtts.builtin import runs_demo_models
 
     return result, not args.oracle and runs_demo_models(args.target)
@@ -415,7 +425,8 @@ def render_tables(result: dict) -> str:
                                 f"[{100 * r['low']:.0f}, {100 * r['high']:.0f}] (bar 80 %)",
                           est(result["wer"], **pct) if key == "all_speakers" else "", ""])
         table.append(["mean margin (own - best other)", f"{result['mean_margin']:+.3f}", "", ""])
-        what = "real utterances (oracle)" if result["oracle"] else "cloned syntheses"
+        what = ("cloned syntheses" if not result["oracle"] else "real utterances (oracle)" if not result.get("codec")
+                else f"real utterances through the codec (oracle, {result['codec']})")
         return format_table(["speaker", "nearest centroid is its own", "WER %", "nearest most often"], table,
                             title=f"pcgtts eval: cloning, {what} vs {len(result['pool'])} speakers' centroids")
     note = f"  [{result['notice']}]" if result.get("notice") else ""

@@ -12,7 +12,8 @@ variants of one packaged voice) are near-twins to a speaker encoder, so the rate
 against the speakers of *other* source voices only ("distinct sources").
 
 `oracle=True` scores another real utterance of the speaker instead of a synthesis: the pool's
-separability, the ceiling any synthesis can reach (and the harness's self-test in CI).
+separability, the ceiling any synthesis can reach (and the harness's self-test in CI); resynthesised
+through a codec, the ceiling of any synthesis through that codec.
 
     rows = read_manifest(corpus)                  # train/corpus.py: the lab corpus's manifest.jsonl
     plan = cloning_plan(rows, refs=4)             # references + centroid utterances per speaker
@@ -96,11 +97,12 @@ def nearest(embedding: np.ndarray, centroids: dict) -> str:
 
 def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, sentences: Sequence[str],
                 embed: Callable[[np.ndarray], np.ndarray] | None = None, progress: Callable[[str], None] = lambda m: None,
-                seed: int = 0, transcribe: Callable[[np.ndarray], str] | None = None) -> dict:
+                seed: int = 0, transcribe: Callable[[np.ndarray], str] | None = None,
+                resynthesize: Callable[[np.ndarray], np.ndarray] | None = None) -> dict:
     """Every (speaker, reference) case: speak a sentence cloned from the reference (speak(text,
     ref_path, ref_text, seed) -> 16 kHz audio), or with `speak=None` (oracle) take the speaker's
-    next real utterance; identify it against the pool's centroids and transcribe it (WER against
-    the text it says)."""
+    next real utterance (through `resynthesize`, e.g. a codec's encode + decode, when given); identify it
+    against the pool's centroids and transcribe it (WER against the text it says)."""
     from pcgtts.quality.metrics import error_rates, recognizer, speaker_encoder
     from pcgtts.quality.stats import mean_ci
     from pcgtts.runtime.audio.io import load_audio
@@ -128,6 +130,8 @@ def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, s
                 refs = plan.references[speaker]
                 real = refs[(i + 1) % len(refs)]
                 audio, text = load(real), real["text"]
+                if resynthesize is not None:
+                    audio = resynthesize(audio)
             else:
                 progress(f"clone {speaker} ref {i + 1}: {text[:40]}")
                 audio = speak(text, corpus / ref["path"], ref["text"], seed + i)

@@ -116,3 +116,22 @@ def test_each_case_is_transcribed_and_scored_against_the_text_it_says(corpus):
     three = cloning_plan(read_manifest(corpus), refs=3, per_speaker=3)
     oracle = run_cloning(three, corpus, None, SENTENCES, embed=embed, transcribe=lambda audio: "")
     assert len({c["text"] for c in oracle["cases"]}) == 3  # each case another real utterance
+
+
+def test_the_oracle_through_a_codec_scores_the_resynthesised_utterance(corpus):
+    """--oracle --codec C: each real utterance goes through `resynthesize` before it is judged."""
+    plan = cloning_plan(read_manifest(corpus), refs=2, per_speaker=3)
+    judged = []
+
+    def embed(audio):
+        judged.append(len(audio))
+        return np.array([1.0, 0.5])
+
+    def halve(audio):  # stands in for a codec's encode + decode
+        return audio[: len(audio) // 2]
+
+    plain = run_cloning(plan, corpus, None, SENTENCES, embed=embed, transcribe=lambda audio: "")
+    through = run_cloning(plan, corpus, None, SENTENCES, embed=embed, transcribe=lambda audio: "", resynthesize=halve)
+    for a, b in zip(plain["cases"], through["cases"]):
+        assert b["seconds"] == pytest.approx(a["seconds"] / 2, abs=1e-4) and b["text"] == a["text"]
+    assert judged[-2:] == [round(c["seconds"] * 16000) for c in through["cases"]]

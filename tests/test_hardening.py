@@ -193,6 +193,7 @@ def small_table(path):
     (["eval", "--mode", "cloning"], "--mode cloning needs --corpus"),
     (["eval", "--mode", "cloning", "--corpus", "{tmp}"], "corpus manifest not found"),
     (["eval", "--corpus", "{tmp}"], "--corpus and --oracle are for --mode cloning"),
+    (["eval", "--mode", "cloning", "--corpus", "{tmp}", "--oracle", "--target", "{tmp}"], "it takes no LM"),
     (["bench", "--speed", "0"], "must be > 0"),
     (["bench", "--runs", "0"], "must be > 0"),
     (["bench", "--json", "/proc/pcgtts.json"], "cannot write"),
