@@ -51,6 +51,44 @@ def test_semonly_init_is_alive_and_learns():
     assert losses[-1] < losses[0]
 
 
+def test_an_acoustic_codec_trains_its_waveform_encoder_and_matches_the_stock_encode():
+    """`acoustic=True`: the acoustic encoder starts alive and learns, and the training forward's codes for
+    a whole utterance are the stock `Xcodec2Model.encode`'s (the same submodules, in the same order)."""
+    from dataclasses import replace
+
+    from pcgtts.runtime.audio.features import encoder_inputs
+
+    model = new_codec(replace(TINY, acoustic=True), seed=0)
+    assert float(model.acoustic_encoder.conv2.weight.detach().abs().sum()) > 0
+    assert all(p.requires_grad for p in model.acoustic_encoder.parameters())
+    torch.manual_seed(0)
+    feats, target = torch.randn(2, 8, 160), 0.3 * torch.sin(torch.arange(2 * 2560).view(2, 2560) * 0.05)
+    before = {k: v.clone() for k, v in model.acoustic_encoder.state_dict().items()}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    loss_fn, losses = ReconstructionLoss(), []
+    for _ in range(6):
+        audio, _ = codec_forward(model, feats, target)
+        loss = loss_fn(audio, target)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0]
+    assert any(not torch.equal(before[k], v) for k, v in model.acoustic_encoder.state_dict().items())
+
+    model.eval()
+    rng = np.random.default_rng(1)
+    wav = (0.3 * np.sin(np.arange(12345) * 0.03) + 0.02 * rng.standard_normal(12345)).astype(np.float32)
+    inputs = encoder_inputs(wav)
+    with torch.no_grad():
+        stock = model.encode(inputs["input_values"], inputs["input_features"], padding_mask=inputs["padding_mask"],
+                             input_features_mask=inputs["input_features_mask"]).audio_codes[0, 0]
+        _, ours = codec_forward(model, inputs["input_features"], inputs["input_values"][:, 0])
+        _, semonly = codec_forward(model, inputs["input_features"])
+    assert torch.equal(ours[0].long(), stock.long())
+    assert not torch.equal(semonly[0].long(), stock.long())  # the waveform encoder is in the codes
+
+
 @pytest.mark.slow  # tens of seconds on a loaded 2-core box
 def test_train_export_load_and_resume(tmp_path):
     from transformers import Xcodec2Model
@@ -102,3 +140,22 @@ def test_frozen_encoder_keeps_the_codes_and_trains_the_decoder(tmp_path):
     assert encoder and decoder
     assert all(torch.equal(before[k], after[k]) for k in encoder)
     assert any(not torch.equal(before[k], after[k]) for k in decoder)
+
+
+def test_lab_codec_acoustic_trains_the_waveform_encoder_in_the_loop(tmp_path):
+    """`lab codec --acoustic`: the training loop feeds the crops' waveforms to the acoustic encoder (its
+    weights move from their fresh init) and records the choice, so a semonly run cannot resume it."""
+    from dataclasses import replace
+
+    corpus = _corpus(tmp_path / "corpus")
+    acoustic = replace(TINY, acoustic=True)
+    cfg = CodecTrainConfig(corpus=corpus, out_dir=tmp_path / "codec", model=acoustic, steps=2, batch_size=2,
+                           crop_frames=8, warmup=1, log_every=1, checkpoint_minutes=60)
+    train_codec(cfg)
+    state = torch.load(tmp_path / "codec" / "checkpoint.pt", weights_only=False)
+    assert state["model_config"]["acoustic"] is True
+    fresh = new_codec(acoustic, seed=0).state_dict()
+    moved = [k for k in fresh if k.startswith("acoustic_encoder.") and not torch.equal(fresh[k], state["model"][k])]
+    assert moved
+    with pytest.raises(ValueError, match="another model config"):
+        train_codec(replace(cfg, model=TINY, steps=3))

@@ -57,6 +57,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="tiny model (tests, smoke runs)")
     p.add_argument("--eval", action="store_true", help="only evaluate the export on held-out speakers: STOI, PocketSphinx WER of source and resynthesis")
     p.add_argument("--init-from", type=Path, help="start a fresh run from a committed voice's codec (e.g. pcgtts/voice)")
+    p.add_argument("--acoustic", action="store_true",
+                   help="train the acoustic (waveform) encoder too, as the released codec does (keeps more of a voice; ~5x slower a step on a CPU)")
     p.add_argument("--freeze-encoder", action="store_true",
                    help="stage 2: fix the codes (freeze up to the quantizer) and train only the decoder; sticky")
     p.set_defaults(lab_func=_cmd_codec)
@@ -171,8 +173,9 @@ def _cmd_codec(args) -> dict:
         raise FileNotFoundError(f"no corpus at {args.corpus} (run `pcgtts lab corpus` first)")
     if args.eval:
         return evaluate_codec(args.out / "export", args.corpus)
-    model = CodecModelConfig(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2,
-                             semantic_hidden=32, semantic_intermediate=64) if args.tiny else CodecModelConfig()
+    model = CodecModelConfig(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2, semantic_hidden=32,
+                             semantic_intermediate=64, acoustic=args.acoustic) if args.tiny else \
+        CodecModelConfig(acoustic=args.acoustic)
     cfg = CodecTrainConfig(corpus=args.corpus, out_dir=args.out, model=model, steps=args.steps,
                            batch_size=args.batch_size, lr=args.lr, threads=args.threads,
                            checkpoint_minutes=args.checkpoint_minutes, freeze_encoder=args.freeze_encoder,

@@ -1,13 +1,16 @@
 """Speech-lab codec: train a small X-codec2 in transformers' `Xcodec2Model` format.
 
 Second step of the lab (corpus -> **codec** -> codes -> LM). Recipe "semonly" from the speech-lab
-probe: the acoustic encoder is kept in the file (so the format is the released one) but zeroed
-(`conv2` weight/bias = 0) and frozen, so it contributes exact zeros in the stock `encode`; the
+probe (the default): the acoustic encoder is kept in the file (so the format is the released one) but
+zeroed (`conv2` weight/bias = 0) and frozen, so it contributes exact zeros in the stock `encode`; the
 trained path is the runtime's own semantic front end (`pcgtts.runtime.audio.features.encoder_inputs`:
 Kaldi fbank, 160 dims at 50 Hz) -> small w2v-bert -> adapter -> fc_encoder -> FSQ (8 x 4 levels =
 65,536 codes, straight-through) -> Vocos-style decoder with the ISTFT head. The stock `encode` runs
 the semantic encoder under no_grad, so training uses its own forward through the same submodules
-in the same order. HF's init (zero biases) gives a dead decoder; every Linear/Conv1d gets
+in the same order. `CodecModelConfig(acoustic=True)` (`lab codec --acoustic`) trains the acoustic
+(waveform) encoder too, as the released codec does: the per-utterance normalised fbank features remove an
+utterance's long-term spectrum, so a semonly codec's codes carry little of a voice's timbre, and held-out
+voices come back as voices it was trained on (QUALITY.md session 44). About 5x slower a step on a CPU. HF's init (zero biases) gives a dead decoder; every Linear/Conv1d gets
 `reset_parameters()`. Loss: multi-resolution log-mel + log-STFT L1 plus waveform L1; AdamW with
 warm-up and cosine decay. Checkpoints (model, optimizer, step, RNG) every few minutes, resumable;
 `export_dir` always holds the last `save_pretrained` export that `Xcodec2Model.from_pretrained`
@@ -49,6 +52,7 @@ class CodecModelConfig:
     semantic_layers: int = 2
     semantic_heads: int = 2
     semantic_intermediate: int = 256
+    acoustic: bool = False  # train the acoustic (waveform) encoder too; False: zeroed and frozen (semonly)
 
     def __post_init__(self) -> None:
         if self.hidden_size % 32 or self.hidden_size % self.num_heads:
@@ -113,7 +117,8 @@ class CodecTrainConfig:
 
 
 def new_codec(model_config: CodecModelConfig, seed: int = 0):
-    """A fresh Xcodec2Model, PyTorch default init, acoustic encoder zeroed and frozen (semonly)."""
+    """A fresh Xcodec2Model, PyTorch default init; the acoustic encoder zeroed and frozen unless
+    `model_config.acoustic`."""
     from transformers import Xcodec2Model
 
     with torch.random.fork_rng(devices=[]):
@@ -122,30 +127,35 @@ def new_codec(model_config: CodecModelConfig, seed: int = 0):
         for module in model.modules():
             if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d)):
                 module.reset_parameters()  # HF init zeroes biases: a dead decoder (probe §2)
-    with torch.no_grad():
-        model.acoustic_encoder.conv2.weight.zero_()
-        model.acoustic_encoder.conv2.bias.zero_()
-    model.acoustic_encoder.requires_grad_(False)
+    if not model_config.acoustic:
+        with torch.no_grad():
+            model.acoustic_encoder.conv2.weight.zero_()
+            model.acoustic_encoder.conv2.bias.zero_()
+        model.acoustic_encoder.requires_grad_(False)
     return model
 
 
-def codec_forward(model, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training forward with gradients: features [B, T, 160] -> (audio [B, 320 T], codes [B, T]).
+def codec_forward(model, features: torch.Tensor, waves: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training forward with gradients: features [B, T, 160] (+ waves [B, 320 T] for an acoustic
+    codec) -> (audio [B, 320 T], codes [B, T]).
 
-    The same submodules, in the same order, as the stock `encode` + `decode`; the zeroed acoustic
-    encoder's output (exact zeros) is passed as zeros instead of being computed.
+    The same submodules, in the same order, as the stock `encode` + `decode`; without `waves` the zeroed
+    acoustic encoder's output (exact zeros) is passed as zeros instead of being computed.
     """
-    latents, codes = _quantize(model, features)
+    latents, codes = _quantize(model, features, waves)
     audio = model.acoustic_decoder(latents)
     return audio[:, 0], codes[..., 0]
 
 
-def _quantize(model, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """features [B, T, 160] -> (FSQ latents, codes [B, T, 1]): the encoder side of the stock model,
-    the zeroed acoustic encoder's output (exact zeros) passed as zeros instead of computed."""
+def _quantize(model, features: torch.Tensor, waves: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """features [B, T, 160] (+ waves [B, 320 T]) -> (FSQ latents, codes [B, T, 1]): the encoder side of
+    the stock model; without waves the zeroed acoustic encoder's output (exact zeros) is passed as zeros."""
     sem = model.semantic_encoder(features).last_hidden_state.transpose(1, 2)
     sem = model.semantic_adapter(sem)
-    acoustic = sem.new_zeros(sem.shape[0], model.config.hidden_size, sem.shape[2])
+    if waves is None:
+        acoustic = sem.new_zeros(sem.shape[0], model.config.hidden_size, sem.shape[2])
+    else:
+        acoustic = model.acoustic_encoder(waves[:, None])
     return model.quantizer(model.fc_encoder(torch.cat([sem, acoustic], dim=1).transpose(1, 2)))
 
 
@@ -250,14 +260,15 @@ def export_codec(model, export_dir: Path) -> Path:
     return export_dir
 
 
-ENCODER_PARTS = ("semantic_encoder", "semantic_adapter", "fc_encoder", "quantizer")  # features -> codes
+ENCODER_PARTS = ("semantic_encoder", "semantic_adapter", "acoustic_encoder", "fc_encoder", "quantizer")  # audio -> codes
 FROZEN_MARKER = "encoder_frozen.json"
 
 
-def _set_train_mode(model, frozen: bool) -> None:
-    """Train mode for what trains; the zeroed acoustic encoder (and a frozen encoder) stay in eval."""
+def _set_train_mode(model, frozen: bool, acoustic: bool = False) -> None:
+    """Train mode for what trains; a zeroed acoustic encoder (and a frozen encoder) stay in eval."""
     model.train()
-    model.acoustic_encoder.eval()
+    if not acoustic:
+        model.acoustic_encoder.eval()
     for name in ENCODER_PARTS if frozen else ():
         getattr(model, name).eval()
 
@@ -299,7 +310,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     frozen = cfg.freeze_encoder or (out / FROZEN_MARKER).is_file()
     if frozen:
         _freeze_encoder(model, out, step)
-    _set_train_mode(model, frozen)
+    _set_train_mode(model, frozen, cfg.model.acoustic)
     t_ckpt = t_reload = time.monotonic()
     first = step
     window: list[float] = []
@@ -309,7 +320,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
                                     "rng": rng_state(rng), "model_config": asdict(cfg.model)})
         model.eval()
         export_codec(model, out / "export")
-        _set_train_mode(model, frozen)
+        _set_train_mode(model, frozen, cfg.model.acoustic)
         losses.plot(out / "loss.png", title="codec reconstruction loss")
         log.info("checkpoint at step %d -> %s (export %s)", step, ckpt_path, out / "export")
 
@@ -317,7 +328,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         feats, target = sampler.batch(cfg.batch_size, rng)
-        pred, codes = codec_forward(model, feats)
+        pred, codes = codec_forward(model, feats, target if cfg.model.acoustic else None)
         terms = loss_fn(pred, target)
         opt.zero_grad(set_to_none=True)
         terms["loss"].backward()
