@@ -7,9 +7,10 @@ cosine with every pool speaker's centroid: the mean embedding of up to `per_spea
 speaker's utterances (never a reference). A case passes when its own speaker's centroid is the
 nearest. The bar: pass rate >= 80 %, reported with a Wilson 95 % interval and the mean margin
 (cosine to the own centroid minus the best other). A clone must also say its sentence: each case's
-PocketSphinx WER is reported beside it (a voice copied into babble would pass the speaker test). The corpus's derived speakers (pitch/tempo
-variants of one packaged voice) are near-twins to a speaker encoder, so the rate is also given
-against the speakers of *other* source voices only ("distinct sources").
+PocketSphinx WER is reported beside it (a voice copied into babble would pass the speaker test). The
+corpus's derived speakers (pitch/tempo variants of one packaged voice) are near-twins to a speaker
+encoder, so the rate is also given against the speakers of *other* source voices only ("distinct
+sources").
 
 `oracle=True` scores another real utterance of the speaker instead of a synthesis: the pool's
 separability, the ceiling any synthesis can reach (and the harness's self-test in CI); resynthesised

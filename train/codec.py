@@ -10,8 +10,8 @@ the semantic encoder under no_grad, so training uses its own forward through the
 in the same order. `CodecModelConfig(acoustic=True)` (`lab codec --acoustic`) trains the acoustic
 (waveform) encoder too, as the released codec does: the per-utterance normalised fbank features remove an
 utterance's long-term spectrum, so a semonly codec's codes carry little of a voice's timbre, and held-out
-voices come back as voices it was trained on (QUALITY.md session 44). About 5x slower a step on a CPU. HF's init (zero biases) gives a dead decoder; every Linear/Conv1d gets
-`reset_parameters()`. Loss: multi-resolution log-mel + log-STFT L1 plus waveform L1; AdamW with
+voices come back as voices it was trained on (QUALITY.md session 44). About 5x slower a step on a CPU.
+HF's init (zero biases) gives a dead decoder; every Linear/Conv1d gets `reset_parameters()`. Loss: multi-resolution log-mel + log-STFT L1 plus waveform L1; AdamW with
 warm-up and cosine decay. Checkpoints (model, optimizer, step, RNG) every few minutes, resumable;
 `export_dir` always holds the last `save_pretrained` export that `Xcodec2Model.from_pretrained`
 and the runtime's `Codec` load.

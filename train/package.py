@@ -175,8 +175,7 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
         old, new = load_file(str(pack / "codec.safetensors")), load_file(str(tmp))
         if old.keys() != new.keys():
             raise ValueError(f"{codec_dir}: another codec layout than the voice's (different tensors)")
-        encoder = (*ENCODER_PARTS, "acoustic_encoder")
-        changed = sorted(k for k in old if k.split(".")[0] in encoder and not torch.equal(old[k], new[k]))
+        changed = sorted(k for k in old if k.split(".")[0] in ENCODER_PARTS and not torch.equal(old[k], new[k]))
         if changed:
             raise ValueError(f"{codec_dir}: its encoder differs from the voice's ({changed[0]}, ...), so its codes "
                              "are not the ones the target was trained on; fine-tune with --freeze-encoder")
