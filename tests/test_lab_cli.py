@@ -35,3 +35,30 @@ def test_missing_inputs_fail_before_work(tmp_path, capsys):
         args = p.parse_args(argv)
         with pytest.raises(SystemExit, match=needle):
             args.func(args)
+
+
+def test_all_runs_each_step_with_its_commands_defaults(tmp_path, monkeypatch):
+    """`lab all` hands every step a namespace its own command would parse (no missing option)."""
+    from pcgtts.train import cli
+
+    seen = {}
+
+    def fake(name, result):
+        def run(args):
+            seen[name] = args
+            return result
+        return run
+
+    p = _parser()
+    monkeypatch.setattr(cli, "_cmd_corpus", fake("corpus", {"hours": 1.0}))
+    monkeypatch.setattr(cli, "_cmd_codec", fake("codec", {"export": "c"}))
+    monkeypatch.setattr(cli, "_cmd_lm", fake("lm", {"export": "l"}))
+    monkeypatch.setattr(cli, "_cmd_draft", fake("draft", {"export": "d"}))
+    args = p.parse_args(["lab", "all", "--root", str(tmp_path), "--threads", "2"])
+    assert cli._cmd_all(args) == {"corpus": 1.0, "codec": "c", "lm": "l", "draft": "d"}
+    for name, got in seen.items():
+        want = vars(p.parse_args(["lab", name]))
+        assert set(want) <= set(vars(got)), name  # every option its command has
+        assert got.lab_command == name
+    assert seen["codec"].threads == 2 and seen["lm"].codec == tmp_path / "codec" / "export"
+    assert seen["corpus"].markov_sentences == 0 and seen["codec"].acoustic is False

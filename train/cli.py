@@ -42,6 +42,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--markov-sentences", type=int, default=0,
                    help="add this many sentences from essential-generators' Markov model to the pool (lab-v2)")
     p.add_argument("--speakers", default=None, help="comma-separated subset of speaker names (default: all 24)")
+    p.add_argument("--voice-bank", action="store_true",
+                   help="add 20 festival voices of other languages for the codec alone (split codec_only)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(lab_func=_cmd_corpus)
 
@@ -147,12 +149,15 @@ class _Bar:
 
 
 def _cmd_corpus(args) -> dict:
-    from pcgtts.train.corpus import DEFAULT_HELDOUT_SPEAKERS, DEFAULT_SPEAKERS, CorpusConfig, build_corpus
+    from pcgtts.train.corpus import (DEFAULT_HELDOUT_SPEAKERS, DEFAULT_SPEAKERS, VOICE_BANK_SPEAKERS, CorpusConfig,
+                                     build_corpus)
 
-    speakers = DEFAULT_SPEAKERS
+    if args.voice_bank and args.speakers:
+        raise ValueError("--voice-bank adds the voice bank to the default speakers; with --speakers, name them")
+    speakers = DEFAULT_SPEAKERS + VOICE_BANK_SPEAKERS if args.voice_bank else DEFAULT_SPEAKERS
     if args.speakers:
         names = [n.strip() for n in args.speakers.split(",") if n.strip()]
-        known = {s.name: s for s in DEFAULT_SPEAKERS}
+        known = {s.name: s for s in DEFAULT_SPEAKERS + VOICE_BANK_SPEAKERS}
         unknown = [n for n in names if n not in known]
         if unknown:
             raise ValueError(f"unknown speakers {unknown}; known: {', '.join(known)}")
@@ -227,19 +232,21 @@ def _cmd_package(args) -> dict:
 
 
 def _cmd_all(args) -> dict:
-    root = args.root
-    ns = argparse.Namespace
+    """Each step parsed from its own command line, so every option has the value its command defaults to."""
+    parser = argparse.ArgumentParser(prog="pcgtts")
+    register(parser.add_subparsers(dest="command", required=True))
+    root, threads = args.root, ["--threads", str(args.threads)]
+
+    def step(*argv):
+        return parser.parse_args(["lab", *map(str, argv)])
+
     out = {}
-    out["corpus"] = _cmd_corpus(ns(out=root / "corpus", per_speaker=260, heldout_sentences=24, max_sentences=None,
-                                   speakers=None, seed=0))["hours"]
-    out["codec"] = _cmd_codec(ns(corpus=root / "corpus", out=root / "codec", steps=20000, batch_size=8,
-                                 lr=6e-4, threads=args.threads, checkpoint_minutes=5.0, tiny=False, eval=False,
-                                 freeze_encoder=False, init_from=None))["export"]
-    out["lm"] = _cmd_lm(ns(corpus=root / "corpus", codec=root / "codec" / "export", out=root / "lm", steps=6000,
-                           batch_size=8, threads=args.threads, checkpoint_minutes=5.0, tiny=False, size="base",
-                           voice_prompt_prob=0.5, init_from=None))["export"]
-    out["draft"] = _cmd_draft(ns(target=root / "lm" / "export", lm_dir=root / "lm", out=root / "draft", layers=3,
-                                 steps=1000, threads=args.threads))["export"]
+    out["corpus"] = _cmd_corpus(step("corpus", "--out", root / "corpus"))["hours"]
+    out["codec"] = _cmd_codec(step("codec", "--corpus", root / "corpus", "--out", root / "codec", *threads))["export"]
+    out["lm"] = _cmd_lm(step("lm", "--corpus", root / "corpus", "--codec", root / "codec" / "export",
+                             "--out", root / "lm", *threads))["export"]
+    out["draft"] = _cmd_draft(step("draft", "--target", root / "lm" / "export", "--lm-dir", root / "lm",
+                                   "--out", root / "draft", *threads))["export"]
     return out
 
 
