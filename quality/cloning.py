@@ -52,7 +52,7 @@ def cloning_plan(rows: Sequence[dict], refs: int = 4, per_speaker: int = 8, seed
     if refs < 1 or per_speaker < 1:
         raise ValueError("refs and per_speaker must be >= 1")
     by_speaker: dict[str, list[dict]] = {}
-    for row in sorted(rows, key=lambda r: r["id"]):
+    for row in sorted((r for r in rows if r.get("split") != "codec_only"), key=lambda r: r["id"]):  # not the voice bank
         by_speaker.setdefault(row["speaker"], []).append(row)
     cloned = tuple(speakers) if speakers else tuple(sorted({r["speaker"] for r in rows
                                                             if r.get("split") == "heldout_speakers"}))

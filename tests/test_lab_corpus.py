@@ -16,8 +16,8 @@ needs_flite = pytest.mark.skipif(bool(missing_tools([SLT, DERIVED])),
 
 
 def _config(out, **kw):
-    return CorpusConfig(out_dir=out, per_speaker=2, heldout_sentences=1, max_sentences=6,
-                        speakers=(SLT, DERIVED), heldout_speakers=("flite_slt_p-250",), **kw)
+    kw = {"speakers": (SLT, DERIVED), "heldout_speakers": ("flite_slt_p-250",), **kw}
+    return CorpusConfig(out_dir=out, per_speaker=2, heldout_sentences=1, max_sentences=6, **kw)
 
 
 def test_plan_is_deterministic_and_splits(tmp_path):
@@ -88,3 +88,54 @@ def test_a_full_corpus_refuses_to_start_without_the_fortune_files(tmp_path, monk
     with pytest.raises(RuntimeError, match="fortunes-min"):
         build_corpus(cfg)
     assert not (tmp_path / "c").exists()
+
+
+def test_voice_bank_speakers_are_codec_only_and_never_held_out(tmp_path, monkeypatch):
+    """The voice bank's utterances form the codec_only split, with no held-out sentences of their own;
+    a missing festival voice is named by its Debian package before anything renders."""
+    from pcgtts.train import corpus
+    from pcgtts.train.corpus import VOICE_BANK_SPEAKERS
+
+    bank = VOICE_BANK_SPEAKERS[:2]
+    assert all(s.codec_only for s in VOICE_BANK_SPEAKERS) and len({s.name for s in VOICE_BANK_SPEAKERS}) == 20
+    cfg = _config(tmp_path, speakers=(SLT, DERIVED, *bank))
+    utts = plan(cfg)
+    by = {}
+    for u in utts:
+        by.setdefault(u.speaker.name, []).append(u)
+    for s in bank:
+        assert {u.split for u in by[s.name]} == {"codec_only"} and len(by[s.name]) == cfg.per_speaker
+    assert [(u.id, u.split) for u in by["flite_slt"]] == [(u.id, u.split) for u in plan(_config(tmp_path))
+                                                          if u.speaker.name == "flite_slt"]
+    with pytest.raises(ValueError, match="codec_only"):
+        _config(tmp_path, speakers=(SLT, DERIVED, *bank), heldout_speakers=(bank[0].name,))
+    with pytest.raises(ValueError, match="unknown festival voice"):
+        corpus.Speaker("x", "festival", "nobody")
+    monkeypatch.setattr(corpus, "FESTIVAL_VOICE_DIR", tmp_path / "none")
+    monkeypatch.setattr(corpus.shutil, "which", lambda tool: "/usr/bin/" + tool)
+    assert missing_tools(bank) == [f"apt-get install {corpus.FESTIVAL_VOICES[bank[0].voice][1]}"]
+
+
+def test_the_voice_bank_feeds_the_codec_and_nothing_else(tmp_path):
+    """CropSampler reads train + codec_only; the LM's splits and the cloning pool leave codec_only out."""
+    import numpy as np
+
+    from pcgtts.quality.cloning import cloning_plan
+    from pcgtts.train.codec import CropSampler
+    from pcgtts.train.corpus import write_manifest
+    from pcgtts.train.lm import _split_records
+
+    rows = []
+    for n, (speaker, split) in enumerate((("a", "train"), ("a", "heldout_sentences"), ("b", "train"),
+                                          ("c", "heldout_speakers"), ("bank", "codec_only"))):
+        for k in range(2):
+            rel = f"audio/{speaker}/{speaker}-{n}{k}.flac"
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            sf.write(str(tmp_path / rel), np.zeros(16000 * 4, np.int16), 16000, format="FLAC")
+            rows.append({"id": f"{speaker}-{n}{k}", "speaker": speaker, "source": speaker, "text": "t", "split": split,
+                         "seconds": 4.0, "path": rel})
+    write_manifest(tmp_path, rows)
+    assert {r["speaker"] for r in CropSampler(tmp_path, crop_frames=10).records} == {"a", "b", "bank"}
+    train, held = _split_records(tmp_path)
+    assert {r["split"] for r in train} == {"train"} and "codec_only" not in {r["split"] for r in held}
+    assert "bank" not in cloning_plan(rows, refs=1, per_speaker=1).centroid_rows

@@ -208,19 +208,22 @@ class ReconstructionLoss(torch.nn.Module):
 
 
 class CropSampler:
-    """Random fixed-length crops of training utterances with their runtime encoder features."""
+    """Random fixed-length crops of training utterances with their runtime encoder features.
 
-    def __init__(self, corpus: Path, crop_frames: int, split: str = "train"):
-        self.corpus, self.crop_frames, self.split = Path(corpus), crop_frames, split
+    The codec reads the corpus's training speakers and its voice bank (`codec_only`: voices whose
+    transcripts are not what they say, which the codec never needs)."""
+
+    def __init__(self, corpus: Path, crop_frames: int, splits: tuple[str, ...] = ("train", "codec_only")):
+        self.corpus, self.crop_frames, self.splits = Path(corpus), crop_frames, splits
         self._cache: dict[str, np.ndarray] = {}
         self.reload()
 
     def reload(self) -> None:
-        records = [r for r in read_manifest(self.corpus) if r["split"] == self.split]
+        records = [r for r in read_manifest(self.corpus) if r["split"] in self.splits]
         need = (self.crop_frames + 1) * SAMPLES_PER_TOKEN / SAMPLE_RATE
         self.records = [r for r in records if r["seconds"] >= need]
         if not self.records:
-            raise ValueError(f"{self.corpus}: no {self.split} utterances of at least {need:.2f} s")
+            raise ValueError(f"{self.corpus}: no {' or '.join(self.splits)} utterances of at least {need:.2f} s")
         self.hours = sum(r["seconds"] for r in self.records) / 3600
 
     def _audio(self, rec: dict) -> np.ndarray:

@@ -6,13 +6,18 @@ Text comes from files that Debian packages ship (`fortunes-min`, `fortunes`: pla
 drawn from the trigram Markov model that the `essential-generators` wheel ships (built from
 encyclopedia text: many more distinct sentences, locally fluent, not always meaningful). Speakers are
 `hibari-tts` (default voice at speeds 0.9/1.0/1.1), `flite` voices, festival voices, and sox
-pitch/tempo variants of those, labelled as derived speakers. Everything is deterministic
+pitch/tempo variants of those, labelled as derived speakers. `--voice-bank` adds 20 more speakers for
+the codec alone: festival's Italian, Czech, Russian, Finnish and Catalan voices (and variants) reading
+the same English sentences by their own language's rules, so their transcripts are not what they say;
+their utterances form the `codec_only` split, which the LM, its held-out figures and the cloning pool
+never read. Everything is deterministic
 (seeded sentence choice, seeded hibari noise), cached (an utterance whose FLAC exists is not
 rendered again) and resumable (the manifest is rebuilt from what exists). Utterances are rendered
 round-robin over speakers, so a partial corpus is balanced.
 
 Manifest: `manifest.jsonl`, one JSON object per utterance:
-id, speaker, source, variant, text, split (train / heldout_sentences / heldout_speakers), seconds, path.
+id, speaker, source, variant, text, split (train / heldout_sentences / heldout_speakers / codec_only),
+seconds, path.
 """
 
 from __future__ import annotations
@@ -41,7 +46,21 @@ log = logging.getLogger(__name__)
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
 PLAIN = re.compile(r"^[A-Z][A-Za-z ,;:'\-]*[A-Za-z][.!?]$")  # plain English prose, no digits/quotes
 MIN_WORDS, MAX_WORDS = 4, 25
-SPLITS = ("train", "heldout_sentences", "heldout_speakers")
+SPLITS = ("train", "heldout_sentences", "heldout_speakers", "codec_only")
+
+
+# festival voice -> (its festival voice, the Debian package that ships it)
+FESTIVAL_VOICES = {
+    "kal": ("kal_diphone", "festvox-kallpc16k"), "ked": ("ked_diphone", "festvox-kdlpc16k"),
+    "slt_hts": ("cmu_us_slt_arctic_hts", "festvox-us-slt-hts"),
+    # the voice bank's (not English: codec_only)
+    "it_lp": ("lp_diphone", "festvox-italp16k"), "it_pc": ("pc_diphone", "festvox-itapc16k"),
+    "cz_dita": ("czech_dita", "festvox-czech-dita"), "cz_krb": ("czech_krb", "festvox-czech-krb"),
+    "cz_machac": ("czech_machac", "festvox-czech-machac"), "cz_ph": ("czech_ph", "festvox-czech-ph"),
+    "ru_nsh": ("msu_ru_nsh_clunits", "festvox-ru"), "fi_lj": ("suo_fi_lj_diphone", "festvox-suopuhe-lj"),
+    "fi_mv": ("hy_fi_mv_diphone", "festvox-suopuhe-mv"), "ca_ona": ("upc_ca_ona_hts", "festvox-ca-ona-hts"),
+}
+FESTIVAL_VOICE_DIR = Path("/usr/share/festival/voices")
 
 
 @dataclass(frozen=True)
@@ -54,10 +73,13 @@ class Speaker:
     speed: float = 1.0  # hibari speed
     pitch_cents: int = 0  # sox pitch shift (derived speakers)
     tempo: float = 1.0  # sox tempo factor (derived speakers)
+    codec_only: bool = False  # a voice-bank voice: another language's front end, the transcript is not what it says
 
     def __post_init__(self) -> None:
         if self.engine not in ("hibari", "flite", "festival"):
             raise ValueError(f"unknown engine {self.engine!r}")
+        if self.engine == "festival" and self.voice not in FESTIVAL_VOICES:
+            raise ValueError(f"unknown festival voice {self.voice!r}; known: {', '.join(FESTIVAL_VOICES)}")
         if not 0.5 <= self.speed <= 2.0 or not 0.5 <= self.tempo <= 2.0:
             raise ValueError(f"speaker {self.name}: speed/tempo must lie in [0.5, 2]")
 
@@ -75,7 +97,6 @@ class Speaker:
         return "+".join(parts) or "original"
 
 
-FESTIVAL_VOICES = {"kal": "voice_kal_diphone", "ked": "voice_ked_diphone", "slt_hts": "voice_cmu_us_slt_arctic_hts"}
 
 # 14 source speakers + 10 derived ones. The last three are held out of training (cloning tests).
 DEFAULT_SPEAKERS = (
@@ -106,6 +127,18 @@ DEFAULT_SPEAKERS = (
 )
 DEFAULT_HELDOUT_SPEAKERS = ("fest_ked", "flite_slt_p+350_t0.95", "hibari_s100_p+120_t1.05")
 
+# `--voice-bank`: 10 more source voices and a pitch/tempo variant of each, for the codec alone (codec_only).
+VOICE_BANK_SPEAKERS = tuple(
+    Speaker(f"fest_{voice}{suffix}", "festival", voice, pitch_cents=cents, tempo=tempo, codec_only=True)
+    for voice, variant in (("it_lp", (-250, 1.0)), ("it_pc", (250, 1.0)), ("cz_dita", (-300, 1.05)),
+                           ("cz_krb", (200, 1.0)), ("cz_machac", (300, 0.95)), ("cz_ph", (-200, 1.1)),
+                           ("ru_nsh", (300, 1.0)), ("fi_lj", (-300, 1.0)), ("fi_mv", (350, 0.9)),
+                           ("ca_ona", (250, 1.05)))
+    for suffix, cents, tempo in (("", 0, 1.0),
+                                 (f"_p{variant[0]:+d}" + (f"_t{variant[1]:g}" if variant[1] != 1.0 else ""),
+                                  variant[0], variant[1]))
+)
+
 
 @dataclass(frozen=True)
 class CorpusConfig:
@@ -129,6 +162,9 @@ class CorpusConfig:
         unknown = set(self.heldout_speakers) - set(names)
         if unknown:
             raise ValueError(f"held-out speakers {sorted(unknown)} are not in the speaker list")
+        bank = sorted(set(self.heldout_speakers) & {s.name for s in self.speakers if s.codec_only})
+        if bank:
+            raise ValueError(f"held-out speakers {bank} are codec_only voices (their transcripts are not what they say)")
         if not 0 < self.peak <= 1:
             raise ValueError("peak must lie in (0, 1]")
 
@@ -265,7 +301,7 @@ class Renderer:
             else:
                 txt = os.path.join(tmp, "a.txt")
                 Path(txt).write_text(text + "\n")
-                subprocess.run(["text2wave", "-eval", f"({FESTIVAL_VOICES[speaker.voice]})", txt, "-o", wav],
+                subprocess.run(["text2wave", "-eval", f"(voice_{FESTIVAL_VOICES[speaker.voice][0]})", txt, "-o", wav],
                                check=True, capture_output=True, timeout=120)
                 audio = self._read(wav)
             if speaker.derived:
@@ -286,17 +322,20 @@ class Renderer:
 
 def missing_tools(speakers) -> list[str]:
     """Engines/tools a speaker list needs that this machine lacks (as install hints)."""
-    needs = set()
+    needs, voices = set(), set()
     for s in speakers:
         if s.engine == "flite":
             needs.add("flite")
         elif s.engine == "festival":
             needs.add("text2wave")
+            voice_dir, package = FESTIVAL_VOICES[s.voice]
+            if not any(FESTIVAL_VOICE_DIR.glob(f"*/{voice_dir}")):
+                voices.add(package)
         else:
             needs.add("hibari")
         if s.derived:
             needs.add("sox")
-    out = []
+    out = [f"apt-get install {' '.join(sorted(voices))}"] if voices and shutil.which("text2wave") else []
     for tool in sorted(needs):
         if tool == "hibari":
             try:
@@ -333,14 +372,19 @@ def plan(config: CorpusConfig) -> list[Utterance]:
         # Held-out sentences are spread through the order so a partial corpus has some.
         for j, h in enumerate(range(len(heldout))):
             items.insert(min(len(items), (j * len(items)) // max(1, len(heldout))), (h, "h"))
-        per_speaker.append(items)
+        if not spk.codec_only:  # a voice bank's held-out sentences would be read by nobody
+            per_speaker.append(items)
+        else:
+            per_speaker.append([i for i in items if i[1] != "h"])
     out: list[Utterance] = []
     for rank in range(max(len(x) for x in per_speaker)):
         for spk, items in zip(config.speakers, per_speaker):
             if rank >= len(items):
                 continue
             sid, _ = items[rank]
-            if spk.name in config.heldout_speakers:
+            if spk.codec_only:
+                split = "codec_only"
+            elif spk.name in config.heldout_speakers:
                 split = "heldout_speakers"
             elif sid < config.heldout_sentences:
                 split = "heldout_sentences"
@@ -408,7 +452,7 @@ def build_corpus(config: CorpusConfig, progress=None, manifest_every: int = 50) 
         else:
             try:
                 audio = renderer.render(u.speaker, u.text, u.seed)
-            except (subprocess.SubprocessError, OSError, ValueError) as err:
+            except (subprocess.SubprocessError, OSError, ValueError, sf.LibsndfileError) as err:  # e.g. an empty wav
                 failed += 1
                 log.warning("skipping %s: %s", u.id, err)
                 continue
@@ -450,5 +494,5 @@ def default_config(out_dir: str | Path, **overrides) -> CorpusConfig:
     return CorpusConfig(out_dir=Path(out_dir), **overrides)
 
 
-__all__ = ["CorpusConfig", "Speaker", "DEFAULT_SPEAKERS", "build_corpus", "plan", "read_manifest",
+__all__ = ["CorpusConfig", "Speaker", "DEFAULT_SPEAKERS", "VOICE_BANK_SPEAKERS", "build_corpus", "plan", "read_manifest",
            "sentence_pool", "fortune_sentences", "template_sentences", "missing_tools", "corpus_summary"]

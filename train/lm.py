@@ -206,7 +206,7 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
     codes: dict[str, np.ndarray] = {}
     if codes_path.is_file():
         codes = dict(np.load(codes_path))
-    records = read_manifest(corpus)
+    records = [r for r in read_manifest(corpus) if r["split"] != "codec_only"]  # the LM never reads the voice bank
     todo = [r for r in records if r["id"] not in codes]
     if todo:  # audio I/O and the codec only where codes are missing (a GPU machine gets them made)
         import soundfile as sf
@@ -413,7 +413,8 @@ def lm_loss(model: FactorisedLM, ids: torch.Tensor, mask: torch.Tensor, attn: to
 
 def _split_records(corpus: Path) -> tuple[list[dict], list[dict]]:
     records = read_manifest(corpus)
-    return [r for r in records if r["split"] == "train"], [r for r in records if r["split"] != "train"]
+    return ([r for r in records if r["split"] == "train"],
+            [r for r in records if r["split"] not in ("train", "codec_only")])
 
 
 def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout: ExampleBuilder | None, cfg,
