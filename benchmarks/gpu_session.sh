@@ -122,6 +122,39 @@ PY
     fi
     ls -la "$OUT" | tee -a "$OUT/eagle.log"
 fi
+if [ "$step" = codec ]; then
+    # The lab's codec trained here (not part of "all"): one run of `pcgtts lab codec` for at most MINUTES
+    # (default 8), resumed when called again on the same machine. Its inputs are carried (device tool: carry
+    # [".carry"]; 64 MiB with the tree, whose voice target and drafts may be moved aside for the call):
+    # - CODEC_PACK (default .carry/audio.npz): `pcgtts.train.corpus.pack_audio`'s Opus pack of the corpus;
+    #   decoding it needs soundfile, carried as wheels in .whl/ (soundfile, cffi, pycparser for cp312);
+    # - CODEC_ARGS: the run's flags, e.g. "--acoustic --init-from pcgtts/voice --steps 30000 --lr 3e-4" (the
+    #   built-in voice's codec travels with the tree, so starting from it costs no carried byte);
+    # - CODEC_INIT (optional): a folder of `split_checkpoint` parts (float16, 15 MB for the lab's codec) of a
+    #   run to go on from instead, joined into a model-only checkpoint (fresh AdamW moments; the step and the lr
+    #   schedule go on; CODEC_ARGS must then match its model flags).
+    # Budget: the tree is ~37 MB, so a pack of ~26 MB (~3.4 h of the corpus with its voice bank) fits beside
+    # the wheels and .carry/eagle_sentences.txt.
+    # The weights come back as float16 parts in $OUT/codec (join_checkpoint, then `lab codec --steps <step>`
+    # exports them), with codec.log and loss.png; held-out figures are measured on the CPU machine (no
+    # PocketSphinx or pystoi here).
+    work=${CODEC_WORK:-/tmp/codec}
+    [ -f "$work/corpus/manifest.jsonl" ] || python3 -c "from pcgtts.train.corpus import unpack_audio; \
+        print(unpack_audio('${CODEC_PACK:-.carry/audio.npz}', '$work/corpus'))" || exit 1
+    init=${CODEC_INIT:-}
+    if [ -n "$init" ] && [ ! -f "$work/run/checkpoint.pt" ]; then
+        mkdir -p "$work/run"
+        python3 -c "from pcgtts.train.progress import join_checkpoint; join_checkpoint('$init', '$work/run/checkpoint.pt')" || exit 1
+    fi
+    # shellcheck disable=SC2086
+    python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" lab codec --corpus "$work/corpus" \
+        --out "$work/run" --device "${CODEC_DEVICE:-cuda}" --batch-size "${CODEC_BATCH:-64}" --threads 8 \
+        --checkpoint-minutes 100 --max-minutes "${MINUTES:-8}" ${CODEC_ARGS:-} >"$OUT/codec.log" 2>&1
+    tail -c 3000 "$OUT/codec.log" | tr '\r' '\n' | grep -av "^\s*$" | tail -12
+    python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; \
+        split_checkpoint('$work/run/checkpoint.pt', '$OUT/codec', dtype=torch.float16)"
+    cp "$work/run/loss.png" "$OUT/" 2>/dev/null
+fi
 if [ "$step" = lab ]; then  # one run, named lm: the labs step below with LAB_ARGS as its flags
     LAB_RUNS="lm:${LAB_ARGS:-}"
     step=labs

@@ -159,3 +159,72 @@ def test_lab_codec_acoustic_trains_the_waveform_encoder_in_the_loop(tmp_path):
     assert moved
     with pytest.raises(ValueError, match="another model config"):
         train_codec(replace(cfg, model=TINY, steps=3))
+
+
+def test_crops_from_the_feature_cache_equal_features_made_per_crop(tmp_path):
+    """CropSampler computes each utterance's features once; a crop equals what encoder_inputs of the whole
+    utterance, sliced, gives (the pre-cache path)."""
+    import random
+
+    from pcgtts.runtime.audio.features import encoder_inputs
+    from pcgtts.train.codec import CropSampler
+
+    corpus = _corpus(tmp_path / "corpus")
+    sampler = CropSampler(corpus, crop_frames=8)
+    feats, waves = sampler.batch(6, random.Random(3))
+    rng = random.Random(3)
+    for b in range(6):
+        rec = sampler.records[rng.randrange(len(sampler.records))]
+        audio, _ = sf.read(str(corpus / rec["path"]), dtype="int16")
+        full = encoder_inputs(audio.astype(np.float32) / 32768.0)
+        t0 = rng.randrange(0, full["input_features"].shape[1] - 8 + 1)
+        assert torch.equal(feats[b], full["input_features"][0, t0:t0 + 8])
+        assert torch.equal(waves[b], full["input_values"][0, 0, t0 * 320:(t0 + 8) * 320])
+
+
+def test_max_minutes_stops_checkpointed_and_the_device_is_validated(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    cfg = CodecTrainConfig(corpus=corpus, out_dir=tmp_path / "codec", model=TINY, steps=50, batch_size=2,
+                           crop_frames=8, warmup=1, log_every=1, checkpoint_minutes=60, max_minutes=1e-9)
+    out = train_codec(cfg)
+    assert out["step"] == 1 and (tmp_path / "codec" / "checkpoint.pt").is_file()
+    assert train_codec(cfg)["step"] == 2  # resumes, then stops again
+    with pytest.raises(ValueError, match="device"):
+        CodecTrainConfig(corpus=corpus, out_dir=tmp_path / "x", device="tpu")
+    with pytest.raises(ValueError, match="max_minutes"):
+        CodecTrainConfig(corpus=corpus, out_dir=tmp_path / "x", max_minutes=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            train_codec(CodecTrainConfig(corpus=corpus, out_dir=tmp_path / "y", model=TINY, device="cuda",
+                                         crop_frames=8))
+
+
+def test_audio_pack_round_trips_within_its_budget(tmp_path):
+    """pack_audio keeps every speaker under a small budget and leaves held-out splits out; unpack_audio
+    gives a corpus the codec trains from, with audio close to the original (Opus)."""
+    from pcgtts.train.codec import CropSampler
+    from pcgtts.train.corpus import pack_audio, read_manifest, unpack_audio
+
+    corpus = _corpus(tmp_path / "corpus")
+    rows = read_manifest(corpus)
+    for i in range(2, 6):  # two more speakers, one of them held out
+        src = corpus / rows[i % 2]["path"]
+        rel = f"audio/v{i}.flac"
+        (corpus / rel).write_bytes(src.read_bytes())
+        rows.append({**rows[i % 2], "id": f"v{i}", "speaker": f"s{i % 3}", "path": rel,
+                     "split": "heldout_speakers" if i == 5 else "codec_only" if i == 4 else "train"})
+    (corpus / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    full = pack_audio(corpus, tmp_path / "all.npz")
+    assert full["utterances"] == 5 and full["speakers"] == 4  # the held-out one is not packed
+    with np.load(tmp_path / "all.npz") as data:
+        audio_bytes = sum(data[f"u{n}"].size for n in range(5))
+    small = pack_audio(corpus, tmp_path / "small.npz", max_bytes=audio_bytes - 1)  # one utterance short
+    assert small["speakers"] == 4 and small["utterances"] == 4
+    manifest = unpack_audio(tmp_path / "all.npz", tmp_path / "unpacked")
+    got = {r["id"]: r for r in read_manifest(manifest)}
+    assert set(got) == {"u0", "u1", "v2", "v3", "v4"} and all(r["packed"] == "opus" for r in got.values())
+    a, _ = sf.read(str(corpus / "audio/u0.flac"), dtype="float32")
+    b, rate = sf.read(str(tmp_path / "unpacked" / got["u0"]["path"]), dtype="float32")
+    assert rate == 16000 and b.size == a.size
+    assert np.corrcoef(a, b)[0, 1] > 0.9
+    assert len(CropSampler(tmp_path / "unpacked", crop_frames=8).records) == 5

@@ -63,6 +63,9 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="train the acoustic (waveform) encoder too, as the released codec does (keeps more of a voice; ~5x slower a step on a CPU)")
     p.add_argument("--freeze-encoder", action="store_true",
                    help="stage 2: fix the codes (freeze up to the quantizer) and train only the decoder; sticky")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
+    p.add_argument("--max-minutes", type=_positive_float, default=None,
+                   help="stop after this many minutes, checkpointed (run again to go on): a GPU lease's limit")
     p.set_defaults(lab_func=_cmd_codec)
 
     p = sub.add_parser("lm", help="train the LLaSA-format target LM on codec codes (resumes from --out)")
@@ -184,7 +187,7 @@ def _cmd_codec(args) -> dict:
     cfg = CodecTrainConfig(corpus=args.corpus, out_dir=args.out, model=model, steps=args.steps,
                            batch_size=args.batch_size, lr=args.lr, threads=args.threads,
                            checkpoint_minutes=args.checkpoint_minutes, freeze_encoder=args.freeze_encoder,
-                           init_from=args.init_from)
+                           init_from=args.init_from, device=args.device, max_minutes=args.max_minutes)
     return train_codec(cfg, progress=_Bar("codec", "step"))
 
 

@@ -104,6 +104,8 @@ class CodecTrainConfig:
     # on them meanwhile) and train only the decoder. Sticky: recorded in `encoder_frozen.json`.
     freeze_encoder: bool = False
     init_from: Path | None = None  # a committed voice folder (pcgtts/voice) whose codec a fresh run starts from
+    device: str = "cpu"  # "cuda" on a GPU machine (float32 with TF32 matmuls: the ISTFT head stays exact)
+    max_minutes: float | None = None  # stop (checkpointed, resumable) after this long: a GPU lease's limit
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "corpus", Path(self.corpus))
@@ -114,6 +116,10 @@ class CodecTrainConfig:
             raise ValueError("lr must be > 0 and min_lr_ratio in [0, 1]")
         if self.checkpoint_minutes <= 0 or self.threads < 1:
             raise ValueError("checkpoint_minutes must be > 0 and threads >= 1")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError("max_minutes must be > 0")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
 
 
 def new_codec(model_config: CodecModelConfig, seed: int = 0):
@@ -215,7 +221,7 @@ class CropSampler:
 
     def __init__(self, corpus: Path, crop_frames: int, splits: tuple[str, ...] = ("train", "codec_only")):
         self.corpus, self.crop_frames, self.splits = Path(corpus), crop_frames, splits
-        self._cache: dict[str, np.ndarray] = {}
+        self._cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (features, waveform), made once
         self.reload()
 
     def reload(self) -> None:
@@ -226,25 +232,26 @@ class CropSampler:
             raise ValueError(f"{self.corpus}: no {' or '.join(self.splits)} utterances of at least {need:.2f} s")
         self.hours = sum(r["seconds"] for r in self.records) / 3600
 
-    def _audio(self, rec: dict) -> np.ndarray:
-        import soundfile as sf
+    def _inputs(self, rec: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [T, 160], waveform [320 T]) of a whole utterance: normalised over the whole utterance,
+        as at runtime, so a crop's features do not depend on where it was cut."""
+        inputs = self._cache.get(rec["id"])
+        if inputs is None:
+            import soundfile as sf
 
-        audio = self._cache.get(rec["id"])
-        if audio is None:
             audio, _ = sf.read(str(self.corpus / rec["path"]), dtype="int16")
-            self._cache[rec["id"]] = audio
-        return audio.astype(np.float32) / 32768.0
+            full = encoder_inputs(audio.astype(np.float32) / 32768.0)
+            inputs = (full["input_features"][0], full["input_values"][0, 0])
+            self._cache[rec["id"]] = inputs
+        return inputs
 
     def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
         feats, waves = [], []
         for _ in range(size):
-            audio = self._audio(self.records[rng.randrange(len(self.records))])
-            inputs = encoder_inputs(audio)  # whole-utterance normalisation, as at runtime
-            frames = inputs["input_features"].shape[1]
-            t0 = rng.randrange(0, frames - self.crop_frames + 1)
-            feats.append(inputs["input_features"][0, t0:t0 + self.crop_frames])
-            wav = inputs["input_values"][0, 0, t0 * SAMPLES_PER_TOKEN:(t0 + self.crop_frames) * SAMPLES_PER_TOKEN]
-            waves.append(wav)
+            features, wave = self._inputs(self.records[rng.randrange(len(self.records))])
+            t0 = rng.randrange(0, features.shape[0] - self.crop_frames + 1)
+            feats.append(features[t0:t0 + self.crop_frames])
+            waves.append(wave[t0 * SAMPLES_PER_TOKEN:(t0 + self.crop_frames) * SAMPLES_PER_TOKEN])
         return torch.stack(feats), torch.stack(waves)
 
 
@@ -290,7 +297,11 @@ def _freeze_encoder(model, out: Path, step: int) -> None:
 def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = None) -> dict:
     """Train (or resume) until cfg.steps; returns a summary. stop_after: stop after that many steps
     in this call (tests, time-boxed runs) after writing a checkpoint."""
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda asked for, but torch sees no CUDA device")
     torch.set_num_threads(cfg.threads)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
     sampler = CropSampler(cfg.corpus, cfg.crop_frames)
@@ -301,6 +312,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
         frozen = init_weights(model, cfg.init_from, "codec")["codec"].get("encoder_frozen")
         if frozen and not (out / FROZEN_MARKER).is_file():  # the shipped LM was trained on these codes
             (out / FROZEN_MARKER).write_text(json.dumps({**frozen, "inherited_from": str(cfg.init_from)}) + "\n")
+    model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.8, 0.99), weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
@@ -309,12 +321,12 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     losses = LossLog(out / "loss.jsonl")
     step = resume(ckpt_path, model, opt, rng, losses, asdict(cfg.model))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))
-    loss_fn = ReconstructionLoss()
+    loss_fn = ReconstructionLoss().to(device)
     frozen = cfg.freeze_encoder or (out / FROZEN_MARKER).is_file()
     if frozen:
         _freeze_encoder(model, out, step)
     _set_train_mode(model, frozen, cfg.model.acoustic)
-    t_ckpt = t_reload = time.monotonic()
+    t_start = t_ckpt = t_reload = time.monotonic()
     first = step
     window: list[float] = []
 
@@ -330,7 +342,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     while step < cfg.steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        feats, target = sampler.batch(cfg.batch_size, rng)
+        feats, target = (t.to(device, non_blocking=True) for t in sampler.batch(cfg.batch_size, rng))
         pred, codes = codec_forward(model, feats, target if cfg.model.acoustic else None)
         terms = loss_fn(pred, target)
         opt.zero_grad(set_to_none=True)
@@ -356,6 +368,9 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
             checkpoint()
             t_ckpt = time.monotonic()
         if stop_after is not None and step - first >= stop_after:
+            break
+        if cfg.max_minutes is not None and now - t_start > cfg.max_minutes * 60:
+            log.info("stopping at step %d after %.1f min (max_minutes); run again to go on", step, cfg.max_minutes)
             break
     checkpoint()
     return {"step": step, "steps": cfg.steps, "checkpoint": str(ckpt_path), "export": str(out / "export"),
