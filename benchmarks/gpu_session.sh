@@ -133,8 +133,8 @@ if [ "$step" = codec ]; then
     # - CODEC_INIT (optional): a folder of `split_checkpoint` parts (float16, 15 MB for the lab's codec) of a
     #   run to go on from instead, joined into a model-only checkpoint (fresh AdamW moments; the step and the lr
     #   schedule go on; CODEC_ARGS must then match its model flags).
-    # Budget: the tree is ~37 MB, so a pack of ~26 MB (~3.4 h of the corpus with its voice bank) fits beside
-    # the wheels and .carry/eagle_sentences.txt.
+    # Budget: the tree is 35.7 MiB, so carry [".carry/audio.npz", ".whl"] with a pack of 24 MB (max_bytes
+    # 24_000_000: ~3 h of the corpus and its voice bank, every training voice) and the wheels (1.5 MiB).
     # The weights come back as float16 parts in $OUT/codec (join_checkpoint, then `lab codec --steps <step>`
     # exports them), with codec.log and loss.png; held-out figures are measured on the CPU machine (no
     # PocketSphinx or pystoi here).

@@ -301,7 +301,8 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda asked for, but torch sees no CUDA device")
     torch.set_num_threads(cfg.threads)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     out = cfg.out_dir
     out.mkdir(parents=True, exist_ok=True)
     sampler = CropSampler(cfg.corpus, cfg.crop_frames)
