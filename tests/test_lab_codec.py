@@ -228,3 +228,35 @@ def test_audio_pack_round_trips_within_its_budget(tmp_path):
     assert rate == 16000 and b.size == a.size
     assert np.corrcoef(a, b)[0, 1] > 0.9
     assert len(CropSampler(tmp_path / "unpacked", crop_frames=8).records) == 5
+
+
+def test_init_from_a_frozen_voice_codec_freezes_a_semonly_run_but_not_an_acoustic_one(tmp_path):
+    """The built-in voice's codec records a frozen encoder (its LM was trained on those codes): a semonly run
+    started from it inherits the freeze; an --acoustic run must not, or its zeroed waveform encoder would stay
+    frozen at zero."""
+    import hashlib
+    from dataclasses import replace
+
+    from safetensors.torch import save_file
+
+    from pcgtts.train.codec import FROZEN_MARKER
+    from pcgtts.train.package import FORMAT, VERSION
+
+    corpus = _corpus(tmp_path / "corpus")
+    voice = tmp_path / "voice"
+    voice.mkdir()
+    save_file({k: v.contiguous() for k, v in new_codec(TINY, seed=1).state_dict().items()},
+              str(voice / "codec.safetensors"))
+    digest = hashlib.sha256((voice / "codec.safetensors").read_bytes()).hexdigest()
+    (voice / "voice.json").write_text(json.dumps({
+        "format": FORMAT, "version": VERSION, "name": "t", "sha256": {"codec.safetensors": digest},
+        "codec": {"encoder_frozen": {"frozen_at_step": 0, "parts": ["semantic_encoder", "quantizer"]}}}))
+    base = CodecTrainConfig(corpus=corpus, out_dir=tmp_path / "semonly", model=TINY, steps=1, batch_size=2,
+                            crop_frames=8, warmup=1, log_every=1, checkpoint_minutes=60, init_from=voice)
+    train_codec(base)
+    assert (tmp_path / "semonly" / FROZEN_MARKER).is_file()
+    acoustic = replace(base, out_dir=tmp_path / "acoustic", model=replace(TINY, acoustic=True))
+    train_codec(acoustic)
+    assert not (tmp_path / "acoustic" / FROZEN_MARKER).is_file()
+    state = torch.load(tmp_path / "acoustic" / "checkpoint.pt", weights_only=False)["model"]
+    assert state["acoustic_encoder.conv2.weight"].abs().sum() > 0  # trained away from its zeros

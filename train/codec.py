@@ -311,7 +311,10 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
         from pcgtts.train.package import init_weights
 
         frozen = init_weights(model, cfg.init_from, "codec")["codec"].get("encoder_frozen")
-        if frozen and not (out / FROZEN_MARKER).is_file():  # the shipped LM was trained on these codes
+        if frozen and cfg.model.acoustic:  # training the waveform encoder changes the codes by design
+            log.info("%s's codec has a frozen encoder; an --acoustic run trains it anyway (its codes change, "
+                     "so an LM must be trained on the new ones)", cfg.init_from)
+        elif frozen and not (out / FROZEN_MARKER).is_file():  # the shipped LM was trained on these codes
             (out / FROZEN_MARKER).write_text(json.dumps({**frozen, "inherited_from": str(cfg.init_from)}) + "\n")
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
