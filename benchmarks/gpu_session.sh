@@ -137,7 +137,8 @@ if [ "$step" = codec ]; then
     # 24_000_000: ~3 h of the corpus and its voice bank, every training voice) and the wheels (1.5 MiB).
     # The weights come back as float16 parts in $OUT/codec (join_checkpoint, then `lab codec --steps <step>`
     # exports them), with codec.log and loss.png; held-out figures are measured on the CPU machine (no
-    # PocketSphinx or pystoi here).
+    # PocketSphinx or pystoi here). The machine's own transformers (5.17) has Xcodec2Model: the lab codec's
+    # tests pass with it (and huggingface_hub 1.33) on the CPU machine, so no transformers wheel is carried.
     work=${CODEC_WORK:-/tmp/codec}
     [ -f "$work/corpus/manifest.jsonl" ] || python3 -c "from pcgtts.train.corpus import unpack_audio; \
         print(unpack_audio('${CODEC_PACK:-.carry/audio.npz}', '$work/corpus'))" || exit 1
