@@ -125,7 +125,7 @@ fi
 if [ "$step" = codec ]; then
     # The lab's codec trained here (not part of "all"): one run of `pcgtts lab codec` for at most MINUTES
     # (default 8), resumed when called again on the same machine. Its inputs are carried (device tool: carry
-    # [".carry"]; 64 MiB with the tree, whose voice target and drafts may be moved aside for the call):
+    # [".carry/audio.npz", ".whl"]; 64 MiB with the tree, budget below):
     # - CODEC_PACK (default .carry/audio.npz): `pcgtts.train.corpus.pack_audio`'s Opus pack of the corpus;
     #   decoding it needs soundfile, carried as wheels in .whl/ (soundfile, cffi, pycparser for cp312);
     # - CODEC_ARGS: the run's flags, e.g. "--acoustic --init-from pcgtts/voice --steps 30000 --lr 3e-4" (the

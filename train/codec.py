@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
 from pcgtts.runtime.audio.features import encoder_inputs
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import LossLog, lr_at, resume, rng_state, save_checkpoint
+from pcgtts.train.progress import (LossLog, check_device, lr_at, resume, rng_state, save_checkpoint,
+                                   training_device)
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,7 @@ class CodecTrainConfig:
             raise ValueError("checkpoint_minutes must be > 0 and threads >= 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError("max_minutes must be > 0")
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        check_device(self.device)
 
 
 def new_codec(model_config: CodecModelConfig, seed: int = 0):
@@ -297,9 +297,7 @@ def _freeze_encoder(model, out: Path, step: int) -> None:
 def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = None) -> dict:
     """Train (or resume) until cfg.steps; returns a summary. stop_after: stop after that many steps
     in this call (tests, time-boxed runs) after writing a checkpoint."""
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda asked for, but torch sees no CUDA device")
+    device = training_device(cfg.device)
     torch.set_num_threads(cfg.threads)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True

@@ -369,13 +369,11 @@ def plan(config: CorpusConfig) -> list[Utterance]:
         rng = random.Random(key)
         idx = rng.sample(range(len(train)), min(config.per_speaker, len(train)))
         items = [(config.heldout_sentences + i, "") for i in idx]
-        # Held-out sentences are spread through the order so a partial corpus has some.
-        for j, h in enumerate(range(len(heldout))):
+        # Held-out sentences are spread through the order so a partial corpus has some (a voice bank's
+        # would be read by nobody).
+        for j, h in enumerate(range(len(heldout)) if not spk.codec_only else ()):
             items.insert(min(len(items), (j * len(items)) // max(1, len(heldout))), (h, "h"))
-        if not spk.codec_only:  # a voice bank's held-out sentences would be read by nobody
-            per_speaker.append(items)
-        else:
-            per_speaker.append([i for i in items if i[1] != "h"])
+        per_speaker.append(items)
     out: list[Utterance] = []
     for rank in range(max(len(x) for x in per_speaker)):
         for spk, items in zip(config.speakers, per_speaker):

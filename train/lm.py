@@ -37,7 +37,8 @@ from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SpeechVocab
 from pcgtts.train.align import alignment_prior, relative_positions, watch
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import LossLog, load_checkpoint, lr_at, resume, rng_state, save_checkpoint
+from pcgtts.train.progress import (LossLog, check_device, load_checkpoint, lr_at, resume, rng_state, save_checkpoint,
+                                   training_device)
 
 log = logging.getLogger(__name__)
 
@@ -332,8 +333,7 @@ class LMTrainConfig:
             raise ValueError("checkpoint_minutes must be > 0 and threads >= 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise ValueError("max_minutes must be > 0")
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        check_device(self.device)
         if self.align_weight < 0 or not self.align_width > 0 or self.align_heads < 1:
             raise ValueError("align_weight must be >= 0, align_width > 0 and align_heads >= 1")
 
@@ -422,9 +422,7 @@ def train_loop(model: FactorisedLM, tokenizer, builder: ExampleBuilder, heldout:
     """Shared by lm.py and draft.py: AdamW + cosine, checkpoint/resume, loss log + PNG, export."""
     torch.set_num_threads(cfg.threads)
     out.mkdir(parents=True, exist_ok=True)
-    device = torch.device(getattr(cfg, "device", "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device cuda asked for, but torch sees no CUDA device")
+    device = training_device(getattr(cfg, "device", "cpu"))
     model.to(device)
 
     def on_device(batch):

@@ -94,6 +94,20 @@ class LossLog:
         return png
 
 
+def check_device(device: str) -> None:
+    """A training config's device: cpu or cuda[:N] (ValueError otherwise)."""
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda[:N], got {device!r}")
+
+
+def training_device(device: str) -> torch.device:
+    """The torch device a training run uses; a CUDA device this machine lacks is refused in one line."""
+    out = torch.device(device)
+    if out.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda asked for, but torch sees no CUDA device")
+    return out
+
+
 def lr_at(step: int, cfg) -> float:
     """Linear warm-up over `cfg.warmup` steps, then cosine decay to `cfg.min_lr_ratio * cfg.lr` at `cfg.steps`."""
     if step < cfg.warmup:
