@@ -182,6 +182,36 @@ def test_crops_from_the_feature_cache_equal_features_made_per_crop(tmp_path):
         assert torch.equal(waves[b], full["input_values"][0, 0, t0 * 320:(t0 + 8) * 320])
 
 
+def test_the_decoder_stage_trains_on_the_stock_codes_of_whole_utterances_made_once(tmp_path, monkeypatch):
+    """With the encoder frozen, each utterance's codes are made once (kept across resumes in CODES_FILE) and are
+    exactly what the runtime's `Codec.encode` gives the whole utterance; a step runs the decoder alone."""
+    from dataclasses import replace
+
+    import pcgtts.train.codec as codec_mod
+    from pcgtts.runtime.audio.codec import Codec
+    from pcgtts.train.codec import CODES_FILE
+
+    corpus = _corpus(tmp_path / "corpus")
+    base = dict(corpus=corpus, out_dir=tmp_path / "codec", model=replace(TINY, acoustic=True), batch_size=2,
+                crop_frames=8, warmup=1, log_every=1, checkpoint_minutes=60)
+    train_codec(CodecTrainConfig(steps=1, **base))  # joint: the codes still move
+    assert not (tmp_path / "codec" / CODES_FILE).exists()
+    calls = []
+    real = codec_mod._quantize
+    monkeypatch.setattr(codec_mod, "_quantize", lambda *a: calls.append(a[1].shape) or real(*a))
+    train_codec(CodecTrainConfig(steps=4, freeze_encoder=True, **base))
+    assert len(calls) == 2 and all(shape[:2] == (1, 61) for shape in calls)  # both whole utterances, once each
+    codes = dict(np.load(tmp_path / "codec" / CODES_FILE))
+    assert sorted(codes) == ["u0", "u1"]
+    stock = Codec.from_pretrained(tmp_path / "codec" / "export", decode_only=False)
+    for uid, got in codes.items():
+        wav, _ = sf.read(str(corpus / f"audio/{uid}.flac"), dtype="float32")
+        assert np.array_equal(got, stock.encode(wav))
+    calls.clear()
+    train_codec(CodecTrainConfig(steps=6, **base))  # resumed: no utterance is encoded twice
+    assert calls == []
+
+
 def test_max_minutes_stops_checkpointed_and_the_device_is_validated(tmp_path):
     corpus = _corpus(tmp_path / "corpus")
     cfg = CodecTrainConfig(corpus=corpus, out_dir=tmp_path / "codec", model=TINY, steps=50, batch_size=2,

@@ -62,7 +62,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--acoustic", action="store_true",
                    help="train the acoustic (waveform) encoder too, as the released codec does (keeps more of a voice; ~5x slower a step on a CPU)")
     p.add_argument("--freeze-encoder", action="store_true",
-                   help="stage 2: fix the codes (freeze up to the quantizer) and train only the decoder; sticky")
+                   help="stage 2: fix the codes (freeze up to the quantizer) and train only the decoder, on each "
+                        "utterance's codes made once (kept in decoder_codes.npz); sticky")
     p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
     p.add_argument("--max-minutes", type=_positive_float, default=None,
                    help="stop after this many minutes, checkpointed (run again to go on): a GPU lease's limit")

@@ -11,6 +11,8 @@ in the same order. `CodecModelConfig(acoustic=True)` (`lab codec --acoustic`) tr
 (waveform) encoder too, as the released codec does: the per-utterance normalised fbank features remove an
 utterance's long-term spectrum, so a semonly codec's codes carry little of a voice's timbre, and held-out
 voices come back as voices it was trained on (QUALITY.md session 44). About 5x slower a step on a CPU.
+Stage 2 (`--freeze-encoder`) fixes the codes and trains the decoder alone, on the codes the stock `encode`
+gives each whole utterance, made once (an acoustic codec's waveform encoder is ~80 % of a joint step on a CPU).
 HF's init (zero biases) gives a dead decoder; every Linear/Conv1d gets `reset_parameters()`. Loss: multi-resolution log-mel + log-STFT L1 plus waveform L1; AdamW with
 warm-up and cosine decay. Checkpoints (model, optimizer, step, RNG) every few minutes, resumable;
 `export_dir` always holds the last `save_pretrained` export that `Xcodec2Model.from_pretrained`
@@ -165,6 +167,24 @@ def _quantize(model, features: torch.Tensor, waves: torch.Tensor | None = None) 
     return model.quantizer(model.fc_encoder(torch.cat([sem, acoustic], dim=1).transpose(1, 2)))
 
 
+def utterance_codes(model, acoustic: bool):
+    """(features [T, 160], waveform [320 T]) -> int64 codes [T] of a whole utterance through the stock
+    encoder (eval mode, no gradients): the decoder stage's codes. The semonly path skips the zeroed
+    acoustic encoder (exact zeros), as `semantic_codes` does."""
+    @torch.inference_mode()
+    def encode(features: torch.Tensor, wave: torch.Tensor) -> np.ndarray:
+        device = next(model.parameters()).device
+        _, codes = _quantize(model, features[None].to(device), wave[None].to(device) if acoustic else None)
+        return codes[0, :, 0].long().cpu().numpy()
+
+    return encode
+
+
+def decode_codes(model, codes: torch.Tensor) -> torch.Tensor:
+    """codes [B, T] -> audio [B, 320 T], with gradients: the stock `decode` (FSQ codebook, project_out, decoder)."""
+    return model.acoustic_decoder(model.quantizer.from_codes(codes[..., None]))[:, 0]
+
+
 @torch.inference_mode()
 def semantic_codes(model, samples: np.ndarray) -> np.ndarray:
     """The stock `encode`'s codes without running the zeroed acoustic encoder (its output is exact
@@ -217,12 +237,21 @@ class CropSampler:
     """Random fixed-length crops of training utterances with their runtime encoder features.
 
     The codec reads the corpus's training speakers and its voice bank (`codec_only`: voices whose
-    transcripts are not what they say, which the codec never needs)."""
+    transcripts are not what they say, which the codec never needs). After `use_codes` (the decoder
+    stage: a frozen encoder), a crop carries the codes the stock `encode` gives the whole utterance in place of
+    its features: the encoder runs once an utterance, not once a crop a step, and the decoder learns from
+    the codes it will be given at runtime. The codes are saved with each checkpoint (`CODES_FILE`)."""
 
     def __init__(self, corpus: Path, crop_frames: int, splits: tuple[str, ...] = ("train", "codec_only")):
         self.corpus, self.crop_frames, self.splits = Path(corpus), crop_frames, splits
-        self._cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (features, waveform), made once
+        self._cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # id -> (features or codes, waveform)
+        self.encode, self.codes = None, {}  # the decoder stage's encoder and its codes: id -> int32 [T]
         self.reload()
+
+    def use_codes(self, encode, codes: dict[str, np.ndarray] | None = None) -> None:
+        """Switch to the decoder stage: crops carry `encode`'s codes of the whole utterance (see the class)."""
+        self.encode, self.codes = encode, dict(codes or {})
+        self._cache.clear()
 
     def reload(self) -> None:
         records = [r for r in read_manifest(self.corpus) if r["split"] in self.splits]
@@ -233,19 +262,24 @@ class CropSampler:
         self.hours = sum(r["seconds"] for r in self.records) / 3600
 
     def _inputs(self, rec: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """(features [T, 160], waveform [320 T]) of a whole utterance: normalised over the whole utterance,
-        as at runtime, so a crop's features do not depend on where it was cut."""
+        """(features [T, 160] or codes [T], waveform [320 T]) of a whole utterance: features normalised over
+        the whole utterance, as at runtime, so a crop's features do not depend on where it was cut."""
         inputs = self._cache.get(rec["id"])
         if inputs is None:
             import soundfile as sf
 
             audio, _ = sf.read(str(self.corpus / rec["path"]), dtype="int16")
             full = encoder_inputs(audio.astype(np.float32) / 32768.0)
-            inputs = (full["input_features"][0], full["input_values"][0, 0])
-            self._cache[rec["id"]] = inputs
+            features, wave = full["input_features"][0], full["input_values"][0, 0]
+            if self.encode is not None:
+                if rec["id"] not in self.codes:
+                    self.codes[rec["id"]] = self.encode(features, wave).astype(np.int32)
+                features = torch.from_numpy(self.codes[rec["id"]]).long()
+            inputs = self._cache[rec["id"]] = (features, wave)
         return inputs
 
     def batch(self, size: int, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [B, crop, 160] or codes [B, crop], waveforms [B, 320 crop])."""
         feats, waves = [], []
         for _ in range(size):
             features, wave = self._inputs(self.records[rng.randrange(len(self.records))])
@@ -272,6 +306,7 @@ def export_codec(model, export_dir: Path) -> Path:
 
 ENCODER_PARTS = ("semantic_encoder", "semantic_adapter", "acoustic_encoder", "fc_encoder", "quantizer")  # audio -> codes
 FROZEN_MARKER = "encoder_frozen.json"
+CODES_FILE = "decoder_codes.npz"  # the frozen encoder's codes of each utterance the decoder stage has read
 
 
 def _set_train_mode(model, frozen: bool, acoustic: bool = False) -> None:
@@ -328,11 +363,22 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     if frozen:
         _freeze_encoder(model, out, step)
     _set_train_mode(model, frozen, cfg.model.acoustic)
+    codes_path, codes_saved = out / CODES_FILE, 0
+    if frozen:  # the codes are fixed: made once an utterance (kept across resumes), and only the decoder runs a step
+        sampler.use_codes(utterance_codes(model, cfg.model.acoustic),
+                          dict(np.load(codes_path)) if codes_path.is_file() else None)
+        codes_saved = len(sampler.codes)
     t_start = t_ckpt = t_reload = time.monotonic()
     first = step
     window: list[float] = []
 
     def checkpoint() -> None:
+        nonlocal codes_saved
+        if len(sampler.codes) > codes_saved:
+            tmp = codes_path.with_name("tmp." + CODES_FILE)
+            np.savez(tmp, **sampler.codes)
+            tmp.replace(codes_path)
+            codes_saved = len(sampler.codes)
         save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                                     "rng": rng_state(rng), "model_config": asdict(cfg.model)})
         model.eval()
@@ -344,8 +390,11 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     while step < cfg.steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        feats, target = (t.to(device, non_blocking=True) for t in sampler.batch(cfg.batch_size, rng))
-        pred, codes = codec_forward(model, feats, target if cfg.model.acoustic else None)
+        inputs, target = (t.to(device, non_blocking=True) for t in sampler.batch(cfg.batch_size, rng))
+        if frozen:
+            codes, pred = inputs, decode_codes(model, inputs)
+        else:
+            pred, codes = codec_forward(model, inputs, target if cfg.model.acoustic else None)
         terms = loss_fn(pred, target)
         opt.zero_grad(set_to_none=True)
         terms["loss"].backward()
@@ -413,4 +462,4 @@ def evaluate_codec(codec_dir: Path, corpus: Path, split: str = "heldout_speakers
 
 
 __all__ = ["CodecModelConfig", "CodecTrainConfig", "new_codec", "codec_forward", "semantic_codes", "ReconstructionLoss",
-           "train_codec", "export_codec", "evaluate_codec", "CropSampler"]
+           "train_codec", "export_codec", "evaluate_codec", "CropSampler", "utterance_codes", "decode_codes"]
