@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
 from pcgtts.runtime.audio.features import encoder_inputs
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import (LossLog, check_device, lr_at, resume, rng_state, save_checkpoint,
+from pcgtts.train.progress import (LossLog, check_device, lr_at, resume, rng_state, save_arrays, save_checkpoint,
                                    training_device)
 
 log = logging.getLogger(__name__)
@@ -375,9 +375,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     def checkpoint() -> None:
         nonlocal codes_saved
         if len(sampler.codes) > codes_saved:
-            tmp = codes_path.with_name("tmp." + CODES_FILE)
-            np.savez(tmp, **sampler.codes)
-            tmp.replace(codes_path)
+            save_arrays(codes_path, sampler.codes)
             codes_saved = len(sampler.codes)
         save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                                     "rng": rng_state(rng), "model_config": asdict(cfg.model)})

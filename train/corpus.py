@@ -526,10 +526,10 @@ def pack_audio(corpus: str | Path, out: str | Path, max_bytes: int = 30 << 20,
             records.append(rec)
             size += data.size
     arrays["manifest"] = np.frombuffer(json.dumps(records).encode(), np.uint8)
-    tmp = out.with_name(out.stem + ".tmp.npz")
+    from pcgtts.train.progress import save_arrays  # here, not at the top: progress imports torch
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(tmp, **arrays)
-    os.replace(tmp, out)
+    save_arrays(out, arrays)
     return {"pack": str(out), "utterances": len(records), "speakers": len({r["speaker"] for r in records}),
             "hours": round(sum(r["seconds"] for r in records) / 3600, 3), "mib": round(out.stat().st_size / 2**20, 2)}
 

@@ -37,8 +37,8 @@ from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SpeechVocab
 from pcgtts.train.align import alignment_prior, relative_positions, watch
 from pcgtts.train.corpus import read_manifest
-from pcgtts.train.progress import (LossLog, check_device, load_checkpoint, lr_at, resume, rng_state, save_checkpoint,
-                                   training_device)
+from pcgtts.train.progress import (LossLog, check_device, load_checkpoint, lr_at, resume, rng_state, save_arrays,
+                                   save_checkpoint, training_device)
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +226,7 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
             if progress is not None:
                 progress(n + 1, len(todo))
             if (n + 1) % save_every == 0 or n + 1 == len(todo):
-                tmp = codes_path.with_name(codes_path.stem + ".tmp.npz")
-                np.savez(tmp, **codes)
-                tmp.replace(codes_path)
+                save_arrays(codes_path, codes)
     return codes
 
 
@@ -261,13 +259,10 @@ def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
     if flat.min() < 0 or flat.max() >= NUM_SPEECH_TOKENS:
         raise ValueError("codes outside 0..65535 cannot be packed as uint16")
     manifest = gzip.compress("".join(json.dumps(r) + "\n" for r in records).encode())
-    out = Path(out)
-    tmp = out.with_name(out.stem + ".tmp.npz")
-    np.savez(tmp, codes=flat.astype(np.uint16), lengths=np.array([len(codes[r["id"]]) for r in records]),
-             manifest=np.frombuffer(manifest, np.uint8),
-             codec_config=np.frombuffer((Path(codec_dir) / "config.json").read_bytes(), np.uint8))
-    tmp.replace(out)
-    return out
+    return save_arrays(out, {"codes": flat.astype(np.uint16),
+                             "lengths": np.array([len(codes[r["id"]]) for r in records]),
+                             "manifest": np.frombuffer(manifest, np.uint8),
+                             "codec_config": np.frombuffer((Path(codec_dir) / "config.json").read_bytes(), np.uint8)})
 
 
 def unpack_codes(packed: Path, root: Path) -> dict[str, Path]:

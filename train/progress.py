@@ -10,6 +10,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import torch
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,15 @@ def save_checkpoint(path: Path, state: dict) -> Path:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def save_arrays(path: Path, arrays: dict) -> Path:
+    """np.savez to a temp file in the same folder, then os.replace (never a half-written file)."""
+    path = Path(path)
+    tmp = path.with_name(path.stem + ".tmp.npz")  # ends in .npz, or np.savez would append it
+    np.savez(tmp, **arrays)
     os.replace(tmp, path)
     return path
 
