@@ -38,6 +38,10 @@ STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the
 POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
 DEVICE_STEP_POLICIES = ("ar", "sd", "ssd", "pcg")  # what whole steps on the device run (steps_per_sync)
 MAX_DRAFT_LENGTH = 16  # the longest draft_length (the device loop sizes its per-position counts by it)
+# The ranges every edge (Python API, CLI, HTTP) checks before any work, through these dataclasses.
+MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
+MAX_TEMPERATURE = 10.0  # past this the speech-token distribution is flat noise
+MAX_NEW_TOKENS = 60_000  # speech tokens per utterance: 20 minutes of audio
 PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
 
 
@@ -60,8 +64,12 @@ class SamplingConfig:
     top_p: float = 1.0  # nucleus mass kept; LLaSA uses 1 (no truncation)
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature must be a number, got {self.temperature!r}")
+        if not (0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
+            raise ValueError(f"top_p must be a number, got {self.top_p!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
 
@@ -100,14 +108,18 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        for name in ("draft_length", "max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if not (1 <= self.draft_length <= MAX_DRAFT_LENGTH):
             raise ValueError(f"draft_length must lie in [1, {MAX_DRAFT_LENGTH}], got {self.draft_length}")
         if not isinstance(self.adaptive_draft, bool):
             raise ValueError(f"adaptive_draft must be true or false, got {self.adaptive_draft!r}")
         if self.ssd_beta < 0:
             raise ValueError(f"ssd_beta must be >= 0, got {self.ssd_beta}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (1 <= self.max_new_tokens <= MAX_NEW_TOKENS):
+            raise ValueError(f"max_new_tokens must lie in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")
         if self.pcg_thinning_trials < 1:
             raise ValueError(f"pcg_thinning_trials must be >= 1, got {self.pcg_thinning_trials}")
         if self.mtp_top_m < 1 or self.viterbi_top_k < 1:
@@ -180,6 +192,11 @@ class SynthesisConfig:
     abandon_after_s: float = 60.0  # a stream not read for this long (queue full) stops and frees its worker
 
     def __post_init__(self) -> None:
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise ValueError(f"seed must be an integer, got {self.seed!r}")
+            if not (0 <= self.seed <= MAX_SEED):
+                raise ValueError(f"seed must lie in [0, 2**63 - 1], got {self.seed}")
         if self.tokens_per_char <= 0 or self.min_tokens < 1:
             raise ValueError("tokens_per_char must be > 0 and min_tokens >= 1")
         if self.queue_chunks < 1:
