@@ -407,9 +407,14 @@ class Synthesizer:
             raise FileNotFoundError(f"reference audio not found: {path}")
         key = (str(path.resolve()), path.stat().st_mtime_ns, text)
         if key not in self._voices:
-            encoder = self.codec if self.codec.can_encode else self._encoder()
-            self._voices[key] = Voice.from_audio(path, text, encoder)
+            self._voices[key] = Voice.from_audio(path, text, self.reference_encoder())
         return self._voices[key]
+
+    def reference_encoder(self):
+        """The codec that encodes reference recordings into voices: the loaded one when it can encode,
+        else the checkpoint with its encoder (an exported decoder: the one it was exported from),
+        loaded once on first use. Raises ValueError when no encoder can be found."""
+        return self.codec if self.codec.can_encode else self._encoder()
 
     def _encoder(self):
         """The codec with its encoder, loaded once on first use from the decoder's own folder (an
