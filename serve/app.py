@@ -11,6 +11,13 @@
 /metrics stay open for probes and scrapers. Every error is OpenAI error JSON (errors.py).
 `speed` other than 1.0 is refused with a 400: resampling would shift the pitch, and no
 pitch-preserving time stretch is in the dependency set.
+
+A speech request's settings are built and checked (the runtime's ranges) before a worker is
+leased, and its headers wait for the first audio chunk: a request the server cannot serve gets an
+error status, never 200. A failure after audio has gone out cuts the transfer (pcm / wav: the
+client sees an incomplete body) or ends the SSE stream with an error event. Uploaded voices are
+encoded by the workers' reference encoder, the one `pcgtts speak --ref-audio` uses (for an
+exported codec decoder: the checkpoint it was exported from).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pcgtts.serve.encode import FORMATS, Encoder, sse_delta, sse_event
 from pcgtts.serve.errors import APIError, install_handlers
 from pcgtts.serve.pool import WorkerPool
 from pcgtts.serve.service import Service
-from pcgtts.serve.voices import check_name, spooled_to_file
+from pcgtts.serve.voices import CannotEncode, UploadError, VoiceExists, check_name, spooled_to_file
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +44,11 @@ ROUTES = ("/v1/audio/speech", "/v1/audio/voices", "/health", "/metrics")
 
 
 class SpeechBody(BaseModel):
-    """OpenAI's `/v1/audio/speech` body plus pcgtts's extras (policy, seed, temperature)."""
+    """OpenAI's `/v1/audio/speech` body plus pcgtts's extras (policy, seed, temperature). Types are
+    strict (`"seed": "5"` or `true` is refused, not read as 5 or 1); the extras' ranges are the
+    runtime's, checked by `Service.request_config` before any work starts."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str = "pcgtts"  # any name is accepted: the server serves the models it loaded
     input: str
     voice: str = "default"
@@ -50,6 +59,46 @@ class SpeechBody(BaseModel):
     policy: str | None = None
     seed: int | None = None
     temperature: float | None = None
+
+
+async def first_chunk_ready(chunks):
+    """`chunks` once its first chunk is ready, so that a stream that fails before any audio is
+    answered with an error status (500, logged once here) instead of 200 headers and a broken body."""
+    try:
+        first = await anext(chunks)
+    except StopAsyncIteration:
+        first = None
+    except Exception:
+        log.exception("a speech stream failed before its first chunk")
+        raise APIError(500, "speech synthesis failed (details are in the server log)", None, "internal_error",
+                       type="server_error") from None
+
+    async def replay():
+        try:
+            if first is not None:
+                yield first
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            await chunks.aclose()  # a client that left stops the generation now
+
+    return replay()
+
+
+class CutStream(Exception):
+    """Raised by an audio body to end its transfer incomplete (after logging why): the client sees a
+    broken body, never a short one that looks complete."""
+
+
+class CuttableStreamingResponse(StreamingResponse):
+    """A StreamingResponse whose body may end with `CutStream`: no final body message is sent, so the
+    server closes the connection mid-body, without the exception and its traceback reaching the log."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        except CutStream:
+            pass
 
 
 def _route_label(path: str) -> str:
@@ -117,13 +166,20 @@ def create_app(config: ServerConfig, pool: WorkerPool) -> FastAPI:
                            "unsupported_value")
         job = service.make_job(body.input, body.voice, body.policy, body.seed, body.temperature)
         encoder = Encoder("pcm" if body.stream_format == "sse" else body.response_format, config.sample_rate)
-        chunks = await service.begin(job)
+        chunks = await first_chunk_ready(await service.begin(job))
         headers = {"Cache-Control": "no-store", "X-Sample-Rate": str(config.sample_rate)}
 
         if body.stream_format == "sse":
             async def events():
-                async for chunk in chunks:
-                    yield sse_delta(encoder.chunk(chunk.samples, chunk.is_last))
+                try:
+                    async for chunk in chunks:
+                        yield sse_delta(encoder.chunk(chunk.samples, chunk.is_last))
+                except Exception:
+                    log.exception("a speech stream failed after its first chunk; its SSE stream ends with an error")
+                    yield sse_event({"type": "error", "error": APIError(
+                        500, "speech synthesis failed (details are in the server log); the audio is cut", None,
+                        "internal_error").body()["error"]})
+                    return
                 if job.timed_out:
                     yield sse_event({"type": "error", "error": APIError(
                         504, "the request passed the server's time limit; the audio is cut", None,
@@ -137,17 +193,21 @@ def create_app(config: ServerConfig, pool: WorkerPool) -> FastAPI:
             header = encoder.header()
             if header:
                 yield header
-            async for chunk in chunks:
-                data = encoder.chunk(chunk.samples, chunk.is_last)
-                if data:
-                    yield data
-            if job.timed_out:  # abort the transfer: the client sees an incomplete body, not a short one
-                raise TimeoutError(f"request cut at the time limit ({config.request_timeout_s:g} s)")
+            try:
+                async for chunk in chunks:
+                    data = encoder.chunk(chunk.samples, chunk.is_last)
+                    if data:
+                        yield data
+            except Exception:
+                log.exception("a speech stream failed after its first chunk; its transfer is cut")
+                raise CutStream from None
+            if job.timed_out:  # logged by the service; the client sees an incomplete body, not a short one
+                raise CutStream
             tail = encoder.finish()
             if tail:
                 yield tail
 
-        return StreamingResponse(audio(), media_type=encoder.media_type, headers=headers)
+        return CuttableStreamingResponse(audio(), media_type=encoder.media_type, headers=headers)
 
     @app.get("/v1/audio/voices", dependencies=[Depends(auth)])
     async def list_voices():
@@ -182,11 +242,18 @@ def create_app(config: ServerConfig, pool: WorkerPool) -> FastAPI:
         suffix = "." + upload.filename.rsplit(".", 1)[-1][:8] if upload.filename and "." in upload.filename else ""
         try:
             with spooled_to_file(upload.file, suffix) as tmp:
-                voice = await run_in_threadpool(service.voices.add, name, tmp.name, text, config.max_upload_seconds)
-        except ValueError as err:
-            message = str(err).replace(tmp.name, "the uploaded audio")
-            raise APIError(400, message, "audio" if "audio" in message or "long" in message else "text",
-                           "invalid_value") from None
+                try:
+                    voice = await run_in_threadpool(service.voices.add, name, tmp.name, text,
+                                                    config.max_upload_seconds)
+                except UploadError as err:
+                    status, code = (409, "voice_exists") if isinstance(err, VoiceExists) else (400, "invalid_value")
+                    raise APIError(status, str(err).replace(tmp.name, "the uploaded audio"), err.param,
+                                   code) from None
+        except CannotEncode as err:
+            log.warning("a voice upload was refused: the server cannot encode reference recordings: %s", err)
+            raise APIError(501, "this server cannot encode reference recordings (its codec has no encoder; the "
+                           "server log says why): make the voice with `pcgtts voice add` and copy the .voice file "
+                           "into the server's voices folder", "audio", "voices_unavailable") from None
         finally:
             await upload.close()
         return JSONResponse({"name": name, "tokens": int(len(voice.codes)), "seconds": round(len(voice.codes) / 50, 2),

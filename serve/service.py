@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import hmac
 import logging
+import textwrap
 import time
-from dataclasses import replace
 
 from starlette.concurrency import run_in_threadpool
 
-from pcgtts.runtime.config import POLICIES
+from pcgtts.runtime.config import Settings, SynthesisConfig, resolve_settings
 from pcgtts.runtime.text.prompt import check_text, tokenize_plain
 from pcgtts.serve.config import ServerConfig
 from pcgtts.serve.errors import APIError
@@ -20,11 +20,16 @@ from pcgtts.serve.voices import VoiceStore
 
 log = logging.getLogger(__name__)
 
+# The request fields that set runtime settings (field -> its name in runtime/config.py). Their types
+# and ranges are the runtime dataclasses' own, checked when a request's settings are built.
+REQUEST_SETTINGS = {"policy": "policy", "seed": "seed", "temperature": "temperature"}
+MESSAGE_CHARS = 200  # an error message echoing a huge value is cut to this length
+
 
 class Service:
     def __init__(self, config: ServerConfig, pool: WorkerPool):
         self.config, self.pool = config, pool
-        self.voices = VoiceStore(config.voices_dir, pool.synthesizers[0].codec.source_dir)
+        self.voices = VoiceStore(config.voices_dir, pool.synthesizers[0].reference_encoder)
         self.metrics = Metrics(pool)
 
     def check_key(self, authorization: str | None) -> None:
@@ -57,20 +62,26 @@ class Service:
         if voice_obj is not None and int(voice_obj.codes.max()) >= num_speech:
             raise APIError(400, f"voice {voice!r} holds codec tokens beyond the loaded model's {num_speech} speech "
                            "tokens (it was encoded for another model)", "voice", "voice_incompatible")
-        config = self.pool.synthesizers[0].config
-        decode = config.decode
-        if policy is not None:
-            if policy not in POLICIES:
-                raise APIError(400, f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", "policy",
-                               "invalid_value")
-            decode = replace(decode, policy=policy)
-        if temperature is not None:
-            try:
-                decode = replace(decode, sampling=replace(decode.sampling, temperature=temperature))
-            except ValueError as err:
-                raise APIError(400, str(err), "temperature", "invalid_value") from None
-        config = replace(config, decode=decode, seed=seed if seed is not None else config.seed)
+        config = self.request_config(policy=policy, seed=seed, temperature=temperature)
         return SpeechJob(text, voice_obj, config, time.monotonic() + self.config.request_timeout_s)
+
+    def request_config(self, **fields) -> SynthesisConfig:
+        """The workers' settings with a request's own (`REQUEST_SETTINGS`; None: not given), built
+        through the runtime's config dataclasses, so a value out of their range or of the wrong type
+        is an APIError (400, naming its field) before any work starts."""
+        base = Settings(synthesis=self.pool.synthesizers[0].config)
+        given = {name: value for name, value in fields.items() if value is not None}
+        for name, value in given.items():  # one at a time, so the error names its field
+            self._resolve({REQUEST_SETTINGS[name]: value}, base, name)
+        return self._resolve({REQUEST_SETTINGS[name]: value for name, value in given.items()}, base, None).synthesis
+
+    @staticmethod
+    def _resolve(settings: dict, base: Settings, param: str | None) -> Settings:
+        try:
+            return resolve_settings(settings, base=base)
+        except ValueError as err:
+            message = textwrap.shorten(str(err), MESSAGE_CHARS, placeholder=" ...")
+            raise APIError(400, message, param, "invalid_value") from None
 
     async def begin(self, job: SpeechJob):
         """Lease a worker and open the job's stream: (an async iterator of chunks). Raises APIError:

@@ -14,6 +14,7 @@ import logging
 import re
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
@@ -27,6 +28,23 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 SUFFIX = ".voice"
 
 
+class UploadError(ValueError):
+    """A voice upload refused for one of its form fields (`param`: "name", "text" or "audio")."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+class VoiceExists(UploadError):
+    def __init__(self, name: str):
+        super().__init__(f"voice {name!r} already exists; DELETE it first", "name")
+
+
+class CannotEncode(RuntimeError):
+    """This server has no codec encoder to turn reference recordings into voices."""
+
+
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ValueError("voice names are 1-64 letters, digits, '_' or '-', starting with a letter or digit")
@@ -34,11 +52,13 @@ def check_name(name: str) -> str:
 
 
 class VoiceStore:
-    def __init__(self, directory: str | Path, codec_dir: str | Path | None):
+    def __init__(self, directory: str | Path, encoder: Callable[[], object] | None):
+        """encoder: returns the codec that encodes reference recordings, loading it on first use
+        (`Synthesizer.reference_encoder`: the same encoder `pcgtts speak --ref-audio` uses);
+        None: this store only serves voices made elsewhere."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.codec_dir = codec_dir
-        self._encoder = None
+        self._reference_encoder = encoder
         self._encoder_lock = threading.Lock()
         self._cache: dict[str, tuple[int, Voice]] = {}
 
@@ -81,21 +101,33 @@ class VoiceStore:
         return voices
 
     def add(self, name: str, audio_path: str | Path, text: str, max_seconds: float) -> Voice:
-        """Encode a reference recording into a stored voice (validated like `pcgtts voice add`)."""
+        """Encode a reference recording into a stored voice (validated like `pcgtts voice add`).
+        Raises UploadError naming the field at fault, VoiceExists, or CannotEncode."""
         from pcgtts.runtime.audio.io import load_audio
         from pcgtts.runtime.text.prompt import check_text
 
-        check_name(name)
+        try:
+            check_name(name)
+        except ValueError as err:
+            raise UploadError(str(err), "name") from None
         if self.is_builtin(name):
-            raise ValueError(f"{name!r} is a built-in voice name; choose another")
-        check_text(text)
-        samples = load_audio(audio_path)  # readable, 0.5-30 s, not silent
+            raise UploadError(f"{name!r} is a built-in voice name; choose another", "name")
+        try:
+            check_text(text)
+        except ValueError as err:
+            raise UploadError(str(err), "text") from None
+        try:
+            samples = load_audio(audio_path)  # readable, 0.5-30 s, not silent
+        except ValueError as err:
+            raise UploadError(str(err), "audio") from None
         if len(samples) / SAMPLE_RATE > max_seconds:
-            raise ValueError(f"the recording is {len(samples) / SAMPLE_RATE:.1f} s long; this server accepts "
-                             f"at most {max_seconds:g} s")
-        with self._encoder_lock:  # one encode at a time; the encoder is loaded on first use
-            voice = Voice.from_audio(audio_path, text, self._load_encoder())
-        voice.save(self.path(name))
+            raise UploadError(f"the recording is {len(samples) / SAMPLE_RATE:.1f} s long; this server accepts "
+                              f"at most {max_seconds:g} s", "audio")
+        with self._encoder_lock:  # one encode at a time; two uploads of one name: the second is refused
+            if self.path(name).exists():
+                raise VoiceExists(name)
+            voice = Voice.from_audio(audio_path, text, self._encoder())
+            voice.save(self.path(name))
         log.info("voice %r stored (%d tokens)", name, len(voice.codes))
         return voice
 
@@ -108,18 +140,13 @@ class VoiceStore:
             raise KeyError(name) from None
         self._cache.pop(name, None)
 
-    def _load_encoder(self):
-        if self._encoder is None:
-            from pcgtts.runtime.audio.codec import Codec
-            from pcgtts.runtime.audio.onnx_codec import is_exported_codec
-
-            if self.codec_dir is None:
-                raise ValueError("this server has no codec folder to encode voices with")
-            if is_exported_codec(self.codec_dir):
-                raise ValueError("the server's codec is an ONNX export (decoder only): encode voices with "
-                                 "`pcgtts voice add --codec <X-codec2 folder>` and copy them into the voices folder")
-            self._encoder = Codec.from_pretrained(self.codec_dir, device="cpu", decode_only=False)
-        return self._encoder
+    def _encoder(self):
+        if self._reference_encoder is None:
+            raise CannotEncode("it has no codec to encode reference recordings with")
+        try:
+            return self._reference_encoder()
+        except ValueError as err:  # e.g. an exported decoder whose checkpoint is gone
+            raise CannotEncode(str(err)) from None
 
 
 def spooled_to_file(upload_file, suffix: str) -> tempfile.NamedTemporaryFile:

@@ -11,7 +11,9 @@ Server -> client:
     {"type": "sentence.start", "index": 0, "text": "..."}
     binary frames: PCM16 little-endian mono at `sample_rate`, as generated
     {"type": "sentence.end", "index": 0, "audio_seconds": ..., "time_to_first_audio_s": ..., "real_time_factor": ...}
-    {"type": "error", "error": {OpenAI error fields}}   (a queue-full error closes with 1013)
+    {"type": "error", "error": {OpenAI error fields}}   (a queue-full error closes with 1013, a
+                                           sentence the runtime fails on with 1011; a bad message
+                                           or config, binary frames included, leaves the session open)
     {"type": "done"}                       then the server closes (1000)
 
 A sentence is complete at `.`, `!`, `?` (and their CJK forms) followed by whitespace, the same
@@ -30,6 +32,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from pcgtts.serve.encode import Encoder
 from pcgtts.serve.errors import APIError
+from pcgtts.serve.service import REQUEST_SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -56,23 +59,30 @@ async def run_session(ws: WebSocket, service) -> None:
     await ws.accept()
     rate = service.config.sample_rate
     await ws.send_json({"type": "ready", "sample_rate": rate, "format": "pcm_s16le"})
-    options = {"voice": "default", "policy": None, "seed": None, "temperature": None}
+    options = {"voice": "default", **dict.fromkeys(REQUEST_SETTINGS)}  # what a config message may set
     sentences: asyncio.Queue = asyncio.Queue()
     speaker = asyncio.create_task(_speak_all(ws, service, sentences, options))
     buffer, status = "", "1000"
     limit = service.config.max_input_chars
     try:
         while True:
-            receive = asyncio.create_task(ws.receive_text())
+            receive = asyncio.create_task(_receive_text(ws))
             done, _ = await asyncio.wait({receive, speaker}, return_when=asyncio.FIRST_COMPLETED)
             if speaker in done:  # it stopped on an error it already reported
                 receive.cancel()
                 status = "error"
+                if not speaker.cancelled() and speaker.exception() is not None:
+                    log.error("websocket speaker stopped: %s", speaker.exception())
                 break
+            text = receive.result()
+            if text is None:
+                await _error(ws, APIError(400, "messages are JSON text frames; binary frames are not accepted", "type",
+                                          "invalid_value"))
+                continue
             try:
-                message = json.loads(receive.result())
+                message = json.loads(text)
                 kind = message.get("type") if isinstance(message, dict) else None
-            except json.JSONDecodeError:
+            except ValueError:  # not JSON, or a number past Python's parse limit
                 kind = None
             if kind == "config":
                 unknown = set(message) - set(options) - {"type"}
@@ -86,7 +96,11 @@ async def run_session(ws: WebSocket, service) -> None:
                     await _error(ws, err)
                     continue
                 options.update({k: message[k] for k in options if k in message})
-            elif kind == "text" and isinstance(message.get("text"), str):
+            elif kind == "text":
+                if not isinstance(message.get("text"), str):
+                    await _error(ws, APIError(400, "a text message needs a string field text", "text",
+                                              "invalid_value"))
+                    continue
                 if len(message["text"]) > limit:
                     await _error(ws, APIError(400, f"a text message may hold at most {limit} characters", "text",
                                               "string_above_max_length"))
@@ -125,6 +139,14 @@ async def run_session(ws: WebSocket, service) -> None:
         service.metrics.requests.labels("/v1/audio/speech/stream", status).inc()
 
 
+async def _receive_text(ws: WebSocket) -> str | None:
+    """The next text frame (None for a binary frame); WebSocketDisconnect once the client has left."""
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+    return message.get("text")
+
+
 async def _error(ws: WebSocket, err: APIError) -> None:
     await ws.send_json({"type": "error", **err.body()})
 
@@ -148,8 +170,17 @@ async def _speak_all(ws: WebSocket, service, sentences: asyncio.Queue, options: 
             continue
         encoder = Encoder("pcm", service.config.sample_rate)
         await ws.send_json({"type": "sentence.start", "index": index, "text": job.text})
-        async for chunk in chunks:
-            await ws.send_bytes(encoder.chunk(chunk.samples, chunk.is_last))
+        try:
+            async for chunk in chunks:
+                await ws.send_bytes(encoder.chunk(chunk.samples, chunk.is_last))
+        except WebSocketDisconnect:
+            raise
+        except Exception:  # the runtime failed: say so and close (1011), rather than a silent close
+            log.exception("a websocket sentence failed while it was spoken")
+            await _error(ws, APIError(500, f"speech synthesis failed in sentence {index} (details are in the server "
+                                      "log); the session is closed", None, "internal_error"))
+            await ws.close(code=1011)
+            return
         stats = job.stats
         await ws.send_json({"type": "sentence.end", "index": index, "audio_seconds": encoder.samples_out / encoder.rate,
                             "time_to_first_audio_s": job.time_to_first_audio,

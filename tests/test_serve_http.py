@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import threading
 import time
 
@@ -17,49 +16,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-KEY = "test-key-123456"
-
-
-class RunningServer:
-    def __init__(self, app, pool, voices_dir):
-        import uvicorn
-
-        self.pool, self.voices_dir = pool, voices_dir
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="auto"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+from serve_helpers import KEY, assert_openai_error, auth, read_wav, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tiny_target(tiny_lm_factory):
     return tiny_lm_factory()
-
-
-def start_server(target, codec, voices_dir, **overrides):
-    from pcgtts.runtime.config import ModelPaths
-    from pcgtts.serve.app import create_app
-    from pcgtts.serve.config import ServerConfig
-    from pcgtts.serve.pool import WorkerPool
-
-    fields = dict(models=ModelPaths(target=str(target), codec=str(codec)), policy="ar", max_length=1024,
-                  voices_dir=str(voices_dir), workers=1, queue_size=2, api_key=KEY, max_new_tokens=40)
-    fields.update(overrides)
-    config = ServerConfig(**fields)
-    pool = WorkerPool.from_config(config)
-    return RunningServer(create_app(config, pool), pool, voices_dir)
 
 
 @pytest.fixture(scope="module")
@@ -76,30 +38,6 @@ def long_server(tiny_target, demo_codec_dir, tmp_path_factory):
                            max_new_tokens=1500, api_key=None)
     yield running
     running.stop()
-
-
-def auth():
-    return {"Authorization": f"Bearer {KEY}"}
-
-
-def assert_openai_error(response, status, param=None):
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    assert "Traceback" not in response.text
-    if param is not None:
-        assert error["param"] == param
-    return error
-
-
-def read_wav(data: bytes):
-    """(rate, int16 samples) of a streamed WAV (data size 0xFFFFFFFF: read to the end)."""
-    assert data[:4] == b"RIFF" and data[8:16] == b"WAVEfmt "
-    import struct
-
-    _, fmt, channels, rate, _, _, bits = struct.unpack("<IHHIIHH", data[16:36])
-    assert (fmt, channels, bits) == (1, 1, 16) and data[36:40] == b"data"
-    return rate, np.frombuffer(data[44:], dtype="<i2")
 
 
 def test_wav_streams_before_the_utterance_is_done(server):
