@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from pcgtts.cli import flags
 from pcgtts.cli.flags import comma_list, deprecated_alias, non_negative_int, positive, quiet_logger
 from pcgtts.cli.groups import add_sweep_options, check_sweep_options, group_table, sweep_thetas
 from pcgtts.runtime.config import PCG_POLICIES, POLICIES, STATE_POLICIES
@@ -46,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help=f"comma list (default: {','.join(DEFAULT_POLICIES)}; the mtp-* policies need the "
                             "target's heads, `pcgtts heads train`, the eagle-* ones its EAGLE draft, `pcgtts heads eagle`)")
     add_sweep_options(bench)
-    bench.add_argument("--draft-length", type=comma_list(int), default=[3], help="comma list of draft lengths L")
-    deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=comma_list(int))
+    bench.add_argument("--draft-length", type=comma_list(flags.draft_length), default=[3],
+                       help="comma list of draft lengths L, each 1 to 16")
+    deprecated_alias(bench, "--lookahead", "draft_length", "--draft-length", type=comma_list(flags.draft_length))
     bench.add_argument("--codec-thread", choices=("on", "off", "both"),
                        help="decode codec windows on their own thread (on, the default), in line with the LM "
                             "(off), or run every case both ways, side by side")
@@ -57,10 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--texts", help="text file, one utterance per line (default: built-in sentences)")
     bench.add_argument("--runs", type=positive(int), default=1, help="measured runs over the text set")
     bench.add_argument("--warmup", type=non_negative_int, default=1, help="warm-up utterances per configuration (excluded)")
-    bench.add_argument("--max-tokens", type=positive(int), help="cap speech tokens per sentence (default: 150 on the random-weight demo pair)")
-    bench.add_argument("--temperature", type=float, default=0.8)
+    bench.add_argument("--max-tokens", type=flags.max_tokens, help="cap speech tokens per sentence (default: 150 on the random-weight demo pair)")
+    bench.add_argument("--temperature", type=flags.temperature, default=0.8, help="sampling temperature, 0 to 10")
     bench.add_argument("--speed", type=positive(float), default=1.0, help="simulated playback speed (< 1: a slower listener)")
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--seed", type=flags.seed, default=0)
     bench.add_argument("--json", help="write every record and summary here")
     bench.add_argument("--plot", help="write a PNG: one utterance's timeline and the sweep")
     bench.set_defaults(func=_bench)

@@ -10,7 +10,9 @@ import json
 import sys
 from pathlib import Path
 
+from pcgtts.cli import flags
 from pcgtts.cli.flags import deprecated_alias, positive
+from pcgtts.runtime.audio.chunk import SAMPLE_RATE
 from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES, QUANTIZE, check_compute_device
 
 
@@ -18,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     models = sub.add_parser("models", help="built-in demo models").add_subparsers(dest="models_cmd", required=True)
     demo = models.add_parser("demo", help="write the demo target, draft and codec (random weights, not speech)")
     demo.add_argument("--out", required=True, help="output directory")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=flags.seed, default=0)
     demo.set_defaults(func=_models_demo)
 
     draft = sub.add_parser("draft", help="draft models").add_subparsers(dest="draft_cmd", required=True)
@@ -46,36 +48,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--loss", choices=("tv", "kl", "tv+group"), default="tv",
                        help="tv: total variation (= 1 - SD acceptance, default); kl: KL(target || draft); "
                             "tv+group: tv + the group-level TV PCG accepts on (needs --groups)")
-    train.add_argument("--max-tokens", type=positive(int), default=500,
+    train.add_argument("--max-tokens", type=flags.max_tokens, default=500,
                        help="speech tokens per generated sequence at most (50 per s; default 500)")
-    train.add_argument("--temperature", type=positive(float), default=0.8,
+    train.add_argument("--temperature", type=flags.setting(positive(float), "temperature"), default=0.8,
                        help="sampling temperature of the target and of the matched distributions (default 0.8)")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=flags.seed, default=0)
     train.add_argument("--lr", type=positive(float), default=1e-4, help="AdamW peak learning rate (default 1e-4)")
     train.add_argument("--batch-size", type=positive(int), default=4, help="sequences per step (default 4)")
     train.add_argument("--compute-device", default="cpu", help="cpu (default), cuda or cuda:N")
     train.add_argument("--threads", type=positive(int), help="CPU threads (default: torch's)")
     train.set_defaults(func=_draft_train)
 
-    speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write a WAV)")
+    speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write an audio file)")
     speak.add_argument("text")
     voice = speak.add_mutually_exclusive_group()
     voice.add_argument("--voice", help="a voice file made by `pcgtts voice add`")
     voice.add_argument("--ref-audio", help="reference recording to clone (needs --ref-text)")
     speak.add_argument("--ref-text", help="transcript of --ref-audio")
     add_model_args(speak)
-    speak.add_argument("--out", help="write a WAV file instead of playing")
+    speak.add_argument("--out", help="write an audio file instead of playing: .wav, .flac, .ogg (Vorbis) or .mp3, "
+                                     "the format its suffix names")
     speak.add_argument("--audio-device", help="playback device name or index; 'null' discards the audio")
     deprecated_alias(speak, "--device", "audio_device", "--audio-device")
-    speak.add_argument("--seed", type=int)
-    speak.add_argument("--draft-length", type=positive(int), help="draft proposals per step (default 3)")
+    speak.add_argument("--seed", type=flags.seed, help="seed of the sampling, 0 to 2**63-1 (default: a fresh one)")
+    speak.add_argument("--draft-length", type=flags.draft_length, help="draft proposals per step, 1 to 16 (default 3)")
     speak.add_argument("--adaptive-draft", action=argparse.BooleanOptionalAction, default=None,
                        help="choose the draft length per step from measured costs (up to --draft-length), and "
                             "decode without the draft when speculation cannot win (default on; --no-adaptive-draft: "
                             "always --draft-length, for output that repeats across processes with --seed)")
-    speak.add_argument("--temperature", type=float,
-                       help="sampling temperature (default 0.8, or the built-in voice's own; 0 = greedy)")
-    speak.add_argument("--max-tokens", type=positive(int), help="speech tokens per sentence at most (50 per s; default 2000)")
+    speak.add_argument("--temperature", type=flags.temperature,
+                       help="sampling temperature, 0 to 10 (default 0.8, or the built-in voice's own; 0 = greedy)")
+    speak.add_argument("--top-p", type=flags.top_p,
+                       help="nucleus sampling: keep the most likely tokens holding this much mass, in (0, 1] "
+                            "(default 1: all of them)")
+    speak.add_argument("--max-tokens", type=flags.max_tokens,
+                       help="speech tokens per sentence at most, 1 to 60000 (50 per s; default 2000)")
     speak.set_defaults(func=_speak)
 
     from pcgtts.cli import bench as bench_cli, voice as voice_cli
@@ -121,7 +128,7 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
     names = ("target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
-             "temperature", "seed", "adaptive_draft")
+             "temperature", "top_p", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)
     if isinstance(getattr(args, "draft_length", None), int):  # bench's --draft-length is a sweep list
@@ -223,21 +230,37 @@ def _print_distill_summary(summary: dict) -> None:
 
 
 def _speak(args) -> int:
+    from pcgtts.cli.interrupt import Interrupted, stop_on_signals
     from pcgtts.runtime.audio.playback import open_sink
 
     check_speak_args(args)  # everything checkable is checked before a model loads
-    synth, _ = load_synthesizer(args)
-    sink = open_sink(args.audio_device, out_path=args.out)
-    stream = synth.stream(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text, voice=args.voice)
+    sink = None
     try:
-        with sink:
-            for chunk in stream:
-                sink.write(chunk)
-    finally:
-        stream.close()
+        with stop_on_signals():
+            synth, _ = load_synthesizer(args)
+            sink = open_sink(args.audio_device, out_path=args.out)
+            stream = synth.stream(args.text, ref_audio=args.ref_audio, ref_text=args.ref_text, voice=args.voice)
+            with sink, stream:  # the stream stops first, then the sink ends: complete, kept partial, or discarded
+                for chunk in stream:
+                    sink.write(chunk)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: what was made is kept, said in one line
+        print(f"pcgtts: interrupted; {_what_was_kept(sink, args.out)}", file=sys.stderr)
+        return stop.exit_code if isinstance(stop, Interrupted) else 130
     report = speak_report(stream.stats, sink.stats())
     print_report(report)
     return 0
+
+
+def _what_was_kept(sink, out: str | None) -> str:
+    """The interrupted run's output, in words."""
+    if out is None:
+        return "playback stopped"
+    untouched = f"; {out} is as it was" if Path(out).exists() else ""
+    kept = getattr(sink, "kept", None)
+    if kept is None:
+        return "no audio was made yet" + (untouched or f"; {out} was not written")
+    seconds = sink.stats().samples_written / SAMPLE_RATE
+    return f"kept the {seconds:.1f} s made so far in {kept}{untouched}"
 
 
 def check_speak_args(args) -> None:
@@ -261,9 +284,11 @@ def check_speak_args(args) -> None:
     if args.out is not None:
         if args.audio_device is not None:
             raise ValueError("give either --out (write a file) or --audio-device (play), not both")
+        from pcgtts.runtime.audio.io import output_format
         from pcgtts.runtime.files import check_output_file
 
         check_output_file(args.out)
+        output_format(args.out)  # the suffix names a format this machine writes
     else:
         from pcgtts.runtime.audio.playback import check_output_device
 

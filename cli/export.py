@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from pcgtts.cli import flags
 from pcgtts.cli.flags import deprecated_alias
 from pcgtts.runtime.config import QUANTIZE
 
@@ -25,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     onnx.add_argument("--quantize", default="none", choices=QUANTIZE,
                       help="int8: replace the checked float32 graph by a weight-only int8 one "
                            "(1.5-1.9x faster on a CPU: BENCHMARKS.md §18; quality cost in QUALITY.md)")
-    onnx.add_argument("--max-length", type=int, default=4096, help="default KV cache capacity for the runtime")
+    onnx.add_argument("--max-length", type=flags.setting(int, "max_length"), default=4096,
+                      help="default KV cache capacity for the runtime (at least 64)")
     onnx.add_argument("--no-check", action="store_true", help="skip the numeric comparison with PyTorch")
     onnx.add_argument("--eagle", help="the target's EAGLE draft, exported with it for the eagle-* policies "
                                       "(default: eagle_draft.safetensors beside the model, if there)")
@@ -45,9 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     trt.add_argument("--onnx", required=True, help="directory written by `pcgtts export onnx`")
     trt.add_argument("--out", required=True, help="output directory")
     trt.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
-    trt.add_argument("--draft-length", type=int, default=3, help="draft tokens per step the engine is tuned for")
-    deprecated_alias(trt, "--lookahead", "draft_length", "--draft-length", type=int)
-    trt.add_argument("--max-length", type=int, default=2048, help="fixed KV cache capacity of the engine")
+    trt.add_argument("--draft-length", type=flags.draft_length, default=3,
+                     help="draft tokens per step the engine is tuned for, 1 to 16")
+    deprecated_alias(trt, "--lookahead", "draft_length", "--draft-length", type=flags.draft_length)
+    trt.add_argument("--max-length", type=flags.setting(int, "max_length"), default=2048,
+                     help="fixed KV cache capacity of the engine (at least 64)")
     trt.add_argument("--no-check", action="store_true", help="skip the comparison with the ONNX graph")
     trt.set_defaults(func=_tensorrt)
 

@@ -1,4 +1,5 @@
-"""Flag helpers shared by the sub-commands: deprecated aliases that still work, with a warning."""
+"""Flag helpers shared by the sub-commands: deprecated aliases that still work, with a warning, and
+argparse types that refuse out-of-range numbers in one line before any work starts."""
 
 from __future__ import annotations
 
@@ -35,6 +36,30 @@ def positive(kind):
         return value
     parse.__name__ = f"positive {kind.__name__}"
     return parse
+
+
+def setting(kind, key: str):
+    """argparse type: a number of `kind` that the setting `key` of runtime/config.py accepts (its range
+    is checked there, by the settings' own dataclasses), with their one-line message otherwise."""
+    def parse(text: str):
+        value = kind(text)  # a ValueError: argparse's "invalid <kind> value"
+        from pcgtts.runtime.config import resolve_settings
+
+        try:
+            resolve_settings({key: value})
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return value
+    parse.__name__ = getattr(kind, "__name__", "number")
+    return parse
+
+
+# The synthesis settings a command line sets, each checked against its range in runtime/config.py.
+seed = setting(int, "seed")
+temperature = setting(float, "temperature")
+top_p = setting(float, "top_p")
+draft_length = setting(int, "draft_length")
+max_tokens = setting(int, "max_new_tokens")
 
 
 def comma_list(kind):

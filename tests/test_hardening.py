@@ -221,22 +221,25 @@ def test_bad_input_is_one_clear_line_before_models_load(argv, message, tmp_path,
 
 def test_a_failed_write_leaves_the_old_file_and_ctrl_c_keeps_a_valid_partial(tmp_path):
     from pcgtts import AudioChunk
-    from pcgtts.runtime.audio.playback import WavSink
+    from pcgtts.runtime.audio.playback import FileSink
 
     out = tmp_path / "speech.wav"
     sf.write(out, np.full(1600, 0.5, np.float32), 16000)
     chunk = AudioChunk(np.zeros(320, np.float32), 16000, 0, 1, 0.0)
     with pytest.raises(RuntimeError):
-        with WavSink(out) as sink:
+        with FileSink(out) as sink:
             sink.write(chunk)
             raise RuntimeError("synthesis failed half-way")
     audio, _ = sf.read(out)
     assert len(audio) == 1600 and sorted(p.name for p in tmp_path.iterdir()) == ["speech.wav"]
     with pytest.raises(KeyboardInterrupt):
-        with WavSink(out) as sink:
+        with FileSink(out) as sink:
             sink.write(chunk)
             raise KeyboardInterrupt
-    assert len(sf.read(out)[0]) == 320  # the user stopped it: what was made is kept, as a valid WAV
+    # the user stopped it: what was made is kept beside the output, as a valid WAV; the output is untouched
+    assert len(sf.read(out)[0]) == 1600 and len(sf.read(tmp_path / "speech.partial.wav")[0]) == 320
+    assert sink.kept == tmp_path / "speech.partial.wav"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["speech.partial.wav", "speech.wav"]
 
 
 def test_an_unknown_audio_device_is_named_with_the_choices(capsys, no_models):

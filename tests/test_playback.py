@@ -16,7 +16,7 @@ import soundfile as sf
 
 from pcgtts.runtime.audio import playback
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, AudioChunk
-from pcgtts.runtime.audio.playback import NullSink, SoundDeviceSink, WavSink, open_sink
+from pcgtts.runtime.audio.playback import FileSink, NullSink, SoundDeviceSink, open_sink
 
 
 def has_output_device() -> bool:
@@ -120,10 +120,10 @@ def test_null_sink_realtime_clock_counts_underruns():
     assert slow.stats().underruns > 0 and slow.stats().samples_played == slow.stats().samples_written
 
 
-def test_wav_sink_writes_every_sample(tmp_path):
+def test_file_sink_writes_every_sample(tmp_path):
     path = tmp_path / "out.wav"
     written = []
-    with WavSink(path) as sink:
+    with FileSink(path) as sink:
         for chunk in chunks(0.3, 0.1):
             written.append(chunk.samples)
             sink.write(chunk)
@@ -133,6 +133,6 @@ def test_wav_sink_writes_every_sample(tmp_path):
 
 
 def test_open_sink_mapping(tmp_path):
-    assert isinstance(open_sink(out_path=tmp_path / "x.wav"), WavSink)
+    assert isinstance(open_sink(out_path=tmp_path / "x.wav"), FileSink)
     assert isinstance(open_sink("null"), NullSink)
     assert isinstance(open_sink(None), SoundDeviceSink)

@@ -66,6 +66,36 @@ def load_audio(path: str | Path) -> np.ndarray:
     return check_reference(audio, str(path))
 
 
+# What an output file's suffix means: soundfile's (libsndfile's) container and encoding for it.
+OUTPUT_FORMATS = {
+    ".wav": ("WAV", "PCM_16"),
+    ".flac": ("FLAC", "PCM_16"),
+    ".ogg": ("OGG", "VORBIS"),
+    ".mp3": ("MP3", "MPEG_LAYER_III"),  # libsndfile 1.1 and later
+}
+
+
+def writable_suffixes() -> list[str]:
+    """The suffixes of `OUTPUT_FORMATS` that this machine's libsndfile can write."""
+    import soundfile as sf
+
+    formats = sf.available_formats()
+    return [suffix for suffix, (container, encoding) in OUTPUT_FORMATS.items()
+            if container in formats and encoding in sf.available_subtypes(container)]
+
+
+def output_format(path: str | Path) -> tuple[str, str]:
+    """(container, encoding) that soundfile writes for `path`, chosen by its suffix; a one-line
+    ValueError naming the suffixes this machine writes when it has none of them."""
+    suffix = Path(path).suffix.lower()
+    writable = writable_suffixes()
+    if suffix not in writable:
+        what = f"a {suffix} file" if suffix else "a file without a suffix"
+        raise ValueError(f"{path}: cannot write {what}; name it with one of {', '.join(writable)} "
+                         "(the audio format follows the suffix)")
+    return OUTPUT_FORMATS[suffix]
+
+
 def write_wav(path: str | Path, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> Path:
     import soundfile as sf
 

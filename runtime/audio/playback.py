@@ -4,11 +4,14 @@
   paced by the device's clock.
 * `NullSink`: discards audio; with `realtime=True` it drains the buffer on a simulated 16 kHz
   clock instead, for machines with no sound card (and for the latency harness).
-* `WavSink`: writes a WAV file as chunks arrive, so a stream closed early leaves a valid file.
+* `FileSink`: writes an audio file (WAV, FLAC, OGG Vorbis or MP3, by its suffix) as chunks arrive;
+  it replaces the named file only when complete, and an interrupted stream keeps what was made
+  beside it as a valid shorter file (`F.partial.wav`).
 
 Playback starts once a pre-buffer is filled (or the stream ends). When the buffer runs dry
 mid-stream the device plays silence: that is an *underrun*, counted with its duration, never
-an error. `sounddevice` is imported lazily: without PortAudio the error says to use --out.
+an error. Leaving a sink's `with` block on an exception stops at once, without playing what is
+still buffered. `sounddevice` is imported lazily: without PortAudio the error says to use --out.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, AudioChunk
+from pcgtts.runtime.audio.io import output_format
 from pcgtts.runtime.files import check_output_file, publish
 
 log = logging.getLogger(__name__)
@@ -112,14 +116,15 @@ class _Sink:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(finished=exc_type is None)
 
     def start(self) -> None: ...
 
     def write(self, chunk: AudioChunk) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, finished: bool = True) -> None:
+        """End the output; `finished=False` (the producer failed or was interrupted): at once."""
 
     def stats(self) -> PlaybackStats: ...
 
@@ -130,10 +135,11 @@ def _import_sounddevice():
     except OSError as err:  # the PortAudio shared library is missing
         raise RuntimeError(f"audio playback needs the PortAudio library ({err}); install it "
                            "(apt install libportaudio2), or write a file with --out FILE.wav, "
-                           "or discard the audio with --device null") from None
+                           "or discard the audio with --audio-device null") from None
     except ImportError:
         raise RuntimeError("audio playback needs the 'sounddevice' package (pip install 'pcgtts[audio]'); "
-                           "or write a file with --out FILE.wav, or use --device null") from None
+                           "or write a file with --out FILE.wav, or discard the audio with "
+                           "--audio-device null") from None
     return sounddevice
 
 
@@ -177,7 +183,7 @@ class SoundDeviceSink(_Sink):
             info = sd.query_devices(self.device, "output")
         except (ValueError, sd.PortAudioError) as err:
             raise RuntimeError(f"no playback device {self.device!r} ({err}); see `python -m sounddevice` "
-                               "for the list, or use --out FILE.wav / --device null") from None
+                               "for the list, or use --out FILE.wav / --audio-device null") from None
         self.rate = int(info["default_samplerate"])
         if self.rate != SAMPLE_RATE:
             import soxr
@@ -199,7 +205,8 @@ class SoundDeviceSink(_Sink):
             samples = self._resampler.resample_chunk(samples)  # flushed in close()
         self._player.push(np.asarray(samples, dtype=np.float32))
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Play out what is buffered (`finished`), or stop at once."""
         if self._stream is None:
             return
         if self._resampler is not None:
@@ -207,7 +214,7 @@ class SoundDeviceSink(_Sink):
             self._resampler = None
         self._player.end()
         pending = self._player.buffered / self.rate
-        if not self._player.drained.wait(pending + self.drain_timeout):
+        if finished and not self._player.drained.wait(pending + self.drain_timeout):
             log.warning("playback did not drain within %.1f s", pending + self.drain_timeout)
         self._stream.stop()
         self._stream.close()
@@ -250,10 +257,11 @@ class NullSink(_Sink):
                 self._player.written += len(chunk.samples)
                 self._player.played += len(chunk.samples)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
         self._player.end()
         if self._thread is not None:
-            self._player.drained.wait(self._player.buffered / SAMPLE_RATE + 5.0)
+            if finished:
+                self._player.drained.wait(self._player.buffered / SAMPLE_RATE + 5.0)
             self._stop.set()
             self._thread.join()
             self._thread = None
@@ -262,12 +270,23 @@ class NullSink(_Sink):
         return self._player.stats()
 
 
-class WavSink(_Sink):
-    """Writes a 16-bit WAV beside `path` and moves it into place when the stream ends. A failure
-    leaves an existing file untouched; Ctrl-C keeps what was made (a valid, shorter WAV)."""
+def partial_path(path: str | Path) -> Path:
+    """Where an interrupted write keeps its audio: `F.partial.wav` beside `F.wav` (same format)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.partial{path.suffix}")
+
+
+class FileSink(_Sink):
+    """Writes an audio file in the format its suffix names (`io.OUTPUT_FORMATS`: WAV, FLAC, OGG
+    Vorbis, MP3) into a temporary file beside `path`, which replaces `path` only when the stream
+    ends. A failure leaves an existing file untouched and nothing else behind; an interruption
+    (Ctrl-C: a KeyboardInterrupt of any kind) also leaves `path` as it was and keeps what was made,
+    a valid shorter file, as `partial_path(path)`. `kept` says where the audio went, once closed."""
 
     def __init__(self, path: str | Path):
         self.path = check_output_file(path)
+        self.container, self.encoding = output_format(self.path)
+        self.kept: Path | None = None
         self._file = None
         self._tmp: Path | None = None
         self._written = 0
@@ -277,26 +296,60 @@ class WavSink(_Sink):
 
         import soundfile as sf
 
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial.wav", dir=self.path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         os.close(fd)
         self._tmp = Path(tmp)
-        self._file = sf.SoundFile(tmp, "w", samplerate=SAMPLE_RATE, channels=1, subtype="PCM_16", format="WAV")
+        try:
+            self._file = sf.SoundFile(tmp, "w", samplerate=SAMPLE_RATE, channels=1, format=self.container,
+                                      subtype=self.encoding)
+        except BaseException:
+            self._tmp.unlink(missing_ok=True)
+            raise
 
     def __exit__(self, exc_type, *exc) -> None:
-        self.close(keep=exc_type is None or issubclass(exc_type, KeyboardInterrupt))
+        if exc_type is None:
+            self.close()
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.keep_partial()
+        else:
+            self.discard()
 
     def write(self, chunk: AudioChunk) -> None:
         self._file.write(np.clip(chunk.samples, -1.0, 1.0))
         self._written += len(chunk.samples)
 
-    def close(self, keep: bool = True) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            if keep:
-                publish(self._tmp, self.path)
+    def close(self, finished: bool = True) -> None:
+        """Move the finished file into place (`finished`), or remove it."""
+        if not finished:
+            self.discard()
+        elif self._finish_file():
+            publish(self._tmp, self.path)
+            self.kept = self.path
+
+    def keep_partial(self) -> None:
+        """Keep what was written as `partial_path(path)`, or nothing if no audio was written."""
+        if self._finish_file():
+            if self._written:
+                publish(self._tmp, partial_path(self.path))
+                self.kept = partial_path(self.path)
             else:
                 self._tmp.unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        if self._finish_file():
+            self._tmp.unlink(missing_ok=True)
+
+    def _finish_file(self) -> bool:
+        """Close the file being written; False if there was none (never started, or closed)."""
+        if self._file is None:
+            return False
+        file, self._file = self._file, None
+        try:
+            file.close()
+        except BaseException:
+            self._tmp.unlink(missing_ok=True)
+            raise
+        return True
 
     def stats(self) -> PlaybackStats:
         return PlaybackStats(self._written, self._written)
@@ -304,9 +357,9 @@ class WavSink(_Sink):
 
 def open_sink(device: str | None = None, out_path: str | Path | None = None,
               prebuffer_seconds: float = 0.2) -> _Sink:
-    """--out FILE -> WavSink; --device null -> real-time NullSink; else a sound device (None = default)."""
+    """--out FILE -> FileSink; --audio-device null -> real-time NullSink; else a sound device (None = default)."""
     if out_path is not None:
-        return WavSink(out_path)
+        return FileSink(out_path)
     if device is not None and str(device).lower() == "null":
         return NullSink(realtime=True, prebuffer_seconds=prebuffer_seconds)
     if device is not None and str(device).isdigit():
