@@ -13,7 +13,8 @@ from pathlib import Path
 from pcgtts.cli import flags
 from pcgtts.cli.flags import deprecated_alias, positive
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
-from pcgtts.runtime.config import BACKENDS, DTYPES, POLICIES, QUANTIZE, check_compute_device
+from pcgtts.runtime.config import (BACKENDS, DTYPES, EAGLE_POLICIES, MTP_POLICIES, PCG_POLICIES, POLICIES, QUANTIZE,
+                                   check_compute_device)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--lr", type=positive(float), default=1e-4, help="AdamW peak learning rate (default 1e-4)")
     train.add_argument("--batch-size", type=positive(int), default=4, help="sequences per step (default 4)")
     train.add_argument("--compute-device", default="cpu", help="cpu (default), cuda or cuda:N")
-    train.add_argument("--threads", type=positive(int), help="CPU threads (default: torch's)")
+    train.add_argument("--threads", type=flags.cpu_threads(1), help="CPU threads (default: torch's)")
     train.set_defaults(func=_draft_train)
 
     speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write an audio file)")
@@ -114,7 +115,7 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                         help="the LM's steps through torch.compile (torch backend, CPU, float32; needs a C++ "
                              "compiler; about a minute per model at load the first time, less from the cache)")
-    parser.add_argument("--threads", type=int, help="CPU threads per stage (LM, codec); default: half the cores "
+    parser.add_argument("--threads", type=flags.cpu_threads(), help="CPU threads per stage (LM, codec); default: half the cores "
                                                      "with the codec on its own thread, unless OMP_NUM_THREADS is set")
 
 
@@ -293,7 +294,29 @@ def check_speak_args(args) -> None:
         from pcgtts.runtime.audio.playback import check_output_device
 
         check_output_device(args.audio_device)
-    check_compute_device(resolve_settings_from_flags(args).device.compute_device)
+    settings = resolve_settings_from_flags(args)
+    check_flags_apply(args, settings.synthesis.decode.policy)
+    check_compute_device(settings.device.compute_device)
+
+
+# The flags that only some policies read: (argparse dest, the policies that read it).
+POLICY_FLAGS = {
+    "--draft": ("draft", ("draft", "sd", "ssd", "pcg")),
+    "--groups": ("groups", PCG_POLICIES),
+    "--heads": ("heads", MTP_POLICIES),
+    "--transitions": ("transitions", ("mtp-viterbi",)),
+    "--eagle": ("eagle", EAGLE_POLICIES),
+    "--draft-length": ("draft_length", tuple(p for p in POLICIES if p not in ("ar", "draft"))),
+    "--adaptive-draft / --no-adaptive-draft": ("adaptive_draft", tuple(p for p in POLICIES if p not in ("ar", "draft"))),
+}
+
+
+def check_flags_apply(args, policy: str) -> None:
+    """A one-line error for a flag given on the command line that `policy` would ignore."""
+    for flag, (dest, readers) in POLICY_FLAGS.items():
+        if getattr(args, dest, None) is not None and policy not in readers:
+            raise ValueError(f"{flag} is not used by policy {policy!r}: leave it out, or choose a policy that "
+                             f"uses it ({', '.join(readers)})")
 
 
 def resolve_settings_from_flags(args, **overrides):

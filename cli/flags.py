@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import functools
 import logging
+import os
 import sys
 
 
@@ -60,6 +61,20 @@ temperature = setting(float, "temperature")
 top_p = setting(float, "top_p")
 draft_length = setting(int, "draft_length")
 max_tokens = setting(int, "max_new_tokens")
+
+
+def cpu_threads(minimum: int = 0):
+    """argparse type: a CPU thread count from `minimum` (0: automatic) up to this machine's cores; past
+    them threads only wait on each other, and far past them the thread pools crash the process."""
+    def parse(text: str) -> int:
+        value = int(text)
+        cores = os.cpu_count() or 1
+        if not minimum <= value <= cores:
+            raise argparse.ArgumentTypeError(f"must lie in [{minimum}, {cores}] (this machine has {cores} CPU "
+                                             f"cores{'; 0 = automatic' if minimum == 0 else ''}), got {text}")
+        return value
+    parse.__name__ = "int"
+    return parse
 
 
 def comma_list(kind):

@@ -49,8 +49,8 @@ def run_cli(argv, capsys) -> tuple[int, str]:
 
 
 def model_flags(models, policy: str = "sd") -> list[str]:
-    return ["--target", str(models["target"]), "--draft", str(models["draft"]), "--codec", str(models["codec"]),
-            "--policy", policy]
+    draft = ["--draft", str(models["draft"])] if policy != "ar" else []
+    return ["--target", str(models["target"]), *draft, "--codec", str(models["codec"]), "--policy", policy]
 
 
 # -- numbers out of range: one line, naming the flag, before any model loads ----------------------
@@ -70,6 +70,9 @@ HUGE = str(2**80)
     (["speak", "hi", "--draft-length", "17"], "--draft-length", "[1, 16]"),
     (["speak", "hi", "--draft-length", "0"], "--draft-length", "[1, 16]"),
     (["speak", "hi", "--seed", "twelve"], "--seed", "invalid int value"),
+    (["speak", "hi", "--threads", HUGE], "--threads", "CPU cores"),
+    (["speak", "hi", "--threads", str((os.cpu_count() or 1) + 1)], "--threads", "CPU cores"),
+    (["draft", "train", "--target", "t", "--draft", "d", "--out", "o", "--threads", "0"], "--threads", "CPU cores"),
     (["bench", "--seed", HUGE], "--seed", "[0, 2**63 - 1]"),
     (["bench", "--temperature", "-0.5"], "--temperature", "[0, 10]"),
     (["bench", "--max-tokens", "60001"], "--max-tokens", "[1, 60000]"),
@@ -111,6 +114,24 @@ def test_top_p_reaches_the_synthesis_settings(tmp_path, capsys, monkeypatch):
     code, err = run_cli(["speak", "hi", "--top-p", "0.9", "--temperature", "0.5", "--out", tmp_path / "a.wav"], capsys)
     assert code == 2 and "stopped after the settings were read" in err, err
     assert seen["sampling"].top_p == 0.9 and seen["sampling"].temperature == 0.5
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--policy", "ar", "--draft", "{tmp}"], "--draft"),
+    (["--policy", "mtp-sd", "--draft", "{tmp}"], "--draft"),
+    (["--policy", "sd", "--draft", "{tmp}", "--groups", "{tmp}/g.pcg"], "--groups"),
+    (["--policy", "sd", "--draft", "{tmp}", "--heads", "{tmp}/h"], "--heads"),
+    (["--policy", "mtp-sd", "--transitions", "{tmp}/t.pct"], "--transitions"),
+    (["--policy", "pcg", "--draft", "{tmp}", "--eagle", "{tmp}/e"], "--eagle"),
+    (["--policy", "ar", "--draft-length", "4"], "--draft-length"),
+    (["--policy", "draft", "--draft", "{tmp}", "--no-adaptive-draft"], "--adaptive-draft"),
+])
+def test_a_flag_the_policy_would_ignore_is_refused_before_models_load(flags, flag, tmp_path, capsys, no_models):
+    argv = ["speak", "hi", "--target", tmp_path, *[f.replace("{tmp}", str(tmp_path)) for f in flags],
+            "--out", tmp_path / "a.wav"]
+    code, err = run_cli(argv, capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"pcgtts: error: {flag}"), err
+    assert "is not used by policy" in err, err
 
 
 # -- --out writes the format its name says -------------------------------------------------------
