@@ -25,6 +25,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
+from pcgtts.export.noise import held_back
 from pcgtts.export.onnx_common import OPSET, export_graph, staged_output
 from pcgtts.runtime.audio.onnx_codec import CODEC_META, OrtCodec
 
@@ -92,7 +93,7 @@ def export_codec(codec_dir: str | Path, out_dir: str | Path, *, check: bool = Tr
     example = (torch.randint(0, 65536, (1, 12)),)
     meta = {"format": "pcgtts-codec", "version": 1, "graph": CODEC_GRAPH, "sample_rate": Codec.sample_rate,
             "samples_per_token": Codec.samples_per_token, "opset": OPSET, "source": str(codec_dir)}
-    with staged_output(out_dir) as stage:
+    with held_back("export"), staged_output(out_dir) as stage:
         export_graph(graph, example, stage / CODEC_GRAPH, ["codes"], ["audio"],
                      ({1: torch.export.Dim("tokens", min=1)},))
         if check:

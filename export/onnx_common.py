@@ -4,9 +4,10 @@ Every export is written into a staging folder beside its destination, checked th
 PyTorch, and only then moved into place (`staged_output`): a failed export or check leaves
 nothing behind and an existing export untouched.
 
-The exporter's own passes log every rewrite at INFO; they are held at WARNING here so an
-export prints our summary, not thousands of lines. Weights go to `<graph>.data` beside the
-graph (ONNX's external-data format), so graphs over 2 GB (LLaSA-3B/8B) work too.
+What the exporter's libraries log, warn or print while a graph is made is held back
+(`export/noise.py`): an export reports its own lines, and `pcgtts -v` shows theirs. Weights go
+to `<graph>.data` beside the graph (ONNX's external-data format), so graphs over 2 GB
+(LLaSA-3B/8B) work too.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import logging
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
+from pcgtts.export.noise import held_back
 from pcgtts.runtime.files import default_mode
 from pcgtts.runtime.lm.checkpoint import TOKENIZER_FILES
 from pcgtts.runtime.lm.llama import RMSNorm
@@ -28,22 +29,6 @@ from pcgtts.runtime.lm.llama import RMSNorm
 log = logging.getLogger(__name__)
 
 OPSET = 18
-_NOISY = ("onnxscript", "onnx_ir", "torch.onnx", "torch._dynamo", "torch.export")
-
-
-@contextlib.contextmanager
-def _quiet():
-    loggers = [logging.getLogger(name) for name in _NOISY]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(max(lg.level, logging.WARNING))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -66,7 +51,7 @@ def export_graph(module: torch.nn.Module, example: tuple, path: Path, input_name
     """Trace `module` on `example` and write `path` (+ `path`.data); returns `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    with _quiet(), torch.no_grad(), _fusable_norms(module):
+    with held_back("export"), torch.no_grad(), _fusable_norms(module):
         program = torch.onnx.export(module.eval(), example, input_names=input_names, output_names=output_names,
                                     dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True,
                                     external_data=True, verbose=False)

@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from pcgtts.export.lm_graph import StepGraph, io_names
+from pcgtts.export.noise import held_back
 from pcgtts.export.onnx_common import OPSET, copy_tokenizer, export_graph, staged_output
-from pcgtts.runtime.lm.graph_meta import GraphMeta
+from pcgtts.runtime.lm.graph_meta import PENDING_CHECK, GraphMeta
 from pcgtts.runtime.config import QUANTIZE
 from pcgtts.runtime.lm.checkpoint import load_tokenizer, read_config, resolve_dtype
 from pcgtts.runtime.lm.eagle import eagle_feature_layers
@@ -80,7 +81,7 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
     if torch_dtype == torch.bfloat16:
         raise ValueError("export in float32 or float16 (bfloat16 engines are built from a float32 graph)")
     taps = eagle_feature_layers(eagle) if eagle is not None else ()  # the states such a draft reads
-    with staged_output(out_dir) as stage:
+    with held_back("export"), staged_output(out_dir) as stage:
         meta, result = _export_into(stage, model_dir, tokenizer, vocab, torch_dtype, max_length, check, tolerance,
                                     taps)
         if eagle is not None:
@@ -89,10 +90,19 @@ def export_lm(model_dir: str | Path, out_dir: str | Path, *, dtype: str = "float
             meta = _export_heads(stage, meta, model_dir, Path(heads), torch_dtype, check, tolerance)
         if quantize == "int8":
             meta = quantize_int8(stage, model_dir if check else None)
+        if not check:
+            meta = _recorded_unchecked(stage, meta)
     if result is not None:
         log.info("exported %s: max |logit diff| vs PyTorch %.2g (tolerance %.2g)", out_dir, result.max_abs_diff,
                  result.tolerance)
     return meta, result
+
+
+def _recorded_unchecked(stage: Path, meta: GraphMeta) -> GraphMeta:
+    """`meta` without a check recorded, saved: an export made without one says so where it is loaded."""
+    meta = GraphMeta(**{**meta.__dict__, "extra": {k: v for k, v in meta.extra.items() if k != "check"}})
+    meta.save(stage)
+    return meta
 
 
 def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, torch_dtype: torch.dtype,
@@ -126,6 +136,7 @@ def _export_into(stage: Path, model_dir: Path, tokenizer, vocab: SpeechVocab, to
         max_length=max_length, opset=OPSET, fingerprint=lm.fingerprint, source=str(model_dir),
         extra={"hidden_size": args.hidden_size, "torch": torch.__version__,
                "head_digits": model.digits if model.samples_digits else 0,
+               "check": PENDING_CHECK,  # until the check's result replaces it, or an unchecked export drops it
                **({"taps": list(taps), "state_size": (len(taps) + 1) * args.hidden_size,
                    "plain_graph": PLAIN_GRAPH_FILE} if taps else {})},
     )

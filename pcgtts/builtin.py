@@ -6,10 +6,10 @@ the random-weight demo pair (`tools/demo.py`), whose every use says that its aud
 
 On a CPU with the backend left at "auto", the voice's target and draft run on onnxruntime as
 weight-only int8 graphs (and its codec decoder as a float32 graph), the fastest CPU route
-(BENCHMARKS.md §18-19, §22; its quality cost is within noise, QUALITY.md): exported once beside
-the voice's checkpoints on first use (about 40 s on a 2-core CPU, each graph checked against
-PyTorch). Without onnxruntime's export tools installed, or
-with `backend="torch"`, the torch checkpoints run.
+(measured in BENCHMARKS.md; its quality cost is within noise, QUALITY.md): exported once beside
+the voice's checkpoints on first use (about a minute on a 2-core CPU, each graph checked against
+PyTorch, with a progress bar; the exporter's own warnings are held back, `export/noise.py`).
+Without onnxruntime's export tools installed, or with `backend="torch"`, the torch checkpoints run.
 """
 
 from __future__ import annotations
@@ -47,8 +47,11 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
     paths = {"target": cache / "target", "draft": cache / "draft", "codec": cache / "codec",
              "groups": cache / "groups.pcg"}
     if not all(p.exists() for p in paths.values()):
+        from pcgtts.export.noise import held_back
+
         log.warning("expanding the built-in voice into %s (once; about a minute on a 2-core CPU)", cache)
-        paths = expand_voice(pack_dir, cache)
+        with held_back("the built-in voice's expansion", streams=False):  # its group table draws a bar
+            paths = expand_voice(pack_dir, cache)
         _note_earlier_expansions(cache)
     return ModelPaths(**{name: str(paths[name]) for name in names})
 
@@ -120,36 +123,55 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
     again next time). The codec's graph runs a window without holding Python's GIL, so the LM's
     loop is not slowed by the codec thread's per-op handoffs (BENCHMARKS §22); references are still
     encoded by the checkpoint it was exported from."""
+    root = Path(models.target).parent / ONNX_FOLDER
+    missing = _missing_exports(models, root)
+    if missing:
+        from pcgtts.export.noise import held_back
+
+        log.warning("exporting the built-in voice for onnxruntime into %s: once, about a minute on a 2-core CPU "
+                    "(each graph checked against PyTorch)", root)
+        with _bar(len(missing), "exporting the built-in voice", "model") as bar, held_back("export"):
+            for name in missing:
+                bar.set_postfix_str(name)
+                _export(name, getattr(models, name), root / name)
+                bar.update()
+    exported = {name: str(root / name) for name in ("target", "draft", "codec") if getattr(models, name) is not None}
+    return replace(models, **exported)
+
+
+def _missing_exports(models: ModelPaths, root: Path) -> list[str]:
+    """Which of `models` ("target", "draft", "codec") have no export in `root` yet."""
+    from pcgtts.runtime.audio.onnx_codec import is_exported_codec
     from pcgtts.runtime.lm.graph_meta import exported_kind
 
-    root = Path(models.target).parent / ONNX_FOLDER
-    exported = {}
-    for name in ("target", "draft"):
-        source = getattr(models, name)
-        if source is None:
-            continue
-        out = root / name
-        if exported_kind(out) != "onnx":
-            from pcgtts.export.onnx_lm import export_lm
-            from pcgtts.runtime.synthesizer import proposer_files
+    def exported(name: str) -> bool:
+        return is_exported_codec(root / name) if name == "codec" else exported_kind(root / name) == "onnx"
 
-            log.warning("exporting the built-in voice's %s for onnxruntime (int8) into %s: once, about 20 s",
-                        name, out)
-            heads, _, eagle = proposer_files(ModelPaths(target=source))  # a target's own, carried with it
-            export_lm(source, out, quantize="int8", **({"eagle": eagle, "heads": heads} if name == "target" else {}))
-        exported[name] = str(out)
-    if models.codec is not None:
-        from pcgtts.runtime.audio.onnx_codec import is_exported_codec
+    return [name for name in ("target", "draft", "codec") if getattr(models, name) is not None and not exported(name)]
 
-        out = root / "codec"
-        if not is_exported_codec(out):
-            from pcgtts.export.codec_graph import export_codec
 
-            log.warning("exporting the built-in voice's codec decoder for onnxruntime into %s: once, a few seconds",
-                        out)
-            export_codec(models.codec, out)
-        exported["codec"] = str(out)
-    return replace(models, **exported)
+def _export(name: str, source: str, out: Path) -> None:
+    """Export one of the built-in voice's models into `out`: an LM as a checked weight-only int8 graph (a
+    target with the proposers trained for it), the codec as its checked float32 decoder graph."""
+    if name == "codec":
+        from pcgtts.export.codec_graph import export_codec
+
+        log.info("exporting the built-in voice's codec decoder into %s", out)
+        export_codec(source, out)
+        return
+    from pcgtts.export.onnx_lm import export_lm
+    from pcgtts.runtime.synthesizer import proposer_files
+
+    log.info("exporting the built-in voice's %s (int8) into %s", name, out)
+    heads, _, eagle = proposer_files(ModelPaths(target=source))  # a target's own, carried with it
+    export_lm(source, out, quantize="int8", **({"eagle": eagle, "heads": heads} if name == "target" else {}))
+
+
+def _bar(total: int, desc: str, unit: str):
+    """A progress bar on stderr when it is a terminal (none in logs and pipes)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=None)
 
 
 def with_builtin_models(settings: Settings) -> Settings:
