@@ -260,6 +260,8 @@ def _what_was_kept(sink, out: str | None) -> str:
     kept = getattr(sink, "kept", None)
     if kept is None:
         return "no audio was made yet" + (untouched or f"; {out} was not written")
+    if kept == Path(out):  # the signal came as the finished file was moved into place
+        return f"{out} was already complete"
     seconds = sink.stats().samples_written / SAMPLE_RATE
     return f"kept the {seconds:.1f} s made so far in {kept}{untouched}"
 

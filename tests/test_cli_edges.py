@@ -270,6 +270,21 @@ def test_a_block_without_a_signal_puts_the_handlers_back():
     assert {s: signal.getsignal(s) for s in saved} == saved
 
 
+def test_a_signal_ignored_by_the_caller_stays_ignored():
+    """A shell starts a background job with SIGINT ignored: Ctrl-C at the terminal is not for it."""
+    from pcgtts.cli.interrupt import stop_on_signals
+
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_on_signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, saved)
+
+
 def test_an_interrupted_sink_stops_at_once_without_playing_out_its_buffer():
     sink = NullSink(realtime=True, prebuffer_seconds=0.0)
     started = time.monotonic()
