@@ -99,10 +99,12 @@ def builtin_models() -> ModelPaths:
         if settings:
             log.info("the built-in voice plays at its own settings unless given: %s", settings)
         return voice
+    from pcgtts.export.noise import held_back
     from pcgtts.tools.demo import NOT_SPEECH_NOTICE, ensure_demo
 
     log.warning("no target model given: using the built-in demo models (%s)", NOT_SPEECH_NOTICE)
-    paths = ensure_demo()
+    with held_back("the demo models", streams=False):  # made on first use; their group table draws a bar
+        paths = ensure_demo()
     return ModelPaths(**{name: str(path) for name, path in paths.items()})
 
 
