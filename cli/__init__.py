@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -113,13 +114,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)  # imports each area's parsers: a Ctrl-C can land here too
+    except KeyboardInterrupt:
+        print("pcgtts: interrupted", file=sys.stderr)
+        return 130
     configure_logging(log_level(args))
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("pcgtts: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Whoever read our standard output stopped reading (`pcgtts speak ... | head -1`): the work is
+        # done; say nothing more, and keep the interpreter's final flush from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (ValueError, OSError, RuntimeError) as err:
         # Library errors are written to be read by a person: show them without a traceback.
         if args.debug:

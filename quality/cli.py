@@ -343,7 +343,7 @@ def _run_swap(args, base, plan, recipe, testset, host_table, progress):
     tables = _group_tables(args, base, host_table)
     sequences = []
     if args.swap_source == "codec":
-        encoder = base._encoder() if not base.codec.can_encode else base.codec
+        encoder = base.reference_encoder()
         for s in plan.sentences:
             progress(f"encoding {recipe.name} {s.id}")
             codes = encoder.encode(load_rendered(recipe, s.text, args.cache_dir))

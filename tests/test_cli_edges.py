@@ -350,3 +350,17 @@ def test_no_message_suggests_the_deprecated_device_flag():
     for path in (p for folder in folders for p in folder.glob("*.py")):
         text = path.read_text()
         assert not re.search(r"(?<![\w-])--device null", text), path
+
+
+def test_a_reader_that_stops_reading_ends_speak_quietly_with_its_file_written(tiny_models, tmp_path):
+    out = tmp_path / "speech.wav"
+    read, write = os.pipe()
+    os.close(read)  # nobody reads standard output: the JSON line meets a broken pipe
+    try:
+        process = subprocess.run([*CLI, "speak", "Hello there.", *model_flags(tiny_models), "--seed", "1",
+                                  "--out", str(out)], stdout=write, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write)
+    assert process.returncode == 141, process.stderr
+    assert "Broken pipe" not in process.stderr and "Traceback" not in process.stderr, process.stderr
+    assert sf.info(str(out)).duration > 0
