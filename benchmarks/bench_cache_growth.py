@@ -1,6 +1,6 @@
 """onnxruntime's KV buffer: grown with the sequence (the runtime's way) vs sized for max_length up front.
 
-Same process, same exported pair, cases interleaved; LM only (no codec). BENCHMARKS.md §16.
+Same process, same exported pair, cases interleaved; LM only (no codec).
 
     python benchmarks/bench_cache_growth.py --target LAB/onnx/target --draft LAB/onnx/draft \
         --groups LAB/v1/groups.pcg --max-length 4096

@@ -1,6 +1,6 @@
 """Our plain AR next to llama.cpp (llama-cpp-python) and Hugging Face on the same LLaMA checkpoint, CPU, one run.
 
-llama.cpp is the packaged CPU engine a user would reach for; issue 16 asks for it in the peer table
+llama.cpp is the packaged CPU engine a user would reach for, so it stands beside pcgtts in the peer table
 when it can run our checkpoint. `write_gguf` converts the checkpoint here (llama.cpp's tensor names,
 q/k rows reordered for its adjacent-pair RoPE, and RoPE frequency factors taken from our own Llama 3
 scaling), and before anything is timed the logits llama.cpp computes for the prompt are checked
@@ -10,7 +10,7 @@ the 65,537 speech entries, llama.cpp and HF over the whole vocabulary (65,805 ro
 matmul within 0.4 %).
 
     pip install -e ".[peers]"    # gguf + llama-cpp-python, which builds llama.cpp (cmake, C++; ~15 min on 2 cores).
-    # On a CPU with AMX that the VM does not let ggml use, its Q8_0 kernels crash: build without them,
+    # On a CPU with AMX that the virtual machine does not let ggml use, its Q8_0 kernels crash: build without them,
     # CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
     python benchmarks/bench_llama_cpp.py --model demo                  # the random demo target
     python benchmarks/bench_llama_cpp.py --target LAB/v1/target        # a trained one

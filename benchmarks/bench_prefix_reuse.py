@@ -2,9 +2,9 @@
 
 Utterances of one sentence template with new words each, from their first word on (the prompt's
 chat-template head is shared), modes interleaved utterance by utterance after a warm-up. "tokens" emulates the reuse
-before session 16: the longest shared prefix, the rest in one batch; but a recomputed row sums
+the earlier scheme: the longest shared prefix, the rest in one batch; but a recomputed row sums
 in another order than a fresh prefill's, so a seeded utterance depended on the one before it
-(BENCHMARKS §22). The runtime ("blocks") reuses whole blocks of `protocol.block_starts`, bit-exact.
+. The runtime ("blocks") reuses whole blocks of `protocol.block_starts`, bit-exact.
 
     python benchmarks/bench_prefix_reuse.py [--utterances 60] [--target D --draft D --codec D --groups F]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything this project checks on an NVIDIA GPU, in one go (used through the device tool;
-# any CUDA machine with torch works). Wheels carried in .whl/ (e.g. a newer transformers) are
+# Everything this project checks on an NVIDIA GPU, in one go (any CUDA machine with torch works;
+# benchmarks/GPU.md says what to run first and each step's time and size budget). Wheels carried in .whl/ (e.g. a newer transformers) are
 # installed to /tmp/site first. Results: $OUT (or ./gpu_out) holds one log per step.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
@@ -11,7 +11,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-rm "$OUT/install.log"  # (the device tool returns 8 files)
+rm "$OUT/install.log"  # keep $OUT to the results
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 step=${1:-all}
@@ -40,22 +40,22 @@ if [ "$step" = eagle ]; then
     # the flags `pcgtts heads eagle`'s; the sentences file is carried (.carry/eagle_sentences.txt: no fortunes
     # package there). The first run samples the on-policy sequences (EAGLE_SAMPLE_BATCH at once); each later run
     # starts once the first has them (its train config written) and reads a copy. What comes back is what the
-    # device tool returns (8 files, 16 MiB each, two folders down at most): $OUT/<name>.safetensors (the draft)
+    # small results budget allows (8 files, 16 MiB each, two folders down at most): $OUT/<name>.safetensors (the draft)
     # and $OUT/<name>.log per run, and eagle.log (every run's tail); work folders, checkpoints and the
-    # sequences stay in $EAGLE_WORK. Session 34's lease went on sampling that could not finish in the call and a
-    # sequences file that could not come back (BENCHMARKS §45), hence:
+    # sequences stay in $EAGLE_WORK. Sampling that cannot finish within the time budget, and a
+    # sequences file too large to bring back, would waste the run, hence:
     # - a probe first: one batch sampled and timed (benchmarks/bench_sampling.py), which sizes the sampling;
     # - one deadline for the whole step, EAGLE_DEADLINE_MINUTES (default 8.5) from its start: every run is ended
     #   then, and each run's training is given the time up to it (below), so that it ends on its own and writes
     #   its draft (a run the deadline ends returns its last checkpoint instead);
     # - the sequences come back split into parts, when the 8 files that come back leave room for them.
-    # Session 37 (H100, BENCHMARKS §48): 14,000 sequences sampled in 48 s; their states then took ~2 min, one
+    # Measured on an H100: 14,000 sequences sampled in 48 s; their states then took ~2 min, one
     # sequence a pass (since then STATE_BATCH a pass); run a (batch 32) trained 8,135 steps in 3.6 min and is the
-    # built-in voice's draft; a second run beside it only slowed both. Session 43 (H200, BENCHMARKS §54): that
+    # built-in voice's draft; a second run beside it only slowed both. On an H200: that
     # draft trained on from its weights (--init-from, --seed 1, --lr 3e-4) on 32,599 new sequences, 12,500
     # steps in 4.6 min, +0.01 acceptance: the voice's draft since; a second round (--seed 2, 16,189 more)
     # moved nothing. This draft's shape (--block mlp --mlp-size 512) is saturated. Another shape pays on the
-    # CPU only if it accepts ~0.07 more a position (§54.5: --mlp-size 1024's proposals cost 0.77 against
+    # CPU only if it accepts ~0.07 more a position (--mlp-size 1024's proposals cost 0.77 against
     # 0.45 ms a step; --block attention has no compiled chain on the CPU yet and costs 2-3 ms).
     started=$(date +%s)
     deadline=$((started + $(python3 -c "print(int(60 * ${EAGLE_DEADLINE_MINUTES:-8.5}))")))
@@ -108,7 +108,7 @@ PY
         # a run the deadline ended: its last checkpoint instead of the draft
         [ -f "$OUT/$name.safetensors" ] || cp "$work/$name/work/eagle_checkpoint.pt" "$OUT/$name.checkpoint.pt" 2>/dev/null
     done
-    # the sampled sequences come back in parts under the device tool's 16 MiB a file (cat them together),
+    # the sampled sequences come back in parts under the results budget's 16 MiB a file (cat them together),
     # unless they would push $OUT past the tool's 8 files, which would leave out files the drafts may be
     # among: then they stay in $EAGLE_WORK
     split -b 15M -d "$work/$first/work/sequences.npz" "$work/sequences.npz.part"
@@ -124,8 +124,8 @@ PY
 fi
 if [ "$step" = codec ]; then
     # The lab's codec trained here (not part of "all"): one run of `pcgtts lab codec` for at most MINUTES
-    # (default 8), resumed when called again on the same machine. Its inputs are carried (device tool: carry
-    # [".carry/audio.npz", ".whl"]; 64 MiB with the tree, budget below):
+    # (default 8), resumed when called again on the same machine. Its inputs are copied with the tree
+    # (.carry/audio.npz and .whl/; 64 MiB in all, budget below):
     # - CODEC_PACK (default .carry/audio.npz): `pcgtts.train.corpus.pack_audio`'s Opus pack of the corpus;
     #   decoding it needs soundfile, carried as wheels in .whl/ (soundfile, cffi, pycparser for cp312);
     # - CODEC_ARGS: the run's flags, e.g. "--acoustic --init-from pcgtts/voice --steps 30000 --lr 3e-4" (the
@@ -165,7 +165,7 @@ if [ "$step" = labs ]; then
     # run's host-side batch building leaves most of an H100 idle): LAB_RUNS="name:flags;name:flags", the
     # flags `pcgtts lab lm`'s (e.g. "--size small --steps 4000 --align-weight 2"; batch 64 unless given).
     # LAB_PACK (default .carry/lab.npz) is `pcgtts.train.lm.pack_codes`'s file, made on the CPU machine and
-    # carried (device tool: carry [".carry/lab.npz"]). Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
+    # copied with the tree (.carry/lab.npz). Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
     # called again on the same machine; its weights come back as float16 parts in $OUT/<name>
     # (join_checkpoint), every run's log tail in $OUT/labs.log.
     [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('${LAB_PACK:-.carry/lab.npz}', '/tmp/lab')" || exit 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything measured on the speech lab's trained pair (BENCHMARKS.md §10, QUALITY.md), after
+# Everything measured on the speech lab's trained pair (BENCHMARKS.md, QUALITY.md), after
 # `pcgtts lab corpus|codec|lm` have run in $LAB (default /work/lab). Steps are cached: a rerun
 # reuses what exists. About 30 minutes on a 2-core CPU.
 set -euo pipefail

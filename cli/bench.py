@@ -204,7 +204,7 @@ def print_table(summaries: list[dict], demo: bool) -> None:
         return "-" if value is None else format(value, spec)
 
     table = Table(title="pcgtts bench" + (" (demo models: random weights, not speech)" if demo else ""))
-    def paired(s, key):  # the step model's figure, and with AR's per-token overhead (BENCHMARKS §51)
+    def paired(s, key):  # the step model's figure, and with AR's per-token overhead
         plain, more = s.get(key), s.get(key + "_with_overhead")
         return fmt(plain) if more is None else f"{fmt(plain)} ({fmt(more)})"
 

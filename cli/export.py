@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     onnx.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     onnx.add_argument("--quantize", default="none", choices=QUANTIZE,
                       help="int8: replace the checked float32 graph by a weight-only int8 one "
-                           "(1.5-1.9x faster on a CPU: BENCHMARKS.md §18; quality cost in QUALITY.md)")
+                           "(1.5-1.9x faster on a CPU: BENCHMARKS.md; quality cost in QUALITY.md)")
     onnx.add_argument("--max-length", type=flags.setting(int, "max_length"), default=4096,
                       help="default KV cache capacity for the runtime (at least 64)")
     onnx.add_argument("--no-check", action="store_true", help="skip the numeric comparison with PyTorch")

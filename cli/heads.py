@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "one at a time, so a cache made one way is not reused the other)")
     eagle.add_argument("--max-minutes", type=positive(float),
                        help="end training after this long if --steps take longer, the learning rate's "
-                            "decay following the clock (a GPU lease's limit)")
+                            "decay following the clock (a time budget on a shared or rented machine)")
     eagle.add_argument("--state-dtype", choices=["float32", "float16"], default="float32",
                        help="the target's states as kept for training: float16 halves their memory (the built-in "
                             "voice's target with five layers read: ~7 KB a code in float32), for more sequences")
@@ -162,7 +162,7 @@ def _eagle(args) -> int:
         checked_feature_layers(args.feature_layers, config.get("num_hidden_layers", 0))
     except ValueError as err:
         raise ValueError(f"--feature-layers: {err}") from None
-    if args.init_from:  # checked before any model loads: a lease's sampling is not lost to a wrong flag
+    if args.init_from:  # checked before any model loads: an hour of sampling is not lost to a wrong flag
         from pcgtts.train.eagle import check_init_draft
 
         if not Path(args.init_from).is_file():

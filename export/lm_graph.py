@@ -30,7 +30,7 @@ matmuls into one softmax), so the cache is never concatenated either; grouped-qu
 are folded into the query axis instead of repeating the keys. Queries and keys are rotated
 together, RoPE's half-swap as one product with a ±1 matrix (`project`; bit-exact), and RMSNorm is
 traced as a division (`export.onnx_common`): forms onnxruntime runs in fewer nodes (the built-in
-voice's int8 step graph: 408 nodes -> 252, BENCHMARKS §43).
+voice's int8 step graph: 408 nodes -> 252).
 """
 
 from __future__ import annotations

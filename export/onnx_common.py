@@ -35,7 +35,7 @@ OPSET = 18
 def _fusable_norms(module: torch.nn.Module):
     """`module`'s RMSNorms traced as divisions while it is exported (`RMSNorm.traced_as_division`):
     onnxruntime fuses that form (and not x * rsqrt) into one SimplifiedLayerNormalization node, so the
-    built-in voice's int8 step graph runs 330 nodes instead of 408, ~5 % faster a step (BENCHMARKS §43)."""
+    built-in voice's int8 step graph runs 330 nodes instead of 408, ~5 % faster a step."""
     norms = [m for m in module.modules() if isinstance(m, RMSNorm)]
     for norm in norms:
         norm.traced_as_division = True

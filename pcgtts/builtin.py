@@ -123,7 +123,7 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
     and the codec by its float32 decoder graph, made once in `ONNX_FOLDER` beside the target (each
     checked against PyTorch, staged and then moved into place, so an interrupted export is made
     again next time). The codec's graph runs a window without holding Python's GIL, so the LM's
-    loop is not slowed by the codec thread's per-op handoffs (BENCHMARKS §22); references are still
+    loop is not slowed by the codec thread's per-op handoffs; references are still
     encoded by the checkpoint it was exported from."""
     root = Path(models.target).parent / ONNX_FOLDER
     missing = _missing_exports(models, root)

@@ -6,7 +6,7 @@
     pcgtts eval ... --theta 0.3,0.4,0.5 --beta 0.2,0.4 --draft-length 1,3,5 --out results/   # + curves
     pcgtts eval ... --mode swap --theta 0.4                   # Table 2: intra-group vs random swaps
     pcgtts eval ... --mode melgroups --theta 0.4              # Table 3: mel vs embedding groups
-    pcgtts eval --target T --codec C --mode cloning --corpus LAB/corpus   # issue 12's cloning bar
+    pcgtts eval --target T --codec C --mode cloning --corpus LAB/corpus   # is a clone nearest to its own speaker?
     pcgtts eval --mode cloning --corpus LAB/corpus --oracle   # the pool's ceiling: real utterances
 
 Everything is validated before a model loads. Progress goes to stderr; stdout gets a readable

@@ -1,4 +1,4 @@
-"""The cloning bar (issue 12): is a cloned utterance nearest to its own speaker?
+"""The cloning measure: is a cloned utterance nearest to its own speaker?
 
 For each held-out speaker of a lab corpus and each of `refs` references (a 3-5 s utterance of
 that speaker), the synthesizer speaks a test sentence prompted with the reference (zero-shot

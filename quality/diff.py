@@ -24,7 +24,7 @@ def _keyed(result: Mapping) -> dict[tuple, dict[tuple, dict]]:
     mode = result.get("mode")
     if mode not in METRICS:
         raise ValueError(f"eval-diff compares synth or codec runs; this one is mode {mode!r}")
-    # Records carry their temperature since session 30; older runs' are in their case's summary.
+    # Newer records carry their temperature; older runs' are in their case's summary.
     case_t = {s["case"]: s.get("temperature") for s in result.get("summaries", [])}
     default_t = result.get("temperature")
     rows: dict[tuple, dict[tuple, dict]] = {}

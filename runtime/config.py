@@ -154,7 +154,7 @@ class StreamConfig:
     # The first audio waits for first_chunk_tokens + first_chunk_lookahead tokens. Its short
     # lookahead (it must still cover the cross-fade) costs little: on the trained codec the first
     # chunk's error stays 41 dB below the speech level (48 dB with 8), and it saves 6 LM steps of
-    # time to first audio (BENCHMARKS.md §17, bench_streaming.py).
+    # time to first audio (measured by benchmarks/bench_streaming.py).
     first_chunk_lookahead: int = 2
     crossfade_samples: int = 640  # 40 ms raised-cosine blend with the previous window
     codec_thread: bool = True  # decode codec windows on a thread of their own, beside the LM's
@@ -271,7 +271,7 @@ def cpu_threads(device: DeviceConfig, codec_thread: bool, environ=os.environ, co
     """Threads per stage on a CPU: `device.threads` if given; else None (leave torch's setting)
     when OMP_NUM_THREADS is set or the device is a GPU; else half the cores when the codec runs on
     its own thread beside the LM (one stage per core on a 2-core machine: two threads per stage
-    measured 13 % slower for AR and 31 % for eagle-pcg, BENCHMARKS §15), all of them otherwise."""
+    measured 13 % slower for AR and 31 % for eagle-pcg), all of them otherwise."""
     if device.compute_device != "cpu":
         return None
     if device.threads:

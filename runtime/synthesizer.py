@@ -324,7 +324,7 @@ class Synthesizer:
             codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
             if device.compute_device == "cpu" and config.stream.codec_thread:
                 log.info("the codec decodes with PyTorch beside the LM: its per-op hand-offs of Python's GIL slow "
-                         "the decode loop (lab-v1: 12-23 %%, BENCHMARKS §22); `pcgtts export codec --codec %s "
+                         "the decode loop (lab-v1: 12-23 %%); `pcgtts export codec --codec %s "
                          "--out DIR` and --codec DIR avoid them", models.codec)
         synth = cls(target_lm, draft_lm, codec_model, table, config, heads, eagle)
         synth.plan(config)

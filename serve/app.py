@@ -13,7 +13,7 @@
 pitch-preserving time stretch is in the dependency set.
 
 A speech request's settings are built and checked (the runtime's ranges) before a worker is
-leased, and its headers wait for the first audio chunk: a request the server cannot serve gets an
+taken, and its headers wait for the first audio chunk: a request the server cannot serve gets an
 error status, never 200. A failure after audio has gone out cuts the transfer (pcm / wav: the
 client sees an incomplete body) or ends the SSE stream with an error event. Uploaded voices are
 encoded by the workers' reference encoder, the one `pcgtts speak --ref-audio` uses (for an

@@ -3,7 +3,7 @@
 A request is a `SpeechJob` (text, voice, per-request `SynthesisConfig`, deadline, cancel flag,
 outcome): request state lives there, never in the model objects, so a later scheduler can step
 several jobs' decodes together on one GPU (batching) without changing the routes. Today a job
-leases a whole worker for its duration:
+holds a whole worker for its duration:
 
     synth = await pool.acquire(deadline)        # QueueFull (-> 429) when `queue_size` already wait
     stream = pool.open(synth, job)              # bad input raises here
@@ -159,7 +159,7 @@ class WorkerPool:
         chunks: asyncio.Queue = asyncio.Queue()
         started = time.perf_counter()
 
-        def give_back() -> None:
+        def hand_back() -> None:
             self._durations.append(time.perf_counter() - started)
             self.release(synth)
             job.freed.set()
@@ -182,7 +182,7 @@ class WorkerPool:
                 stream.close()  # stops the runtime's worker thread, frees caches and the lock
                 try:
                     loop.call_soon_threadsafe(chunks.put_nowait, item)
-                    loop.call_soon_threadsafe(give_back)
+                    loop.call_soon_threadsafe(hand_back)
                 except RuntimeError:  # the event loop is gone (server shutdown)
                     job.freed.set()
 

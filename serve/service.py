@@ -43,7 +43,7 @@ class Service:
 
     def make_job(self, text: str, voice: str, policy: str | None = None, seed: int | None = None,
                  temperature: float | None = None) -> SpeechJob:
-        """A validated job (every error a 400 naming its field), before any worker is leased."""
+        """A validated job (every error a 400 naming its field), before any worker is taken."""
         if not isinstance(text, str) or len(text) > self.config.max_input_chars:
             raise APIError(400, f"input has {len(text)} characters; this server accepts at most "
                            f"{self.config.max_input_chars}", "input", "string_above_max_length")
@@ -84,7 +84,7 @@ class Service:
             raise APIError(400, message, param, "invalid_value") from None
 
     async def begin(self, job: SpeechJob):
-        """Lease a worker and open the job's stream: (an async iterator of chunks). Raises APIError:
+        """Take a worker and open the job's stream: (an async iterator of chunks). Raises APIError:
         429 + Retry-After when the queue is full, 503 when no worker frees up in time, 400 when the
         runtime refuses the request (e.g. a policy the loaded models cannot run)."""
         try:

@@ -17,7 +17,7 @@ Server -> client:
     {"type": "done"}                       then the server closes (1000)
 
 A sentence is complete at `.`, `!`, `?` (and their CJK forms) followed by whitespace, the same
-boundary as runtime/text/split.py. Each sentence leases a worker only while it is spoken, so an
+boundary as runtime/text/split.py. Each sentence holds a worker only while it is spoken, so an
 idle session waiting for text holds none. A disconnect cancels the sentence being spoken.
 """
 

@@ -1,6 +1,6 @@
 """The calibration's forward costs keep what it measured, a longer pass that costs less included.
 
-A compiled target on a CPU ran a 3-token pass slower than a 4-token one (BENCHMARKS §35); a
+A compiled target on a CPU ran a 3-token pass slower than a 4-token one; a
 non-decreasing clamp had planned every 4-token verify at the 3-token cost. Here a stand-in LM
 sleeps a set time per token count (far apart, so a loaded machine cannot reorder them).
 """

@@ -143,7 +143,7 @@ def no_models(monkeypatch):
     (["--draft", "{tmp}"], "is not a checkpoint directory: no config.json"),
     (["--steps", "0"], "must be > 0"),
     (["--sequences", "-3"], "must be > 0"),
-    (["--max-tokens", "0"], "must be > 0"),
+    (["--max-tokens", "0"], "max_new_tokens must lie in [1, "),
     (["--temperature", "0"], "must be > 0"),
     (["--lr", "nan"], "must be > 0"),
     (["--loss", "js"], "invalid choice"),
@@ -308,7 +308,7 @@ def test_the_sampler_drops_the_rows_that_stopped_and_keeps_each_rows_tokens(tiny
 
 
 def test_a_time_budget_ends_training_with_the_learning_rate_run_down(tmp_path, monkeypatch):
-    """`max_minutes` (a GPU lease's limit): on a clock that moves 1 s a reading, a 30 s budget stops a
+    """`max_minutes` (a time budget): on a clock that moves 1 s a reading, a 30 s budget stops a
     1,000-step run early, the cosine follows the clock (the last logged lr is near 0, and it falls
     step by step), the checkpoint keeps the seconds spent, and a rerun trains no further."""
     import pcgtts.train.on_policy as on_policy
@@ -329,7 +329,7 @@ def test_a_time_budget_ends_training_with_the_learning_rate_run_down(tmp_path, m
 
 
 def test_a_deadline_ends_training_by_the_wall_clock(tmp_path, monkeypatch):
-    """`end_by` (a lease's deadline, sampling counted against it): 30 s before it, on a clock that
+    """`end_by` (a deadline, sampling counted against it): 30 s before it, on a clock that
     moves 1 s a reading, a 1,000-step run stops early with its lr run down; past it, no step is taken."""
     import pcgtts.train.on_policy as on_policy
     from pcgtts.train.on_policy import OnPolicyConfig, fit

@@ -86,7 +86,7 @@ def test_pack_and_expand_round_trip(tmp_path):
         init_weights(build_model(LMModelConfig.tiny(), tok, 1), pack, "target", asdict(LMModelConfig.tiny()))
 
     # A damaged file is named before anything is expanded; a run that starts from the target alone
-    # needs only the target's file intact (what a GPU lease carries).
+    # needs only the target's file intact (what a GPU machine is sent).
     data = bytearray((pack / "draft.safetensors").read_bytes())
     data[-1] ^= 1
     (pack / "draft.safetensors").write_bytes(bytes(data))

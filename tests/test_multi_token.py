@@ -1,4 +1,4 @@
-"""Multi-token heads (issue 14): the heads file, the top-M / threshold rules, and the mtp-* decode
+"""Multi-token heads: the heads file, the top-M / threshold rules, and the mtp-* decode
 loop — greedy equivalence, exactness of mtp-sd in distribution, statistics, policy checks."""
 
 from __future__ import annotations

@@ -187,7 +187,7 @@ def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, t
     assert len(synth.voice_from_audio(reference, "A reference.").codes) in (150, 151)  # 3 s at 50 codes/s
     # Greedy speculation equals greedy decoding on these int8 graphs too. They are not bit
     # batch-invariant (a token's logits in a verify pass and in a one-token step differ by ~1e-3:
-    # BENCHMARKS §22), so this holds unless a top-two gap is that small; it guards README's claim.
+    # benchmarks/bench_prefix_reuse.py), so this holds unless a top-two gap is that small; it guards README's claim.
     greedy = dict(temperature=0.0, adaptive_draft=False, max_new_tokens=60)
     ar, sd = (Synthesizer.from_pretrained(policy=policy, **greedy).synthesize("Greedy words, twice.")
               for policy in ("ar", "sd"))

@@ -141,7 +141,7 @@ def test_eval_diff_pairs_two_codecs_by_voice_and_sentence(capsys):
 
 
 def test_eval_diff_pairs_a_sweep_whose_records_lack_their_temperature_with_one_whose_records_have_it():
-    """Sweep runs before session 30 kept each case's temperature in its summary only: rows pair by
+    """Older sweep runs kept each case's temperature in its summary only: rows pair by
     (case, temperature) across both forms, each at its own temperature (not the run's first)."""
     from pcgtts.quality.diff import diff_runs
 

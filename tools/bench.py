@@ -281,7 +281,7 @@ def predicted_speedup(summary: dict, ar: dict, at_load: bool = False, overhead: 
 
     `overhead`: seconds a token costs outside any step (`per_token_overhead`), added to both sides:
     (t_ar + o) / (t_spec + o) per token. It leaves the best draft length where it was and pulls the
-    ratio toward 1 (BENCHMARKS §51)."""
+    ratio toward 1."""
     per_token = _per_token_seconds(summary, ar, at_load)
     if per_token is None:
         return None
@@ -308,7 +308,7 @@ def _per_token_seconds(summary: dict, ar: dict, at_load: bool) -> tuple[float, f
 def per_token_overhead(ar: dict) -> float:
     """Seconds of the AR case's wall time per token outside its forward and sampling: the codec's
     windows on the LM's thread, the queue, the loop's per-token work. No step model charges it;
-    BENCHMARKS §51 found it nearly the same per token for every policy (~0.3 ms on the 2-core CPU)."""
+    It is nearly the same per token for every policy (~0.3 ms on the 2-core CPU)."""
     if not ar.get("tokens_per_second"):
         return 0.0
     return max(1.0 / ar["tokens_per_second"] - ar["t_target_step"], 0.0)

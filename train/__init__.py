@@ -1,4 +1,4 @@
-"""The speech lab (issue 12): trains the built-in voice in the released formats.
+"""The speech lab: trains the built-in voice in the released formats.
 
 Flow: `corpus` (sentences -> packaged TTS voices -> 16 kHz FLAC + manifest) -> `codec` (small
 X-codec2, `Xcodec2Model` format) -> `lm` (codes -> LLaSA-layout `LlamaForCausalLM`, factorised

@@ -66,7 +66,7 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "utterance's codes made once (kept in decoder_codes.npz); sticky")
     p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
     p.add_argument("--max-minutes", type=_positive_float, default=None,
-                   help="stop after this many minutes, checkpointed (run again to go on): a GPU lease's limit")
+                   help="stop after this many minutes, checkpointed (run again to go on): a time budget")
     p.set_defaults(lab_func=_cmd_codec)
 
     p = sub.add_parser("lm", help="train the LLaSA-format target LM on codec codes (resumes from --out)")
@@ -84,7 +84,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine (bf16 autocast)")
     p.add_argument("--lr", type=_positive_float, default=1e-3)
     p.add_argument("--max-minutes", type=_positive_float, default=None,
-                   help="stop after this many minutes, checkpointed (run again to go on): a GPU lease's limit")
+                   help="stop after this many minutes, checkpointed (run again to go on): a time budget")
     p.add_argument("--voice-prompt-prob", type=float, default=0.5,
                    help="share of examples prompted with a same-speaker reference (voice cloning)")
     p.add_argument("--align-weight", type=float, default=0.0,

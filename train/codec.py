@@ -10,7 +10,7 @@ the semantic encoder under no_grad, so training uses its own forward through the
 in the same order. `CodecModelConfig(acoustic=True)` (`lab codec --acoustic`) trains the acoustic
 (waveform) encoder too, as the released codec does: the per-utterance normalised fbank features remove an
 utterance's long-term spectrum, so a semonly codec's codes carry little of a voice's timbre, and held-out
-voices come back as voices it was trained on (QUALITY.md session 44). About 5x slower a step on a CPU.
+voices come back as voices it was trained on (QUALITY.md). About 5x slower a step on a CPU.
 Stage 2 (`--freeze-encoder`) fixes the codes and trains the decoder alone, on the codes the stock `encode`
 gives each whole utterance, made once (an acoustic codec's waveform encoder is ~80 % of a joint step on a CPU).
 HF's init (zero biases) gives a dead decoder; every Linear/Conv1d gets `reset_parameters()`. Loss: multi-resolution log-mel + log-STFT L1 plus waveform L1; AdamW with
@@ -108,7 +108,7 @@ class CodecTrainConfig:
     freeze_encoder: bool = False
     init_from: Path | None = None  # a committed voice folder (pcgtts/voice) whose codec a fresh run starts from
     device: str = "cpu"  # "cuda" on a GPU machine (float32 with TF32 matmuls: the ISTFT head stays exact)
-    max_minutes: float | None = None  # stop (checkpointed, resumable) after this long: a GPU lease's limit
+    max_minutes: float | None = None  # stop (checkpointed, resumable) after this long: a time budget
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "corpus", Path(self.corpus))
@@ -134,7 +134,7 @@ def new_codec(model_config: CodecModelConfig, seed: int = 0):
         model = Xcodec2Model(model_config.to_hf())
         for module in model.modules():
             if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d)):
-                module.reset_parameters()  # HF init zeroes biases: a dead decoder (probe §2)
+                module.reset_parameters()  # HF init zeroes biases: a dead decoder
     if not model_config.acoustic:
         with torch.no_grad():
             model.acoustic_encoder.conv2.weight.zero_()

@@ -1,4 +1,4 @@
-"""Distilled draft (issue 14): train a draft to match its target's next-token distributions, on-policy.
+"""Distilled draft: train a draft to match its target's next-token distributions, on-policy.
 
 `pcgtts draft train` starts from any draft checkpoint in the runtime's format (a plain
 LlamaForCausalLM folder, e.g. from `pcgtts draft init`) and pulls it towards the target where the

@@ -48,7 +48,7 @@ STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 @dataclass(frozen=True)
 class EagleTrainConfig(OnPolicyConfig):
-    sequences: int = 500  # lab-v1's draft (session 17): 2,000 sequences, 4,000 steps, 8 a batch, 3 passes
+    sequences: int = 500  # lab-v1's draft: 2,000 sequences, 4,000 steps, 8 a batch, 3 passes
     heldout: int = 12
     steps: int = 3000
     lr: float = 1e-3

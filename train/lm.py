@@ -233,7 +233,7 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
 def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
                extra: Sequence[tuple[Path, Path]] = ()) -> Path:
     """An LM run's inputs as one compact file, for a machine with neither the audio nor the codec (a GPU
-    lease carries at most 64 MiB): the manifest rows with codes, each utterance's codes as uint16 (half
+    machine's upload budget is 64 MiB): the manifest rows with codes, each utterance's codes as uint16 (half
     of codes.npz's int32) and the codec's config.json. `unpack_codes` rebuilds what `lab lm` reads.
 
     `extra`: further (corpus, codes) pairs encoded with the same codec, e.g. another `lab corpus --seed`
@@ -310,7 +310,7 @@ class LMTrainConfig:
     threads: int = 1
     init_from: Path | None = None  # a committed voice folder (pcgtts/voice) whose target a fresh run starts from
     device: str = "cpu"  # "cuda": bf16 autocast on a GPU machine (weights and optimizer stay float32)
-    max_minutes: float | None = None  # stop (checkpointed, resumable) after this long: a GPU lease's limit
+    max_minutes: float | None = None  # stop (checkpointed, resumable) after this long: a time budget
     # Alignment prior (train/align.py): weight (0: off), watched layers (None: the middle two), heads a layer, width g.
     align_weight: float = 0.0
     align_layers: tuple[int, ...] | None = None

@@ -45,7 +45,7 @@ class OnPolicyConfig:
     device: str = "cpu"  # where the target samples and the proposer trains ("cuda" on a GPU machine)
     sample_batch: int = 1  # on-policy sequences sampled at once (> 1: `distill.sample_together`)
     max_minutes: float | None = None  # training ends at `steps` or after this long, the lr's cosine following the nearer end
-    end_by: float | None = None  # or by this wall-clock time (epoch seconds): a lease's deadline, sampling counted
+    end_by: float | None = None  # or by this wall-clock time (epoch seconds): a deadline, sampling counted
 
     def __post_init__(self) -> None:
         for name in ("target", "out", "work_dir"):
@@ -96,7 +96,7 @@ def on_policy_pairs(target, cfg: OnPolicyConfig, progress=None) -> tuple[list, l
 def fit(module: torch.nn.Module, loss_step: Callable[[random.Random], tuple[torch.Tensor, dict]], cfg: OnPolicyConfig,
         name: str, title: str, identity: dict, progress=None, clip: float | None = None) -> int:
     """Train `module` for `cfg.steps` steps of `loss_step(rng) -> (loss, extra figures to log)`, or
-    for `cfg.max_minutes` if that ends first (the cosine then follows the clock: a GPU lease's limit).
+    for `cfg.max_minutes` if that ends first (the cosine then follows the clock: a time budget).
 
     Resumes from `<work_dir>/<name>checkpoint.pt` (module, optimiser, rng, step), refusing one whose
     `identity` entries (e.g. the number of heads) differ; logs to `<name>loss.jsonl`. Returns the step reached."""

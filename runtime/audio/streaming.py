@@ -16,7 +16,7 @@ Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
 `CodecThread` runs a `WindowDecoder` on a thread of its own, so the codec decodes a window on one
 core while the LM decodes the next tokens on another (the same chunks, in the same order). The LM's
 thread holds tokens back until a chunk is due: waking the codec's thread for every token cost the
-LM's thread 0.1-0.15 ms a token on a 2-core CPU (AR 484-490 → 511-529 tok/s, BENCHMARKS §52). At the
+LM's thread 0.1-0.15 ms a token on a 2-core CPU (AR 484-490 → 511-529 tok/s). At the
 end of a stream the LM's thread, idle from then on, decodes the last window itself while the codec's
 thread may still be decoding the chunk before it (the two decodes are independent; only the
 cross-fade joins them, on the codec's thread), so the stream ends one window decode sooner.

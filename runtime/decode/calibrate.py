@@ -80,7 +80,7 @@ def _forward_costs(lm: LM, counts: range, repeats: int, sync, setup: Callable[[i
     """Median time of a forward of k tokens after `_CONTEXT` cached ones, for k in `counts`, each
     after an untimed `setup(k)` (what the loop runs before such a forward). Not made non-decreasing
     in k: a longer pass can cost less (lab-v2's compiled target: 3 tokens 4.2 ms, 4 tokens 4.0, so
-    a clamp planned every L = 3 verify at the 3-token cost, BENCHMARKS §35). `scores`: the
+    a clamp planned every L = 3 verify at the 3-token cost). `scores`: the
     forward returns a digit head's scores, as the loop's forwards do when the rules read them.
     `plain_after_plain`: a 1-token forward is timed right after an untimed one instead (a target's
     plain steps follow plain steps, not a proposal or a longer pass)."""

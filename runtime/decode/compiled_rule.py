@@ -4,7 +4,7 @@ The host lane (`acceptance_cpu._pcg`) runs ~90 NumPy and torch calls a step; rig
 forward has evicted the caches they cost ~0.4 ms on lab-v1, a fifth of the 4-token verify they
 judge. Here the same arithmetic is one graph, compiled ahead of time by AOTInductor and called
 through its loader (~40 µs on cold caches, against ~170 µs for a torch.compile graph's Python
-wrappers): ~0.16 ms a step in the loop (BENCHMARKS.md §29). The package does not depend on the
+wrappers): ~0.16 ms a step in the loop. The package does not depend on the
 model or the table (both are inputs, their sizes symbolic); it is built once per torch version,
 digit count and thinning-trial count (~15 s on 2 cores) and kept in the cache folder
 (`runtime/aot.py`). SD is the same graph over singleton groups (PCG over

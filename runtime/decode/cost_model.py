@@ -178,7 +178,7 @@ def conditional_acceptance(per_position_accepted: Sequence[int], speculative_ste
 
 # What a measured starting acceptance (`measure_acceptance`: one fixed-length utterance at load) is
 # worth against an utterance's own steps, in steps. Simulated on lab-v2's eagle-pcg costs and rates
-# (`benchmarks/simulate_length_policy.py`, BENCHMARKS §32): from the 0.5 prior the policy reached
+# (`benchmarks/simulate_length_policy.py`): from the 0.5 prior the policy reached
 # 1.06x AR in model time; from the measured rates 1.11x at weight 2, 1.14x at 6, 1.15x at 8 and 10
 # (fixed L = 3: 1.13x). More weight slows the move away from a start that is wrong for the voice.
 MEASURED_PRIOR_WEIGHT = 8.0
@@ -266,7 +266,7 @@ def in_loop_costs(costs: StepCosts, length: int, seconds: dict[str, float]) -> S
     step's mean, as `DraftLengthPolicy.record` takes them) in place of their isolated timings, and every
     part it did not time scaled by the target's in-loop ratio (`_scaled`). Isolated timings undercount
     the loop's (lab-v2's three chained EAGLE proposals 0.62 ms alone, 1.05 ms in the loop; its PCG rule
-    0.15 and 0.27: BENCHMARKS §35); `Synthesizer.plan` plans with these after its calibration decode."""
+    0.15 and 0.27); `Synthesizer.plan` plans with these after its calibration decode."""
     timed: dict = {}
     return _scaled(_moved(costs, length, seconds, timed, 1.0), costs, timed)
 
@@ -282,7 +282,7 @@ class DraftLengthPolicy:
     when the draft's per-token catch-up alone exceeds the budget. Hysteresis: speculation is
     switched on when the point estimates say it wins by `margin` (the model leaves out the draft's
     catch-up on the tokens it skipped, and costs measured at load are noisy: a built-in-voice run
-    planned pcg at L = 1 as 0.99x AR on a break-even estimate and achieved 0.82x, BENCHMARKS §22),
+    planned pcg at L = 1 as 0.99x AR on a break-even estimate and achieved 0.82x),
     but switched off only when it loses even with every rate raised by `optimism` standard errors
     (so noise near the break-even point does not park the utterance on AR between rare probes).
     Deterministic given the costs and the verdicts, so a seeded run is reproducible given the

@@ -168,7 +168,7 @@ def measure_acceptance(target: LM, draft: LM | None, prompt_ids: torch.Tensor, c
     """Per-position acceptance P(i accepted | 1..i-1 were) of `config`'s rule and sampling on this
     pair, from one seeded decode of `prompt_ids` at the fixed draft length: where an adaptive draft
     length starts each utterance (`cost_model.starting_counter`), instead of a guess its own steps
-    must first disprove (at 0.5, lab-v2's eagle-pcg parked 77-93 % of its steps on AR, BENCHMARKS §31).
+    must first disprove (at 0.5, lab-v2's eagle-pcg parked 77-93 % of its steps on AR).
     Positions tried fewer than `MEASURED_PRIOR_WEIGHT` times are left out (the counter takes the
     previous position's rate for them). Deterministic given the models, so seeded utterances repeat.
 

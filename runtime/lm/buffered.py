@@ -36,7 +36,7 @@ class KVBuffers(list):
     """A model's 2 x layers cache (or new-entry) buffers [1, kv, S, D] as views of one tensor
     `stack` [2 x layers, 1, kv, S, D]: each is still bound to its graph input by pointer, and a
     step's new entries go into every layer's buffer with one copy (twelve slice assignments cost
-    the built-in voice ~70 µs of its ~1.7 ms step, BENCHMARKS §43)."""
+    the built-in voice ~70 µs of its ~1.7 ms step)."""
 
     def __init__(self, stack: torch.Tensor):
         super().__init__(stack.unbind(0))
@@ -170,7 +170,7 @@ class BufferedLM(SequenceMixin):
         """The graph's input_ids and position_ids [1, T] (slots length .. length + T - 1) and logits_index
         [1, K]. For a step or a verify (T <= `KEPT_STEP_INPUTS`) they are the same three tensors every
         time, written in place, so a backend that binds its inputs by pointer binds them once instead of
-        three times a step (BENCHMARKS §43)."""
+        three times a step."""
         n = ids.numel()
         first = n - 1 if last_only else 0
         kept = self._kept_inputs.get((n, last_only)) if n <= KEPT_STEP_INPUTS else None

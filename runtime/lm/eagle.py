@@ -337,10 +337,10 @@ class CompiledEagleChain:
     Step by step, a proposal on lab-v1 costs ~0.25 ms right after a target forward: the fixed
     costs of ~25 NumPy and torch calls and a draw in Python on cold caches. One graph per count
     runs the whole chain (the block, the target's digit head, the draw, the next token's
-    embedding) in one call (BENCHMARKS §28), compiled ahead of time by AOTInductor with the
+    embedding) in one call, compiled ahead of time by AOTInductor with the
     weights as inputs (`runtime/aot.py`: a package per shape, built once per machine, ~17 s a
     count; called through its loader, 3 proposals after a target pass take ~0.40 ms against ~0.60
-    through torch.compile's wrappers, §49); where a package cannot be built, through torch.compile.
+    through torch.compile's wrappers); where a package cannot be built, through torch.compile.
     The draws read the uniforms `sampling.sample_by_digits` would (one [count, digits + 1]
     torch.rand, the same stream as count draws of digits + 1) in float64 as
     `digit_head.draw_digit_code` does, so a chain proposes what `HostEagleStep` and that draw do, up

@@ -7,7 +7,7 @@ through torch.compile (inductor's C++ kernels, the weights read in place): one g
 and cache length are symbolic serves 1-token steps and verifies alike, compiled at load (the
 demo shape: ~52 s on 2 cores the first time, ~17 s from torch's on-disk caches). A step then
 costs about two thirds of an eager one on small models, whose step time is mostly per-op
-overhead (BENCHMARKS.md §26-27); prefills stay eager. On a CPU, in float32, compiled or not, the
+overhead; prefills stay eager. On a CPU, in float32, compiled or not, the
 decoder weights are laid out [in, out] in memory (`lay_out_for_cpu_steps`), the layout MKL
 multiplies fastest at several tokens.
 """
@@ -205,7 +205,7 @@ def lay_out_for_cpu_steps(model: Llama) -> None:
     strides (1, out), so that `F.linear` multiplies by a contiguous W^T. MKL's sgemm switches kernel
     at 4 rows of x: with the row-major [out, in] weights as loaded, a 4-token verify of the trained
     target cost 1.42x a 1-token step; laid out so, 1.23x, a 1-token step within ~2 % and a prefill
-    ~20 % cheaper (BENCHMARKS §52). One layout for every step size: a second, transposed copy beside
+    ~20 % cheaper. One layout for every step size: a second, transposed copy beside
     the loaded one was faster for 2-3 tokens, but two copies did not fit the CPU's caches together,
     and a step after one of the other size cost ~0.5 ms more (an adaptive draft length switches).
     Values, shapes and the state dict's keys are unchanged."""
@@ -225,7 +225,7 @@ def _compile_hidden(model: Llama):
     - No guards on the model's modules: their weights and cache keep their shapes for the LM's
       life, and checking ~140 tensors cost ~0.3 ms a step.
     - Weights not frozen into the graph: frozen, they ran no faster on the demo and lab-v1 shapes,
-      and they kept AOTAutograd's cache from sparing a later process the trace (BENCHMARKS §27)."""
+      and they kept AOTAutograd's cache from sparing a later process the trace."""
 
     def hidden(input_ids: torch.Tensor, end: int) -> torch.Tensor:
         t = input_ids.shape[1]

@@ -82,7 +82,7 @@ class SpeechVocab:
         """`restricted_to_token_ids` of indices held as Python ints: mapped in Python, one tensor made
         (int64 [len]). A decode loop's tokens come back to the host anyway; the tensor form's three
         ops each release Python's GIL and must take it back from the codec's thread (3.9 µs against
-        13.6 alone; in the loop the wait moves to the step's next tensor op, BENCHMARKS §43)."""
+        13.6 alone; in the loop the wait moves to the step's next tensor op)."""
         stop, offset = self.stop_index, self.speech_offset
         return torch.tensor([self.stop_id if i == stop else i + offset for i in indices], dtype=torch.long,
                             device=device)
