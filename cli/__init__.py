@@ -26,7 +26,7 @@ def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="DEBUG logging, and a traceback with each error")
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgtts", description=__doc__.splitlines()[0],
                                      epilog="-v, --log-level and --debug may also follow the command's own flags")
     _add_logging_flags(parser)
@@ -98,7 +98,7 @@ def configure_logging(level: int) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with the logging flags taken before the command or after its own flags."""
-    parser = _build_parser()
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest:
         after = argparse.ArgumentParser(add_help=False)

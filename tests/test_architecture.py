@@ -191,25 +191,25 @@ def test_from_pretrained_takes_the_policy_from_the_config_file_and_validates_fir
 
 
 def test_cli_flags_resolve_through_the_same_function(tmp_path):
-    from pcgtts.cli import _build_parser
+    from pcgtts.cli import build_parser
     from pcgtts.cli.commands import resolve_cli_settings
 
     config = tmp_path / "c.toml"
     config.write_text(f'target = "{tmp_path}"\npolicy = "sd"\ntemperature = 0.3\n')
-    args = _build_parser().parse_args(["speak", "hi", "--config", str(config), "--temperature", "0.9"])
+    args = build_parser().parse_args(["speak", "hi", "--config", str(config), "--temperature", "0.9"])
     settings = resolve_cli_settings(args)
     assert settings.synthesis.decode.policy == "sd"  # from the file: no default overrides it
     assert settings.synthesis.decode.sampling.temperature == 0.9  # the flag wins
 
 
 def test_deprecated_flags_still_work_and_warn(capsys):
-    from pcgtts.cli import _build_parser
+    from pcgtts.cli import build_parser
 
-    args = _build_parser().parse_args(["groups", "build", "--target", "t", "--out", "o.pcg", "--device", "cuda"])
+    args = build_parser().parse_args(["groups", "build", "--target", "t", "--out", "o.pcg", "--device", "cuda"])
     assert args.compute_device == "cuda" and "--device is deprecated" in capsys.readouterr().err
-    args = _build_parser().parse_args(["speak", "hi", "--device", "null"])
+    args = build_parser().parse_args(["speak", "hi", "--device", "null"])
     assert args.audio_device == "null" and "use --audio-device" in capsys.readouterr().err
-    args = _build_parser().parse_args(["bench", "--lookahead", "1,2"])
+    args = build_parser().parse_args(["bench", "--lookahead", "1,2"])
     assert args.draft_length == [1, 2]
 
 

@@ -518,18 +518,18 @@ def test_eagle_on_onnxruntime_is_refused_cleanly(tiny_models, tmp_path):
 def test_bench_checks_state_policies_on_the_backend_in_force(tiny_lms, target, tmp_path):
     """`pcgtts bench` checks the eagle-* / mtp-* policies before loading models, on the backend the
     flags or defaults give (no --backend: torch), not only when --backend is spelled out."""
-    from pcgtts.cli import _build_parser
+    from pcgtts.cli import build_parser
     from pcgtts.cli.bench import check_state_policies
 
     eagle = random_draft(target).save(tmp_path / "e.safetensors")
-    parse = lambda *extra: _build_parser().parse_args(["bench", "--target", str(tiny_lms["target"]), *extra])  # noqa: E731
+    parse = lambda *extra: build_parser().parse_args(["bench", "--target", str(tiny_lms["target"]), *extra])  # noqa: E731
     check_state_policies(["eagle-pcg"], parse("--eagle", str(eagle)))  # torch by default: accepted
     with pytest.raises(ValueError, match="needs the target's EAGLE draft"):
         check_state_policies(["eagle-pcg"], parse())
     with pytest.raises(ValueError, match="exported with the target"):
         check_state_policies(["eagle-pcg"], parse("--backend", "onnxruntime"))
     # No --target: the built-in voice, whose own EAGLE draft is checked as it loads (the shipped voice has one).
-    check_state_policies(["eagle-pcg"], _build_parser().parse_args(["bench"]))
+    check_state_policies(["eagle-pcg"], build_parser().parse_args(["bench"]))
 
 
 def test_the_built_in_voice_is_the_demo_only_where_no_trained_voice_ships(tmp_path, monkeypatch):
@@ -547,10 +547,10 @@ def test_the_built_in_voice_is_the_demo_only_where_no_trained_voice_ships(tmp_pa
 def test_heads_eagle_help_states_the_trainers_defaults():
     """The CLI leaves unset options to EagleTrainConfig (no torch at parse time); its help text
     repeats those defaults, and must say what the trainer does."""
-    from pcgtts.cli import _build_parser
+    from pcgtts.cli import build_parser
     from pcgtts.train.eagle import EagleTrainConfig
 
-    heads = next(a for a in _build_parser()._subparsers._group_actions[0].choices["heads"]._subparsers._group_actions
+    heads = next(a for a in build_parser()._subparsers._group_actions[0].choices["heads"]._subparsers._group_actions
                  if a.choices).choices["eagle"]
     helps = {a.dest: a.help for a in heads._actions}
     for name in ("sequences", "heldout", "steps", "passes", "batch_sequences"):
