@@ -5,7 +5,7 @@
       device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, compile, threads,
                                   prefix_cache
       synthesis  SynthesisConfig  seed, max_sentence_chars, spell_numbers, tokens_per_char, min_tokens,
-                                  queue_chunks, abandon_after_s
+                                  run_ahead_s, abandon_after_s
         decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
                                   mtp_top_m, mtp_threshold, viterbi_top_k, steps_per_sync,
                                   compile_steps
@@ -188,8 +188,10 @@ class SynthesisConfig:
     # `min_tokens + tokens_per_char * chars` is a runaway (a known LLaSA failure) and is cut.
     tokens_per_char: float = 12.0
     min_tokens: int = 50
-    queue_chunks: int = 64  # how far generation may run ahead of the consumer
-    abandon_after_s: float = 60.0  # a stream not read for this long (queue full) stops and frees its worker
+    # How far generation may run ahead of the consumer, in seconds of audio: enough for smooth playback
+    # (a chunk is at most 0.5 s), little enough that a stream nobody reads stops costing CPU at once.
+    run_ahead_s: float = 4.0
+    abandon_after_s: float = 60.0  # a stream not read for this long (run-ahead full) stops and frees its worker
 
     def __post_init__(self) -> None:
         if self.seed is not None:
@@ -199,8 +201,8 @@ class SynthesisConfig:
                 raise ValueError(f"seed must lie in [0, 2**63 - 1], got {self.seed}")
         if self.tokens_per_char <= 0 or self.min_tokens < 1:
             raise ValueError("tokens_per_char must be > 0 and min_tokens >= 1")
-        if self.queue_chunks < 1:
-            raise ValueError(f"queue_chunks must be >= 1, got {self.queue_chunks}")
+        if not self.run_ahead_s > 0:
+            raise ValueError(f"run_ahead_s must be > 0, got {self.run_ahead_s}")
         if self.abandon_after_s <= 0:
             raise ValueError(f"abandon_after_s must be > 0, got {self.abandon_after_s}")
         if self.max_sentence_chars < 20:

@@ -4,12 +4,14 @@
     for chunk in synth.stream("Hello there.", ref_audio="me.wav", ref_text="What I said."):
         play(chunk.samples)
 
-Generation runs ahead of the consumer on a worker thread feeding a bounded queue: the worker
+Generation runs ahead of the consumer on a worker thread, by at most `SynthesisConfig.run_ahead_s`
+seconds of audio, then waits without using the CPU until the consumer reads on: the worker
 splits the text into sentences, builds each prompt, runs the decode loop
 (`runtime/decode/speculative.py`) and pushes accepted tokens through the windowed codec decoder
 (`runtime/audio/streaming.py`). All sentences share one window decoder, so the audio is one
 continuous stream. Closing the stream early stops the worker and frees the KV caches. One
-stream at a time per Synthesizer: a second concurrent stream is refused with a clear error.
+stream at a time per Synthesizer: starting a stream while an earlier one is held but not being read
+cancels the earlier one; while another thread is reading one, a second is refused with a clear error.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_accep
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.numbers import spell_numbers
+from pcgtts.runtime.text.script import foreign_script
 from pcgtts.runtime.text.split import split_sentences
 from pcgtts.runtime.audio.voice import Voice
 
@@ -101,8 +104,9 @@ class SynthesisStream:
 
     `close()`, leaving a `with` block, or dropping the last reference stops the worker thread and
     frees the KV caches and the Synthesizer's lock. A stream that is kept but not read for
-    `SynthesisConfig.abandon_after_s` while its queue is full is abandoned: the worker frees both
-    by itself, and reading the stream afterwards raises."""
+    `SynthesisConfig.abandon_after_s` while its run-ahead is full is abandoned: the worker frees both
+    by itself, and reading the stream afterwards raises. Starting another stream on the same
+    Synthesizer while this one is not being read cancels this one: reading it then ends it."""
 
     def __init__(self, job: "_Job"):
         self.stats = job.stats
@@ -150,7 +154,12 @@ class _Job:
                                "(or use one Synthesizer per concurrent stream)")
         self.synth, self.prompts, self.budgets, self.config = synth, prompts, budgets, config
         self.stats = StreamStats()
-        self.queue: queue.Queue = queue.Queue(maxsize=config.queue_chunks)
+        self.queue: queue.Queue = queue.Queue()
+        self.run_ahead = max(1, round(config.run_ahead_s * SAMPLE_RATE))  # samples queued at most (and one chunk)
+        self.queued = 0  # audio samples in the queue, not yet read
+        self.room = threading.Condition()  # notified when the consumer takes a chunk or the stream stops
+        self.reading = False  # a consumer is inside next_chunk (another stream() must not cancel it)
+        self.superseded = False  # cancelled by a later stream(): reading it raises
         self.stop = threading.Event()
         self.worker: threading.Thread | None = None
         self.finished = self.closed = self.abandoned = False
@@ -167,8 +176,18 @@ class _Job:
         self.worker.start()
 
     def next_chunk(self) -> AudioChunk:
+        if self.superseded:
+            raise RuntimeError("this stream was cancelled: another stream was started on its Synthesizer "
+                               "while this one was not being read")
         if self.closed:
             raise StopIteration
+        self.reading = True
+        try:
+            return self._next_chunk()
+        finally:
+            self.reading = False
+
+    def _next_chunk(self) -> AudioChunk:
         if self.worker is None:
             self._start()
         while True:
@@ -189,25 +208,41 @@ class _Job:
             if isinstance(item, BaseException):
                 self.shutdown()
                 raise item
+            with self.room:
+                self.queued -= len(item.samples)
+                self.room.notify()
             if self.stats.first_audio_at is None:
                 self.stats.first_audio_at = item.ready_time
             self.stats.audio_samples += len(item.samples)
             return item
 
     def put(self, item) -> bool:
-        """Worker side: hand `item` to the consumer; False once the stream is closed or abandoned."""
+        """Worker side: hand `item` to the consumer once the run-ahead has room for it (waiting without
+        using the CPU); False once the stream is closed or abandoned."""
+        samples = len(item.samples) if isinstance(item, AudioChunk) else 0
+        with self.room:
+            if not self.await_room(samples):
+                return False
+            self.queued += samples
+            self.queue.put(item)
+            return True
+
+    def await_room(self, samples: int = 1) -> bool:
+        """Worker side (the LM's thread and the codec's): wait, without using the CPU, until the
+        run-ahead has room for `samples` more (always for a chunk when none is queued); False once the
+        stream is closed, or abandoned after `abandon_after_s` unread."""
         waiting_since = time.monotonic()
-        while not (self.stop.is_set() or self.abandoned):
-            try:
-                self.queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
+        with self.room:
+            while self.queued and self.queued + samples > self.run_ahead:
+                if self.stop.is_set() or self.abandoned:
+                    return False
                 if time.monotonic() - waiting_since > self.config.abandon_after_s:
                     log.warning("a stream was not read for %g s: abandoning it (worker and lock freed)",
                                 self.config.abandon_after_s)
                     self.abandoned = self.stats.cancelled = True  # the worker frees both as it exits
                     return False
-        return False
+                self.room.wait(timeout=0.1)
+            return not (self.stop.is_set() or self.abandoned)
 
     def worker_exits(self) -> None:
         """Worker side, last: an abandoned stream's caches and lock are freed here, on the thread
@@ -215,6 +250,10 @@ class _Job:
         if self.abandoned:
             self.synth.release()
             self._release_lock()
+
+    @property
+    def holds_lock(self) -> bool:
+        return self._holds_lock
 
     def _release_lock(self) -> None:
         with self._guard:
@@ -228,8 +267,10 @@ class _Job:
             return
         self.closed = True
         self.stop.set()
+        with self.room:
+            self.room.notify_all()
         if self.worker is not None:
-            while self.worker.is_alive():  # unblock a worker waiting on a full queue
+            while self.worker.is_alive():  # drain what it queued while it notices the stop
                 try:
                     self.queue.get(timeout=0.05)
                 except queue.Empty:
@@ -256,6 +297,7 @@ class Synthesizer:
         self.tokenizer = target.tokenizer
         self.config = config
         self._lock = threading.Lock()
+        self._current: weakref.ref | None = None  # the job holding the lock, if any
         self._voices: dict[tuple, Voice] = {}
         self._acceptance: dict[DecodeConfig, tuple[float, ...]] = {}  # `starting_acceptance`, per decode config
         self._loop_steps: dict[DecodeConfig, dict] = {}  # its calibration decode's step timings, until `plan` uses them
@@ -446,7 +488,12 @@ class Synthesizer:
 
     def stream(self, text: str, ref_audio: str | Path | None = None, ref_text: str | None = None,
                voice: Voice | str | Path | None = None, config: SynthesisConfig | None = None) -> SynthesisStream:
-        """Start synthesising `text`; bad input raises here, before any work starts."""
+        """Start synthesising `text`; bad input raises here, before any work starts.
+
+        `text` must be a `str`; `ref_audio` (a recording) needs `ref_text` (its transcript), and
+        `ref_text` needs `ref_audio`; `voice` (a `Voice` or a voice file) replaces both. A stream still
+        held but not being read is cancelled by the next `stream()` on this Synthesizer."""
+        check_stream_arguments(text, ref_audio, ref_text, voice, config)
         config = config or self.config
         check_policy(config.decode.policy, draft=self.draft is not None, groups=self.groups is not None,
                      heads=self.heads is not None,
@@ -455,8 +502,25 @@ class Synthesizer:
         resolved = self._resolve_voice(voice, ref_audio, ref_text)
         if config.spell_numbers:
             text = spell_numbers(text)
+        script = foreign_script(text)
+        if script is not None:
+            log.warning("the text is mostly in %s script, which this voice was not trained on: expect noise, "
+                        "not speech", script)
         prompts, budgets = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
-        return SynthesisStream(_Job(self, prompts, budgets, config))
+        self._cancel_unread_stream()
+        job = _Job(self, prompts, budgets, config)
+        self._current = weakref.ref(job)
+        return SynthesisStream(job)
+
+    def _cancel_unread_stream(self) -> None:
+        """Cancel the stream holding this Synthesizer if nobody is reading it (its caller kept it and
+        moved on); one that another thread is reading keeps it, and the new stream is refused."""
+        held = self._current() if self._current is not None else None
+        if held is not None and held.holds_lock and not held.reading:
+            log.warning("cancelled the earlier stream of this Synthesizer, which was not being read, to start "
+                        "a new one")
+            held.superseded = True
+            held.shutdown()
 
     def _fit(self, pieces: list[str], voice: Voice | None, config: SynthesisConfig) -> tuple[list, list[int]]:
         """Prompts and token budgets, splitting any piece whose prompt + budget would overflow the
@@ -495,7 +559,7 @@ class Synthesizer:
 
     def _produce(self, job: _Job) -> None:
         """The worker thread: decode each sentence and push its audio through the window decoder."""
-        prompts, budgets, config, stats, put, stop = job.prompts, job.budgets, job.config, job.stats, job.put, job.stop
+        prompts, budgets, config, stats, put = job.prompts, job.budgets, job.config, job.stats, job.put
         try:
             device = self.target.device
             generator = torch.Generator(device=device)
@@ -520,6 +584,9 @@ class Synthesizer:
                                       time.perf_counter(), last, stats.truncated))
 
             codec = CodecThread(window, emit) if config.stream.codec_thread else _SameThread(window, emit)
+            # The LM waits while the next full chunk would not fit the run-ahead, so tokens do not pile up
+            # on the codec's side of it either.
+            chunk_samples = config.stream.chunk_tokens * SAMPLES_PER_TOKEN
             try:
                 for prompt, budget in zip(prompts, budgets):
                     sentence = DecodeStats()
@@ -528,7 +595,7 @@ class Synthesizer:
                     for burst in decode(self.target, self.draft, prompt, decode_config, generator, self.groups,
                                         sentence, costs=costs, proposer=self.proposer(decode_config.policy),
                                         acceptance=acceptance):
-                        if not codec.push(burst) or stop.is_set():
+                        if not codec.push(burst) or not job.await_room(chunk_samples):  # run-ahead full: wait
                             return
                     if sentence.finish in ("max_tokens", "cache_full"):
                         stats.truncated += 1
@@ -543,6 +610,23 @@ class Synthesizer:
                 job.worker_exits()
         except BaseException as err:  # surfaced to the consumer's thread
             put(err)
+
+
+def check_stream_arguments(text, ref_audio, ref_text, voice, config) -> None:
+    """`stream()`'s arguments, checked by type and pairing before any work (TypeError / ValueError
+    naming the argument)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if ref_audio is not None and not isinstance(ref_audio, (str, Path)):
+        raise TypeError(f"ref_audio must be a path (str or Path), got {type(ref_audio).__name__}")
+    if ref_text is not None and not isinstance(ref_text, str):
+        raise TypeError(f"ref_text must be a str, got {type(ref_text).__name__}")
+    if ref_text is not None and ref_audio is None:
+        raise ValueError("ref_text is the transcript of ref_audio: give ref_audio too (or a voice=)")
+    if voice is not None and not isinstance(voice, (Voice, str, Path)):
+        raise TypeError(f"voice must be a Voice or a voice file path, got {type(voice).__name__}")
+    if config is not None and not isinstance(config, SynthesisConfig):
+        raise TypeError(f"config must be a SynthesisConfig, got {type(config).__name__}")
 
 
 def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig) -> None:

@@ -47,7 +47,7 @@ def test_a_dropped_stream_frees_its_worker_and_the_lock(tiny_synth):
 
 
 def test_a_kept_but_unread_stream_is_abandoned_in_bounded_time(tiny_synth):
-    config = replace(tiny_synth.config, queue_chunks=1, abandon_after_s=0.3)
+    config = replace(tiny_synth.config, run_ahead_s=0.01, abandon_after_s=0.3)
     kept = tiny_synth.stream("A stream kept by the caller but never read again after the first chunk.",
                              config=config)
     next(kept)
