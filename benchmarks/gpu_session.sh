@@ -35,6 +35,23 @@ if [ "$step" = all ] || [ "$step" = lmc ]; then
         --policies ar,sd --steps-per-sync 0,8 --compile-steps --no-hf \
         --tokens 300 --runs 3 --cache /tmp/pcgtts-bench 2>"$OUT/lmc.err" | tee "$OUT/lmc.log" | tail -10
 fi
+if [ "$step" = scaled ]; then
+    # The built-in voice scaled to the LLaSA-1B/3B/8B shapes (`pcgtts models scale`: its logits unchanged,
+    # a stand-in for released weights, not released weights), made here in bfloat16 (an 8B folder is
+    # ~15 GB) and deleted after its rows: plain decoding vs sd (the voice's own small draft), pcg and
+    # eagle-pcg at L = 3 and adaptive, whole steps as CUDA graphs. SCALED_SHAPES picks the shapes.
+    for shape in ${SCALED_SHAPES:-llasa-1b llasa-3b llasa-8b}; do
+        dir=/tmp/pcgtts-scaled/$shape
+        rm -rf "$dir"
+        python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" models scale --shape "$shape" \
+            --dtype bfloat16 --out "$dir" >"$OUT/scale-$shape.log" 2>&1 || { tail -3 "$OUT/scale-$shape.log"; continue; }
+        python3 benchmarks/bench_lm.py --target "$dir/target" --draft "$dir/draft" --groups "$dir/groups.pcg" \
+            --eagle "$dir/target/eagle_draft.safetensors" --device cuda --dtype bfloat16 --cuda-graphs on \
+            --policies ar,sd,pcg,eagle-pcg --adaptive --no-hf --tokens 300 --runs 3 \
+            2>"$OUT/scaled-$shape.err" | tee "$OUT/scaled-$shape.log" | tail -12
+        rm -rf "$dir"
+    done
+fi
 if [ "$step" = eagle ]; then
     # EAGLE drafts for the built-in voice's target trained here (not part of "all"): EAGLE_RUNS="name:flags;name:flags",
     # the flags `pcgtts heads eagle`'s; the sentences file is carried (.carry/eagle_sentences.txt: no fortunes

@@ -1,4 +1,4 @@
-"""Sub-commands of the runtime: `models demo`, `draft init`, `draft train`, `speak`.
+"""Sub-commands of the runtime: `models demo`, `models scale`, `draft init`, `draft train`, `speak`.
 
 Handlers import the heavy machinery lazily so `pcgtts --help` stays instant.
 """
@@ -23,6 +23,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--out", required=True, help="output directory")
     demo.add_argument("--seed", type=flags.seed, default=0)
     demo.set_defaults(func=_models_demo)
+    scale = models.add_parser("scale", help="the built-in voice computed at a LLaSA shape's cost, logits unchanged "
+                                            "(a stand-in for released weights)")
+    scale.add_argument("--from", dest="source", default="builtin",
+                       help="builtin (default) or a voice folder (voice.json, or one expanded with target/ draft/ codec/)")
+    scale.add_argument("--shape", required=True, help="llasa-1b, llasa-3b, llasa-8b or custom (then every size flag)")
+    for name in ("hidden", "layers", "heads", "kv-heads", "head-dim", "ffn"):
+        scale.add_argument(f"--{name}", type=int, help=f"custom shape: {name.replace('-', ' ')}")
+    scale.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' dtype (default float32)")
+    scale.add_argument("--seed", type=flags.seed, default=0, help="seed of the weights that carry no function")
+    scale.add_argument("--out", required=True, help="a new folder: target/ (with its EAGLE draft), draft/, "
+                                                    "draft-subset/, codec/, groups.pcg")
+    scale.set_defaults(func=_models_scale)
 
     draft = sub.add_parser("draft", help="draft models").add_subparsers(dest="draft_cmd", required=True)
     init = draft.add_parser("init", help="make a draft from a subset of the target's layers")
@@ -144,6 +156,20 @@ def load_synthesizer(args: argparse.Namespace, **overrides):
 
     settings = resolve_cli_settings(args, **overrides)
     return Synthesizer.load(settings.models, settings.device, settings.synthesis), settings
+
+
+def _models_scale(args) -> int:
+    from pcgtts.tools.scale import STANDIN_NOTICE, scale_voice, shape_from_flags
+
+    custom = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn")}
+    shape = shape_from_flags(args.shape, custom)
+    if Path(args.out).exists():
+        raise ValueError(f"--out {args.out} exists: give a new folder (nothing is overwritten)")
+    out = scale_voice(args.source, shape, Path(args.out), args.dtype, args.seed,
+                      progress=lambda what: print(f"scaling: {what}", file=sys.stderr))
+    print(f"scaled voice written to {out} ({STANDIN_NOTICE})")
+    print(json.dumps({name: str(out / name) for name in ("target", "draft", "draft-subset", "codec", "groups.pcg")}))
+    return 0
 
 
 def _models_demo(args) -> int:

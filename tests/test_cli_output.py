@@ -83,6 +83,7 @@ def _demo_voice(tiny_models, tiny_groups_file, folder: Path) -> dict:
     return {**voice, "codec": tiny_models["codec"], "groups": tiny_groups_file}
 
 
+@pytest.mark.slow  # ~30 s of exports; the fast suite keeps the held-back unit tests below
 def test_first_run_preparation_shows_no_output_of_other_libraries(tiny_models, tiny_groups_file, tmp_path):
     """The built-in voice's first use exports its target, draft and codec for onnxruntime: by default
     stderr says so in pcgtts's own lines only (no torch.onnx / onnx_ir / Python warnings, no count of

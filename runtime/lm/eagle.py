@@ -308,9 +308,13 @@ class HostEagleStep:
 
     @staticmethod
     def suits(draft: EagleDraft, target: Llama) -> bool:
-        tensors = [p for p in draft.parameters()] + [target.embed_tokens.weight, target.head.weight]
-        return (not draft.attention and target.head.bias is None
-                and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors))
+        """An attention-free float32 draft on a CPU target whose head is a float matrix (an int8 head,
+        `int8.Int8Linear`, has none: the torch step runs the head as the target does)."""
+        head = getattr(target.head, "weight", None)
+        if head is None or getattr(target.head, "bias", None) is not None:
+            return False
+        tensors = [p for p in draft.parameters()] + [target.embed_tokens.weight, head]
+        return not draft.attention and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         v = self.vocab

@@ -27,7 +27,8 @@ from pcgtts.runtime.lm.llama import Llama
 
 
 class Int8Linear(nn.Module):
-    """`linear` (float weights, no bias) as a batch-invariant dynamic int8 layer: [..., in] -> [..., out] float32."""
+    """`linear` (float weights, no bias) as a batch-invariant dynamic int8 layer: [..., in] -> [..., out] float32
+    (one row [in] -> [out] too)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -48,6 +49,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("pins", torch.tensor([1.0, -1.0]), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 1:  # one row (an EAGLE proposal's state): the quantized kernel wants a batch
+            return self.forward(x[None])[0]
         scale = x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
         pinned = torch.cat([x / scale, self.pins.expand(*x.shape[:-1], 2)], dim=-1)
         return self.inner(pinned) * scale

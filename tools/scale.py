@@ -1,0 +1,353 @@
+"""A trained voice computed at the cost of a larger LLaSA shape, with its logits unchanged.
+
+`pcgtts models scale --from builtin --shape llasa-1b --out DIR` writes a target of the LLaSA-1B (3B,
+8B or a custom) shape whose logits equal the small voice's in real arithmetic, so speculative
+decoding can be measured with real speech acceptance at a realistic step cost. It is a stand-in
+for released weights, not released weights: every figure measured on it says so.
+
+The residual stream of width d is carried as `Q x` in width D, with `Q` (D × d) of orthonormal
+columns of disjoint supports (source coordinate i spread evenly over target coordinates
+i·r … i·r + r - 1, r = D / d). Per-coordinate weights commute with such a `Q`, so an RMSNorm keeps
+its weight, repeated r times, and with eps scaled by d / D gives `RMSNorm(Q x) = sqrt(D/d) Q RMSNorm(x)`.
+So: readers of a normed state get `W Qᵀ sqrt(d/D)`, writers to the stream `Q W`, embedding rows `Q e`.
+Attention heads are placed on heads of the new grouped-query layout that share the right KV head
+(the others write through zero `o_proj` columns); a larger head_dim places source RoPE pair j at
+pair 2j (dims j, j + h/2 → 2j, 2j + H/2) with the other q/k dims zero and q scaled by sqrt(H/h),
+which keeps both the rotation frequencies and the attention scale. The MLP gains rows whose
+`down_proj` columns are zero, and new layers write nothing (zero `o_proj` and `down_proj`): the
+identity on the stream. The speech head is made dense: each row gains a random component orthogonal
+to span(Q), which the normed state never has, so the logits are unchanged and the head is no longer
+a sum of FSQ digit rows. The EAGLE draft is scaled the same way (its normed inputs and outputs carry
+the same `sqrt(D/d) Q` factor), and its feature layers renumbered to where the voice's layers stand.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+STANDIN_NOTICE = ("a trained small voice computed at the cost of the named shape: a stand-in for released "
+                  "weights, not released weights")
+COPIED = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+          "special_tokens_map.json")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A LLaMA body: width, depth, query heads, KV heads, head size, MLP width."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+
+
+SHAPES = {  # the released LLaSA targets' bodies (LLaMA-3.2 1B / 3B, LLaMA-3.1 8B)
+    "llasa-1b": Shape(2048, 16, 32, 8, 64, 8192),
+    "llasa-3b": Shape(3072, 28, 24, 8, 128, 8192),
+    "llasa-8b": Shape(4096, 32, 32, 8, 128, 14336),
+}
+
+
+def shape_from_flags(name: str, custom: dict[str, int | None]) -> Shape:
+    """A named shape, or `custom` with every field given (a one-line ValueError otherwise)."""
+    given = {k: v for k, v in custom.items() if v is not None}
+    if name != "custom":
+        if name not in SHAPES:
+            raise ValueError(f"unknown shape {name!r}: one of {', '.join(SHAPES)} or custom")
+        if given:
+            raise ValueError(f"--{next(iter(given)).replace('_', '-')} goes with --shape custom only")
+        return SHAPES[name]
+    missing = [k for k in Shape.__dataclass_fields__ if k not in given]
+    if missing:
+        raise ValueError(f"--shape custom needs {', '.join('--' + k.replace('_', '-') for k in missing)}")
+    if any(v < 1 for v in given.values()):
+        raise ValueError("every size of a custom shape must be >= 1")
+    return Shape(**given)
+
+
+def source_shape(config: dict) -> Shape:
+    heads = config["num_attention_heads"]
+    return Shape(config["hidden_size"], config["num_hidden_layers"], heads, config["num_key_value_heads"],
+                 config.get("head_dim") or config["hidden_size"] // heads, config["intermediate_size"])
+
+
+def check_shape(source: Shape, shape: Shape, what: str = "shape") -> None:
+    """A one-line ValueError unless `shape` can hold `source` exactly."""
+    for name in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn"):
+        if getattr(shape, name) < getattr(source, name):
+            raise ValueError(f"the {what}'s {name} ({getattr(shape, name)}) is smaller than the voice's "
+                             f"({getattr(source, name)}): a scaled model must be at least as large")
+    if shape.hidden % source.hidden:
+        raise ValueError(f"hidden {shape.hidden} is not a multiple of the voice's {source.hidden}")
+    if shape.heads % shape.kv_heads:
+        raise ValueError(f"{shape.heads} heads do not divide into {shape.kv_heads} KV heads")
+    if shape.heads // shape.kv_heads < source.heads // source.kv_heads:
+        raise ValueError(f"{shape.heads // shape.kv_heads} query heads a KV head cannot hold the voice's "
+                         f"{source.heads // source.kv_heads}")
+    if shape.head_dim % source.head_dim or (shape.head_dim // source.head_dim) & (shape.head_dim // source.head_dim - 1):
+        raise ValueError(f"head_dim {shape.head_dim} is not the voice's {source.head_dim} times a power of two")
+
+
+def spread(d: int, big: int, dtype=torch.float64) -> torch.Tensor:
+    """Q [big, d]: orthonormal columns with disjoint supports, column i spread over rows i·r … i·r + r - 1."""
+    r = big // d
+    q = torch.zeros(big, d, dtype=dtype)
+    for i in range(d):
+        q[i * r:(i + 1) * r, i] = 1 / math.sqrt(r)
+    return q
+
+
+def layer_positions(source_layers: int, layers: int) -> list[int]:
+    """Where the voice's layers stand in the deeper model: spread evenly, first and last kept."""
+    if source_layers == 1:
+        return [0]
+    return [round(i * (layers - 1) / (source_layers - 1)) for i in range(source_layers)]
+
+
+def head_dims(source_dim: int, dim: int) -> torch.Tensor:
+    """Target dims of source q/k dims in the rotate-half layout: pair j (dims j, j + h/2) at pair s·j."""
+    step, half = dim // source_dim, source_dim // 2
+    j = torch.arange(source_dim)
+    return torch.where(j < half, step * j, dim // 2 + step * (j - half))
+
+
+class Scaler:
+    """The maps for one (source shape, target shape) pair; every method returns float64 tensors."""
+
+    def __init__(self, source: Shape, shape: Shape, generator: torch.Generator):
+        self.source, self.shape, self.gen = source, shape, generator
+        self.q = spread(source.hidden, shape.hidden)
+        self.factor = math.sqrt(source.hidden / shape.hidden)  # sqrt(d / D)
+        self.positions = layer_positions(source.layers, shape.layers)
+
+    def noise(self, *size: int, scale: float = 0.02) -> torch.Tensor:
+        return torch.randn(*size, generator=self.gen, dtype=torch.float64) * scale
+
+    def reader(self, w: torch.Tensor) -> torch.Tensor:  # reads a normed state: W Qᵀ sqrt(d/D)
+        return w.double() @ self.q.T * self.factor
+
+    def writer(self, w: torch.Tensor) -> torch.Tensor:  # writes to the stream: Q W
+        return self.q @ w.double()
+
+    def norm(self, gamma: torch.Tensor) -> torch.Tensor:
+        return gamma.double().repeat_interleave(self.shape.hidden // self.source.hidden)
+
+    def orthogonal(self, rows: int, scale: float) -> torch.Tensor:
+        """Random rows orthogonal to span(Q)."""
+        g = self.noise(rows, self.shape.hidden, scale=scale)
+        return g - (g @ self.q) @ self.q.T
+
+    def head(self, w: torch.Tensor) -> torch.Tensor:
+        """The head as a reader, made dense by a component the normed state never has."""
+        scale = float(w.double().std()) * self.factor
+        return self.reader(w) + self.orthogonal(w.shape[0], scale)
+
+    def attention(self, get) -> dict[str, torch.Tensor]:
+        """One layer's attention (`get(name)` gives the source tensor of `self_attn.<name>`)."""
+        src, dst = self.source, self.shape
+        sh, dh = src.head_dim, dst.head_dim
+        dims = head_dims(sh, dh)
+        q_scale = math.sqrt(dh / sh)
+        wq = self.noise(dst.heads * dh, dst.hidden)
+        wk = self.noise(dst.kv_heads * dh, dst.hidden)
+        wv = self.noise(dst.kv_heads * dh, dst.hidden)
+        wo = torch.zeros(dst.hidden, dst.heads * dh, dtype=torch.float64)
+        q_src, k_src, v_src = (self.reader(get(n)) for n in ("q_proj", "k_proj", "v_proj"))
+        o_src = self.writer(get("o_proj"))
+        group, big_group = src.heads // src.kv_heads, dst.heads // dst.kv_heads
+        for kv in range(src.kv_heads):
+            rows = kv * dh + dims
+            wk[kv * dh:(kv + 1) * dh] = 0
+            wk[rows] = k_src[kv * sh:(kv + 1) * sh]
+            wv[kv * dh:(kv + 1) * dh] = 0
+            wv[kv * dh:kv * dh + sh] = v_src[kv * sh:(kv + 1) * sh]
+        for h in range(src.heads):
+            t = (h // group) * big_group + h % group  # the same KV head in the new layout
+            wq[t * dh:(t + 1) * dh] = 0
+            wq[t * dh + dims] = q_src[h * sh:(h + 1) * sh] * q_scale
+            wo[:, t * dh:t * dh + sh] = o_src[:, h * sh:(h + 1) * sh]
+        return {"q_proj": wq, "k_proj": wk, "v_proj": wv, "o_proj": wo}
+
+    def mlp(self, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, width: int) -> dict[str, torch.Tensor]:
+        extra = width - gate.shape[0]
+        return {"gate_proj": torch.cat([self.reader(gate), self.noise(extra, self.shape.hidden)]),
+                "up_proj": torch.cat([self.reader(up), self.noise(extra, self.shape.hidden)]),
+                "down_proj": torch.cat([self.writer(down), torch.zeros(self.shape.hidden, extra, dtype=torch.float64)], 1)}
+
+    def identity_layer(self, prefix: str, width: int) -> dict[str, torch.Tensor]:
+        """A layer that writes nothing to the stream (any weights, zero o_proj and down_proj)."""
+        dst = self.shape
+        return {f"{prefix}input_layernorm.weight": torch.ones(dst.hidden, dtype=torch.float64),
+                f"{prefix}post_attention_layernorm.weight": torch.ones(dst.hidden, dtype=torch.float64),
+                f"{prefix}self_attn.q_proj.weight": self.noise(dst.heads * dst.head_dim, dst.hidden),
+                f"{prefix}self_attn.k_proj.weight": self.noise(dst.kv_heads * dst.head_dim, dst.hidden),
+                f"{prefix}self_attn.v_proj.weight": self.noise(dst.kv_heads * dst.head_dim, dst.hidden),
+                f"{prefix}self_attn.o_proj.weight": torch.zeros(dst.hidden, dst.heads * dst.head_dim, dtype=torch.float64),
+                f"{prefix}mlp.gate_proj.weight": self.noise(width, dst.hidden),
+                f"{prefix}mlp.up_proj.weight": self.noise(width, dst.hidden),
+                f"{prefix}mlp.down_proj.weight": torch.zeros(dst.hidden, width, dtype=torch.float64)}
+
+    def block(self, sd: dict, src_prefix: str, prefix: str, width: int, attention: bool = True) -> dict:
+        """One source block (LLaMA names under `src_prefix`) as a block of the new shape under `prefix`."""
+        out = {f"{prefix}post_attention_layernorm.weight": self.norm(sd[f"{src_prefix}post_attention_layernorm.weight"])}
+        if attention:
+            out[f"{prefix}input_layernorm.weight"] = self.norm(sd[f"{src_prefix}input_layernorm.weight"])
+            attn = self.attention(lambda n: sd[f"{src_prefix}self_attn.{n}.weight"])
+            out.update({f"{prefix}self_attn.{n}.weight": w for n, w in attn.items()})
+        mlp = self.mlp(*(sd[f"{src_prefix}mlp.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")), width)
+        out.update({f"{prefix}mlp.{n}.weight": w for n, w in mlp.items()})
+        return out
+
+    def target(self, sd: dict) -> dict[str, torch.Tensor]:
+        """A LlamaForCausalLM state dict of the source shape -> the new shape (untied head)."""
+        embed = sd["model.embed_tokens.weight"]
+        out = {"model.embed_tokens.weight": embed.double() @ self.q.T,
+               "model.norm.weight": self.norm(sd["model.norm.weight"]),
+               "lm_head.weight": self.head(sd.get("lm_head.weight", embed))}
+        placed = dict(zip(self.positions, range(self.source.layers)))
+        for layer in range(self.shape.layers):
+            prefix = f"model.layers.{layer}."
+            if layer in placed:
+                out.update(self.block(sd, f"model.layers.{placed[layer]}.", prefix, self.shape.ffn))
+            else:
+                out.update(self.identity_layer(prefix, self.shape.ffn))
+        return out
+
+    def eagle(self, tensors: dict, feature_layers: tuple[int, ...], mlp_width: int) -> dict[str, torch.Tensor]:
+        """An EAGLE draft's tensors (`runtime/lm/eagle.py`'s names) for the scaled target."""
+        d, big = self.source.hidden, self.shape.hidden
+        fc = tensors["fc.weight"].double()
+        out = {"fc.weight": torch.cat([self.q @ fc[:, :d] @ self.q.T * self.factor, self.q @ fc[:, d:] @ self.q.T], 1),
+               "norm.weight": self.norm(tensors["norm.weight"])}
+        if "fuse.weight" in tensors:
+            fuse, parts = tensors["fuse.weight"].double(), len(feature_layers) + 1
+            out["fuse.weight"] = torch.cat([self.q @ fuse[:, i * d:(i + 1) * d] @ self.q.T for i in range(parts)], 1)
+        attention = any(k.startswith("block.self_attn.") for k in tensors)
+        out.update(self.block(tensors, "block.", "block.", mlp_width, attention))
+        return out
+
+
+def scale_config(config: dict, shape: Shape, source: Shape, dtype: str) -> dict:
+    new = {**config, "hidden_size": shape.hidden, "num_hidden_layers": shape.layers,
+           "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+           "intermediate_size": shape.ffn, "tie_word_embeddings": False, "dtype": dtype,
+           "rms_norm_eps": config["rms_norm_eps"] * source.hidden / shape.hidden}
+    return new
+
+
+def source_folders(source: str) -> dict[str, Path]:
+    """The voice's expanded folders: the built-in voice, or a voice pack folder expanded into the cache."""
+    if source == "builtin":
+        from pcgtts.builtin import trained_voice
+
+        paths = trained_voice()
+        if paths is None:
+            raise ValueError("this install has no trained built-in voice to scale (pcgtts/voice is empty)")
+        return {k: Path(v) for k, v in vars(paths).items() if v}
+    pack = Path(source)
+    if (pack / "target" / "config.json").is_file():  # already expanded
+        return {name: pack / name for name in ("target", "draft", "codec")} | {"groups": pack / "groups.pcg"}
+    if not (pack / "voice.json").is_file():
+        raise ValueError(f"--from {source}: neither 'builtin', a voice folder (voice.json) nor an expanded one")
+    from pcgtts.runtime.files import cache_root
+    from pcgtts.train.package import expand_voice
+
+    return {k: Path(v) for k, v in expand_voice(pack, cache_root() / f"scale-src-{pack.resolve().name}").items()}
+
+
+def write_lm(src: Path, out: Path, scaler: Scaler, dtype: torch.dtype, dtype_name: str) -> None:
+    """A LlamaForCausalLM folder scaled into `out` (weights, config, tokenizer files)."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((src / "config.json").read_text())
+    source = source_shape(config)
+    sd = load_file(str(src / "model.safetensors"))
+    tensors = {k: v.to(dtype).contiguous() for k, v in scaler.target(sd).items()}
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(scale_config(config, scaler.shape, source, dtype_name), indent=2) + "\n")
+    for name in COPIED:
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
+
+
+def write_eagle(src: Path, out: Path, scaler: Scaler, fingerprint: str) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), "pt") as f:
+        meta = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    layers = tuple(int(x) for x in meta["feature_layers"].split(",")) if meta.get("feature_layers") else ()
+    width = int(meta.get("intermediate_size") or scaler.source.ffn)
+    if width == scaler.source.ffn:  # "the target's width": the scaled target's
+        width = scaler.shape.ffn
+        meta["intermediate_size"] = str(width)
+    scaled = {k: v.to(torch.float32).contiguous() for k, v in scaler.eagle(tensors, layers, width).items()}
+    if layers:
+        meta["feature_layers"] = ",".join(str(scaler.positions[i]) for i in layers)
+    meta["target_fingerprint"] = fingerprint
+    meta.pop("acceptance", None)  # measured on the voice; the scaled draft proposes the same, but say nothing unmeasured
+    save_file(scaled, str(out), metadata=meta)
+
+
+def speech_fingerprint(target: Path) -> str:
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+
+    return load_speech_embeddings(target)[2]
+
+
+def scale_voice(source: str, shape: Shape, out: Path, dtype_name: str = "float32", seed: int = 0,
+                progress=lambda what: None) -> Path:
+    """Writes the scaled voice into `out` (staged beside it, renamed at the end); returns `out`."""
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE
+
+    out = Path(out)
+    if out.exists():
+        raise ValueError(f"--out {out} exists: give a new folder (nothing is overwritten)")
+    folders = source_folders(source)
+    config = json.loads((folders["target"] / "config.json").read_text())
+    src_shape = source_shape(config)
+    check_shape(src_shape, shape)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
+    stage = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    try:
+        gen = torch.Generator().manual_seed(seed)
+        scaler = Scaler(src_shape, shape, gen)
+        progress("target")
+        write_lm(folders["target"], stage / "target", scaler, dtype, dtype_name)
+        fingerprint = speech_fingerprint(stage / "target")
+        if (folders["target"] / EAGLE_FILE).is_file():
+            progress("EAGLE draft")
+            write_eagle(folders["target"] / EAGLE_FILE, stage / "target" / EAGLE_FILE, scaler, fingerprint)
+        progress("drafts and codec")
+        shutil.copytree(folders["draft"], stage / "draft")
+        draft_config = json.loads((folders["draft"] / "config.json").read_text())
+        subset = replace(shape, layers=draft_config["num_hidden_layers"])
+        write_lm(folders["draft"], stage / "draft-subset", Scaler(source_shape(draft_config), subset, gen),
+                 dtype, dtype_name)
+        shutil.copytree(folders["codec"], stage / "codec")
+        table = GroupTable.load(folders["groups"])
+        table.with_model(table.speech_offset, table.vocab_size, fingerprint).save(stage / "groups.pcg")
+        (stage / "SCALED.json").write_text(json.dumps({
+            "what": STANDIN_NOTICE, "source": str(source), "shape": vars(shape), "dtype": dtype_name, "seed": seed,
+            "source_layers_at": scaler.positions}, indent=2) + "\n")
+        stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return out
