@@ -239,3 +239,30 @@ def factorised_target(tiny_lms, tmp_path_factory):
     assert "lm_head.weight" not in state  # tied: the head is these rows
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+# --- shared by the tests of edges: a synthesizer that never stops, and a guard against loading -------
+
+@pytest.fixture(scope="module")
+def tiny_synth(tiny_lm_factory, demo_codec_dir):
+    """A tiny target (512 speech tokens) + the tiny codec, plain AR, never stopping on its own."""
+    from pcgtts import Synthesizer
+    from pcgtts.runtime.config import SynthesisConfig
+
+    config = SynthesisConfig(seed=0, min_tokens=30, tokens_per_char=1.0)
+    return Synthesizer.from_pretrained(tiny_lm_factory(), codec=demo_codec_dir, policy="ar", max_length=256,
+                                       config=config)
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Fail the test if a command gets as far as loading or making models."""
+    import pcgtts.builtin
+    from pcgtts.runtime import synthesizer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("models were loaded before the bad input was reported")
+
+    monkeypatch.setattr(pcgtts.builtin, "builtin_models", refuse)
+    monkeypatch.setattr(synthesizer.Synthesizer, "load", classmethod(refuse))
+    monkeypatch.setattr("pcgtts.tools.demo.write_demo", refuse)

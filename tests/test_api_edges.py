@@ -11,18 +11,14 @@ import time
 import pytest
 
 from pcgtts import Synthesizer
-from pcgtts.runtime.config import SynthesisConfig
 from pcgtts.runtime.text.script import foreign_script
 
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while, as long texts do." for i in range(40))
 
 
 @pytest.fixture(scope="module")
-def synth(tiny_lm_factory, demo_codec_dir):
-    """A tiny target that never stops on its own, plain AR: every sentence runs to its budget."""
-    config = SynthesisConfig(seed=0, min_tokens=30, tokens_per_char=1.0)
-    return Synthesizer.from_pretrained(tiny_lm_factory(), codec=demo_codec_dir, policy="ar", max_length=256,
-                                       config=config)
+def synth(tiny_synth):
+    return tiny_synth
 
 
 def synthesis_threads() -> list[threading.Thread]:

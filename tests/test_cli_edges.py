@@ -26,20 +26,6 @@ from pcgtts.runtime.audio.playback import FileSink, NullSink
 LOG_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR) \S+: ")  # the CLI's log lines, not its own messages
 
 
-@pytest.fixture
-def no_models(monkeypatch):
-    """Fail the test if a command gets as far as loading or making models."""
-    import pcgtts.builtin
-    from pcgtts.runtime import synthesizer
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("models were loaded before the bad input was reported")
-
-    monkeypatch.setattr(pcgtts.builtin, "builtin_models", refuse)
-    monkeypatch.setattr(synthesizer.Synthesizer, "load", classmethod(refuse))
-    monkeypatch.setattr("pcgtts.tools.demo.write_demo", refuse)
-
-
 def run_cli(argv, capsys) -> tuple[int, str]:
     try:
         code = main([str(a) for a in argv])

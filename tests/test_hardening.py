@@ -12,16 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pcgtts import Synthesizer
-from pcgtts.runtime.config import SynthesisConfig
 
-
-@pytest.fixture(scope="module")
-def tiny_synth(tiny_lm_factory, demo_codec_dir):
-    """A tiny target (512 speech tokens) + the tiny codec, plain AR, never stopping on its own."""
-    config = SynthesisConfig(seed=0, min_tokens=30, tokens_per_char=1.0)
-    return Synthesizer.from_pretrained(tiny_lm_factory(), codec=demo_codec_dir, policy="ar", max_length=256,
-                                       config=config)
 
 
 def workers() -> list[threading.Thread]:
@@ -147,17 +138,6 @@ def test_codec_thread_stops_when_a_chunk_is_refused():
 
 # -- the CLI: one-line errors, before any model is loaded or made -------------------------------
 
-@pytest.fixture
-def no_models(monkeypatch):
-    """Fail the test if a command gets as far as loading or making models."""
-    import pcgtts.builtin
-    from pcgtts.runtime import synthesizer
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("models were loaded before the bad input was reported")
-
-    monkeypatch.setattr(pcgtts.builtin, "builtin_models", refuse)
-    monkeypatch.setattr(synthesizer.Synthesizer, "load", classmethod(refuse))
 
 
 def run_cli(argv, capsys) -> tuple[int, str]:

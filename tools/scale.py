@@ -226,7 +226,7 @@ class Scaler:
 
     def eagle(self, tensors: dict, feature_layers: tuple[int, ...], mlp_width: int) -> dict[str, torch.Tensor]:
         """An EAGLE draft's tensors (`runtime/lm/eagle.py`'s names) for the scaled target."""
-        d, big = self.source.hidden, self.shape.hidden
+        d = self.source.hidden
         fc = tensors["fc.weight"].double()
         out = {"fc.weight": torch.cat([self.q @ fc[:, :d] @ self.q.T * self.factor, self.q @ fc[:, d:] @ self.q.T], 1),
                "norm.weight": self.norm(tensors["norm.weight"])}
