@@ -232,8 +232,8 @@ def encode_corpus(corpus: Path, codec_dir: Path, codes_path: Path, progress=None
 
 def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
                extra: Sequence[tuple[Path, Path]] = ()) -> Path:
-    """An LM run's inputs as one compact file, for a machine with neither the audio nor the codec (a GPU
-    machine's upload budget is 64 MiB): the manifest rows with codes, each utterance's codes as uint16 (half
+    """An LM run's inputs as one compact file, for a machine with neither the audio nor the codec (small
+    enough to copy with the repository): the manifest rows with codes, each utterance's codes as uint16 (half
     of codes.npz's int32) and the codec's config.json. `unpack_codes` rebuilds what `lab lm` reads.
 
     `extra`: further (corpus, codes) pairs encoded with the same codec, e.g. another `lab corpus --seed`

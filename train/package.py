@@ -268,7 +268,7 @@ def read_voice(pack_dir: str | Path, files: tuple[str, ...] | None = None) -> di
 def init_weights(model: torch.nn.Module, pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:
     """Start a lab run from a committed voice's weights (`--init-from`): load `role`
     ("target" or "codec") into `model`; a target must have the same model config. Only that file must be
-    there (a GPU machine is sent what it trains from, under 64 MiB with the data). Returns voice.json."""
+    there, so a GPU machine needs only it and the training data copied to it. Returns voice.json."""
     from safetensors.torch import load_file
 
     meta = read_voice(pack_dir, files=(f"{role}.safetensors",))

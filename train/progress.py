@@ -150,7 +150,7 @@ def resume(ckpt_path: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
 def split_checkpoint(ckpt: Path, out_dir: Path, max_bytes: int = 15 << 20,
                      dtype: torch.dtype | None = None) -> list[Path]:
     """The model-only part of a checkpoint (weights, model config, step; no optimizer) as files of at
-    most `max_bytes` each: how a run on a GPU machine brings its weights back (its file size limit).
+    most `max_bytes` each, so a run's weights can be copied back from a machine that bounds a file's size.
     `dtype`: cast floating-point weights (e.g. float16 to carry them to the next machine in half the size)."""
     state = load_checkpoint(ckpt)
     if dtype is not None:
