@@ -494,8 +494,9 @@ def pack_audio(corpus: str | Path, out: str | Path, max_bytes: int = 30 << 20,
                splits: tuple[str, ...] = ("train", "codec_only"), compression_level: float = 0.96) -> dict:
     """The corpus's audio as Opus (~17 kbps at the default level; STOI of Opus against the FLAC ~0.99) in one
     .npz, at most `max_bytes` of audio (its manifest adds ~300 bytes an utterance): small enough to copy with
-    the repository to a GPU machine that trains the codec (the FLAC corpus is ~10x larger). Utterances are taken round-robin over the speakers of
-    `splits`, each speaker's in id order, until the budget is spent, so a smaller budget keeps every voice."""
+    the repository to a GPU machine that trains the codec (the FLAC corpus is ~10x larger). Utterances are
+    taken round-robin over the speakers of `splits`, each speaker's in id order, until the budget is spent,
+    so a smaller budget keeps every voice."""
     import io
 
     import soundfile as sf
