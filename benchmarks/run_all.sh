@@ -1,24 +1,65 @@
 #!/usr/bin/env bash
-# Re-run every CPU figure in BENCHMARKS.md (about 50 minutes on a 2-core machine; the compiled rows need g++).
-# Output: bench_out/*.log, *.json, *.png. GPU figures: benchmarks/gpu_session.sh on a GPU machine.
+# Re-run the CPU tables of BENCHMARKS.md on this machine, each with the command its rows name.
+#
+#   bash benchmarks/run_all.sh            # about an hour on 2 cores; the compiled rows need g++
+#   bash benchmarks/run_all.sh --help
+#
+# Output in bench_out/: NAME.log for every command; NAME.json for every `pcgtts bench` (its --json
+# report). Each report becomes rows of its BENCHMARKS.md table with the `--add` line the script prints
+# at the end (python tools/results_pages.py --add FILE --table ID --command "..."), which replaces the
+# rows of the same labels, stamps the date and the commit, and rewrites the page. The other scripts'
+# figures (benchmarks/bench_*.py print a table and a last JSON line) go into
+# benchmarks/results/speed.json by hand, with their command. GPU tables: benchmarks/GPU.md.
 set -euo pipefail
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+fi
+if [[ $# -gt 0 ]]; then
+    echo "run_all.sh: unknown argument $1 (see --help)" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
 mkdir -p bench_out
+ADD=()
 run() { local name=$1; shift; echo "== $name: $*"; "$@" 2>&1 | tee "bench_out/$name.log"; }
+# bench NAME TABLE ARGS...: a `pcgtts bench` run whose report is recorded into TABLE
+bench() {
+    local name=$1 table=$2; shift 2
+    run "$name" pcgtts bench "$@" --json "bench_out/$name.json"
+    local args="$*"
+    ADD+=("python tools/results_pages.py --add bench_out/$name.json --table $table --command \"pcgtts bench ${args//$V/V}\"")
+}
 
-run harness_demo  pcgtts bench --runs 1 --warmup 1 --json bench_out/harness_demo.json --plot bench_out/harness_demo.png
-run lm_demo       python benchmarks/bench_lm.py --model demo --tokens 60 --runs 1
-run lm_wide       python benchmarks/bench_lm.py --model wide --tokens 60 --runs 1
-run ort_demo      python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
-run ort_wide      python benchmarks/bench_lm.py --model wide --backends torch,onnxruntime --no-hf --tokens 60 --runs 1 --policies ar,sd,pcg
-run compiled_demo python benchmarks/bench_lm.py --model demo --backends torch,torch-compiled --policies ar,sd,pcg --adaptive --runs 2 --tokens 200
+# The built-in voice: the first speak expands it and exports its graphs (once), V is where.
+run speak pcgtts speak "Hello world" --out bench_out/hello.wav
+V=$(python -c "from pathlib import Path; from pcgtts.builtin import trained_voice; print(Path(trained_voice().target).parent)")
+EAGLE="--target $V/target --codec $V/onnx-int8/codec --groups $V/groups.pcg --eagle pcgtts/voice/eagle_draft.safetensors"
+
+bench builtin_ar       cpu-builtin-int8     --policy ar --runs 3 --warmup 1
+bench builtin_policies cpu-builtin-int8     --policy ar,pcg,eagle-pcg,eagle-sd --draft-length 3 --adaptive --runs 3 --warmup 1 --max-tokens 150
+run   graph_step       python benchmarks/bench_graph_step.py "$V/onnx-int8/target" --taps --rounds 15
+bench compiled         cpu-builtin-compiled $EAGLE --policy ar,eagle-pcg,eagle-sd --adaptive --draft-length 3 --runs 3 --warmup 1 --max-tokens 150 --compile --temperature 0.8
+bench eager            cpu-builtin-eager    $EAGLE --policy ar,eagle-pcg,eagle-sd --adaptive --draft-length 3 --runs 3 --warmup 1 --max-tokens 150 --backend torch --temperature 0.8
+run   lm_builtin       env OMP_NUM_THREADS=1 python benchmarks/bench_lm.py --target "$V/target" --draft "$V/draft" --groups "$V/groups.pcg" \
+                           --eagle pcgtts/voice/eagle_draft.safetensors --policies ar,eagle-pcg,eagle-sd --backends torch-compiled --tokens 150 --runs 3 --no-hf
+run   sampling         python benchmarks/bench_sampling.py "$V/target" --batch 128 --rounds 2
+
+# The demo shape (random weights), next to Hugging Face and llama.cpp.
+run hf_demo       python benchmarks/bench_lm.py --model demo --backends torch,torch-compiled --policies ar,sd,pcg --adaptive --runs 2 --tokens 200
+run ort_demo      python benchmarks/bench_lm.py --model demo --backends torch,onnxruntime --policies ar,sd,pcg --adaptive --runs 2 --tokens 200
+run wide          python benchmarks/bench_lm.py --model wide --backends torch,torch-compiled --policies ar,sd --runs 2 --tokens 100
+run device_loop   python benchmarks/bench_lm.py --model demo --policies ar,sd,pcg --steps-per-sync 0,8 --runs 2 --tokens 100 --no-hf
+run step_sizes    env OMP_NUM_THREADS=1 python benchmarks/bench_step_sizes.py --model demo,wide
 run verify        python benchmarks/bench_verify.py
-run prefix_reuse  python benchmarks/bench_prefix_reuse.py
-run step_sizes    python benchmarks/bench_step_sizes.py --model demo,wide
 run groups        python benchmarks/bench_groups.py
-run streaming     python benchmarks/bench_streaming.py
+run streaming     python benchmarks/bench_streaming.py --tokens 400 --seqs 4
 if python -c "import llama_cpp, gguf" 2>/dev/null; then  # the peer engine: pip install -e ".[peers]"
     run llama_cpp python benchmarks/bench_llama_cpp.py --model demo
 else
     echo "== llama_cpp: skipped (pip install -e \".[peers]\" for the llama.cpp rows)"
 fi
+
+echo
+echo "== To record the pcgtts bench reports as rows of BENCHMARKS.md:"
+printf '%s\n' "${ADD[@]}"

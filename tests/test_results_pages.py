@@ -5,6 +5,7 @@ becomes rows of a table."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -63,3 +64,50 @@ def test_a_record_without_its_command_is_refused_in_one_line():
                      "commit": "abcdef1", "cmd": "B"}]}]}
     with pytest.raises(ValueError, match="command 'B' is not in the table's commands"):
         results_pages.validate(doc, "doc")
+
+
+def test_an_eval_results_file_becomes_rows_with_intervals_in_percent(tmp_path):
+    root = copy_of_the_tree(tmp_path)
+    est = lambda mean, half: {"mean": mean, "low": mean - half, "high": mean + half, "n": 60}  # noqa: E731
+    result = {"mode": "synth", "summaries": [
+        {"case": "ar", "baseline": "ar", "utterances": 60, "speedup_vs_ar": 1.0, "wer": est(0.235, 0.05)},
+        {"case": "eagle-pcg L=3", "baseline": "ar", "utterances": 60, "speedup_vs_ar": 1.2, "acceptance_rate": 0.44,
+         "wer": est(0.232, 0.05), "delta_wer": est(-0.004, 0.046), "delta_cer": est(-0.002, 0.03),
+         "delta_sim": est(-0.001, 0.006)}]}
+    (root / "run").mkdir()
+    (root / "run" / "results.json").write_text(json.dumps(result))
+    results_pages.add_file(root, root / "run", "builtin-rules", "pcgtts eval --mode synth --policies ar,eagle-pcg",
+                           "2026-11-28", "abcdef1")
+    table = next(t for t in results_pages.load(root / "benchmarks/results/quality.json")["tables"]
+                 if t["id"] == "builtin-rules")
+    row = next(r for r in table["rows"] if r["label"] == "eagle-pcg L=3")
+    assert row["figures"]["d_wer"] == {"mean": -0.4, "pm": 4.6}
+    assert row["figures"]["d_cer"] == {"mean": -0.2, "pm": 3.0}
+    assert row["baseline"] == "ar in the same run"
+    results_pages.write_files(root)
+    assert "-0.4 ± 4.6" in (root / "QUALITY.md").read_text()
+
+
+@pytest.mark.parametrize("argv", [["--table", "cpu-builtin-int8"], ["--command", "x"], ["--add", "f.json"],
+                                  ["--add", "f.json", "--table", "t", "--command", "c", "--check"]])
+def test_flags_that_would_be_ignored_are_refused_before_any_work(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        results_pages.main(argv)
+    assert stop.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_a_missing_run_file_is_a_one_line_error_and_changes_nothing(tmp_path, capsys):
+    root = copy_of_the_tree(tmp_path)
+    before = (root / "benchmarks/results/speed.json").read_text()
+    code = results_pages.main(["--root", str(root), "--add", str(root / "none.json"), "--table", "cpu-builtin-int8",
+                               "--command", "pcgtts bench"])
+    assert code == 2 and capsys.readouterr().err.count("\n") == 1
+    assert (root / "benchmarks/results/speed.json").read_text() == before
+
+
+def test_the_pages_and_records_speak_of_the_measurements_not_of_how_the_work_was_scheduled():
+    words = r"\bsession \d|\blease|\blent\b|\bVM\b|\bissue \d|§\s?\d|this task"
+    for path in [p.path for p in results_pages.PAGES] + [p.data for p in results_pages.PAGES] \
+            + [p.method for p in results_pages.PAGES] + [results_pages.CARD, Path("train/DATA_CARD.md")]:
+        found = re.findall(words, (ROOT / path).read_text(), flags=re.IGNORECASE)
+        assert not found, f"{path}: {found}"

@@ -309,7 +309,8 @@ def rows_from_eval(result: dict) -> list[dict]:
                    "accept": _round(s.get("acceptance_rate")), "mean_len": _round(s.get("mean_accepted_length")),
                    "wer": _estimate(s.get("wer"), 100), "cer": _estimate(s.get("cer"), 100),
                    "sim": _estimate(s.get("sim")), "stoi": _estimate(s.get("stoi")), "mcd": _estimate(s.get("mcd")),
-                   "d_wer": _estimate(s.get("delta_wer"), 100), "d_sim": _estimate(s.get("delta_sim"))}
+                   "d_wer": _estimate(s.get("delta_wer"), 100), "d_cer": _estimate(s.get("delta_cer"), 100),
+                   "d_sim": _estimate(s.get("delta_sim"))}
         baseline = s.get("baseline")
         rows.append({"label": s["case"], "figures": {k: v for k, v in figures.items() if v is not None},
                      "baseline": f"{baseline} in the same run" if baseline and baseline != s["case"] else "itself"})
