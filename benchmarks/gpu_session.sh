@@ -2,8 +2,14 @@
 # Everything this project checks on an NVIDIA GPU, in one go (any CUDA machine with torch works;
 # benchmarks/GPU.md says what to run first and each step's time and size budget). Wheels carried in .whl/ (e.g. a newer transformers) are
 # installed to /tmp/site first. Results: $OUT (or ./gpu_out) holds one log per step.
+# The training steps (codec, lab, labs, eagle) run within a budget given as inputs: MINUTES (or the eagle
+# step's EAGLE_DEADLINE_MINUTES) of wall-clock time, and for results that are copied back under limits,
+# at most RESULT_FILES files at the top of $OUT (default 8) of at most PART_MIB MiB each (default 15):
+# weights and large files are split into parts of that size.
 set -uo pipefail
 OUT=${OUT:-gpu_out}
+RESULT_FILES=${RESULT_FILES:-8}
+PART_MIB=${PART_MIB:-15}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -54,18 +60,19 @@ if [ "$step" = scaled ]; then
 fi
 if [ "$step" = eagle ]; then
     # EAGLE drafts for the built-in voice's target trained here (not part of "all"): EAGLE_RUNS="name:flags;name:flags",
-    # the flags `pcgtts heads eagle`'s; the sentences file is carried (.carry/eagle_sentences.txt: no fortunes
-    # package there). The first run samples the on-policy sequences (EAGLE_SAMPLE_BATCH at once); each later run
-    # starts once the first has them (its train config written) and reads a copy. What comes back is what the
-    # small results budget allows (8 files, 16 MiB each, two folders down at most): $OUT/<name>.safetensors (the draft)
+    # the flags `pcgtts heads eagle`'s; the sentences file is copied with the tree (EAGLE_SENTENCES, default
+    # .carry/eagle_sentences.txt: a GPU machine may lack the fortunes package). The first run samples the
+    # on-policy sequences (EAGLE_SAMPLE_BATCH at once); each later run starts once the first has them (its
+    # train config written) and reads a copy. $OUT holds, within the results budget (RESULT_FILES, PART_MIB):
+    # $OUT/<name>.safetensors (the draft)
     # and $OUT/<name>.log per run, and eagle.log (every run's tail); work folders, checkpoints and the
     # sequences stay in $EAGLE_WORK. Sampling that cannot finish within the time budget, and a
-    # sequences file too large to bring back, would waste the run, hence:
+    # sequences file too large to copy back, would waste the run, hence:
     # - a probe first: one batch sampled and timed (benchmarks/bench_sampling.py), which sizes the sampling;
     # - one deadline for the whole step, EAGLE_DEADLINE_MINUTES (default 8.5) from its start: every run is ended
     #   then, and each run's training is given the time up to it (below), so that it ends on its own and writes
     #   its draft (a run the deadline ends returns its last checkpoint instead);
-    # - the sequences come back split into parts, when the 8 files that come back leave room for them.
+    # - the sequences go to $OUT split into parts, when RESULT_FILES leaves room for them.
     # Measured on an H100: 14,000 sequences sampled in 48 s; their states then took ~2 min, one
     # sequence a pass (since then STATE_BATCH a pass); run a (batch 32) trained 8,135 steps in 3.6 min and is the
     # built-in voice's draft; a second run beside it only slowed both. On an H200: that
@@ -125,24 +132,23 @@ PY
         # a run the deadline ended: its last checkpoint instead of the draft
         [ -f "$OUT/$name.safetensors" ] || cp "$work/$name/work/eagle_checkpoint.pt" "$OUT/$name.checkpoint.pt" 2>/dev/null
     done
-    # the sampled sequences come back in parts under the results budget's 16 MiB a file (cat them together),
-    # unless they would push $OUT past the tool's 8 files, which would leave out files the drafts may be
-    # among: then they stay in $EAGLE_WORK
-    split -b 15M -d "$work/$first/work/sequences.npz" "$work/sequences.npz.part"
+    # the sampled sequences go to $OUT in parts of PART_MIB (cat them together), unless they would push $OUT
+    # past RESULT_FILES files, which could crowd out the drafts: then they stay in $EAGLE_WORK
+    split -b "${PART_MIB}M" -d "$work/$first/work/sequences.npz" "$work/sequences.npz.part"
     parts=("$work"/sequences.npz.part*)
     if [ ! -e "${parts[0]}" ]; then
         echo "eagle: no sequences to return" | tee -a "$OUT/eagle.log"
-    elif [ $(( $(find "$OUT" -maxdepth 1 -type f | wc -l) + ${#parts[@]} )) -le 8 ]; then
+    elif [ $(( $(find "$OUT" -maxdepth 1 -type f | wc -l) + ${#parts[@]} )) -le "$RESULT_FILES" ]; then
         mv "${parts[@]}" "$OUT/"
     else
-        echo "eagle: the sequences ($((${#parts[@]})) parts) stay in $work: they would exceed the 8 files that come back" | tee -a "$OUT/eagle.log"
+        echo "eagle: the sequences ($((${#parts[@]})) parts) stay in $work: they would exceed RESULT_FILES ($RESULT_FILES) files in $OUT" | tee -a "$OUT/eagle.log"
     fi
     ls -la "$OUT" | tee -a "$OUT/eagle.log"
 fi
 if [ "$step" = codec ]; then
     # The lab's codec trained here (not part of "all"): one run of `pcgtts lab codec` for at most MINUTES
     # (default 8), resumed when called again on the same machine. Its inputs are copied with the tree
-    # (.carry/audio.npz and .whl/; 64 MiB in all, budget below):
+    # (.carry/audio.npz and .whl/; sizes below):
     # - CODEC_PACK (default .carry/audio.npz): `pcgtts.train.corpus.pack_audio`'s Opus pack of the corpus;
     #   decoding it needs soundfile, carried as wheels in .whl/ (soundfile, cffi, pycparser for cp312);
     # - CODEC_ARGS: the run's flags, e.g. "--acoustic --init-from pcgtts/voice --steps 30000 --lr 3e-4" (the
@@ -150,12 +156,12 @@ if [ "$step" = codec ]; then
     # - CODEC_INIT (optional): a folder of `split_checkpoint` parts (float16, 15 MB for the lab's codec) of a
     #   run to go on from instead, joined into a model-only checkpoint (fresh AdamW moments; the step and the lr
     #   schedule go on; CODEC_ARGS must then match its model flags).
-    # Budget: the tree is 35.7 MiB, so carry [".carry/audio.npz", ".whl"] with a pack of 24 MB (max_bytes
-    # 24_000_000: ~3 h of the corpus and its voice bank, every training voice) and the wheels (1.5 MiB).
+    # Sizes: the tree is 35.7 MiB, a pack of 24 MB (pack_audio's max_bytes 24_000_000) holds ~3 h of the corpus
+    # and its voice bank (every training voice), the wheels are 1.5 MiB.
     # The weights come back as float16 parts in $OUT/codec (join_checkpoint, then `lab codec --steps <step>`
-    # exports them), with codec.log and loss.png; held-out figures are measured on the CPU machine (no
-    # PocketSphinx or pystoi here). The machine's own transformers (5.17) has Xcodec2Model: the lab codec's
-    # tests pass with it (and huggingface_hub 1.33) on the CPU machine, so no transformers wheel is carried.
+    # exports them), with codec.log and loss.png; held-out figures are measured on a CPU machine (they need
+    # PocketSphinx and pystoi). transformers 5.17 has Xcodec2Model and the lab codec's tests pass with it (and
+    # huggingface_hub 1.33), so a GPU machine with that transformers needs no transformers wheel in .whl/.
     work=${CODEC_WORK:-/tmp/codec}
     [ -f "$work/corpus/manifest.jsonl" ] || python3 -c "from pcgtts.train.corpus import unpack_audio; \
         print(unpack_audio('${CODEC_PACK:-.carry/audio.npz}', '$work/corpus'))" || exit 1
@@ -170,7 +176,7 @@ if [ "$step" = codec ]; then
         --checkpoint-minutes 100 --max-minutes "${MINUTES:-8}" ${CODEC_ARGS:-} >"$OUT/codec.log" 2>&1
     tail -c 3000 "$OUT/codec.log" | tr '\r' '\n' | grep -av "^\s*$" | tail -12
     python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; \
-        split_checkpoint('$work/run/checkpoint.pt', '$OUT/codec', dtype=torch.float16)"
+        split_checkpoint('$work/run/checkpoint.pt', '$OUT/codec', max_bytes=$PART_MIB << 20, dtype=torch.float16)"
     cp "$work/run/loss.png" "$OUT/" 2>/dev/null
 fi
 if [ "$step" = lab ]; then  # one run, named lm: the labs step below with LAB_ARGS as its flags
@@ -181,8 +187,8 @@ if [ "$step" = labs ]; then
     # The lab's target LM trained here (not part of "all"), several runs side by side on the one GPU (one
     # run's host-side batch building leaves most of an H100 idle): LAB_RUNS="name:flags;name:flags", the
     # flags `pcgtts lab lm`'s (e.g. "--size small --steps 4000 --align-weight 2"; batch 64 unless given).
-    # LAB_PACK (default .carry/lab.npz) is `pcgtts.train.lm.pack_codes`'s file, made on the CPU machine and
-    # copied with the tree (.carry/lab.npz). Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
+    # LAB_PACK (default .carry/lab.npz) is `pcgtts.train.lm.pack_codes`'s file, made on a CPU machine and
+    # copied with the tree. Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
     # called again on the same machine; its weights come back as float16 parts in $OUT/<name>
     # (join_checkpoint), every run's log tail in $OUT/labs.log.
     [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('${LAB_PACK:-.carry/lab.npz}', '/tmp/lab')" || exit 1
@@ -199,6 +205,6 @@ if [ "$step" = labs ]; then
     for run in "${runs[@]}"; do
         name=${run%%:*}
         { echo "== $name: ${run#*:}"; grep -E "heldout|stopping|conditioning|Error" "/tmp/lab/$name.log" | tail -4; } | tee -a "$OUT/labs.log"
-        python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; split_checkpoint('/tmp/lab/$name/checkpoint.pt', '$OUT/$name', dtype=torch.float16)"
+        python3 -c "import torch; from pcgtts.train.progress import split_checkpoint; split_checkpoint('/tmp/lab/$name/checkpoint.pt', '$OUT/$name', max_bytes=$PART_MIB << 20, dtype=torch.float16)"
     done
 fi
