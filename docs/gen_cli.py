@@ -3,6 +3,7 @@
     python docs/gen_cli.py            # write docs/cli.md
     python docs/gen_cli.py --check    # exit 1 when docs/cli.md differs from what the parsers give
 
+It is also mkdocs.yml's hook: `mkdocs build` fails when docs/cli.md is stale, and
 tests/test_docs_site.py runs the check, so the reference cannot drift from `--help`.
 """
 
@@ -36,26 +37,45 @@ def sections(parser: argparse.ArgumentParser, words: tuple[str, ...], depth: int
 
 
 def reference() -> str:
-    os.environ["COLUMNS"] = WIDTH
+    """The whole page: every command's `--help` at a fixed width, whatever the terminal's."""
     from pcgtts.cli import build_parser
 
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = WIDTH
+    try:
+        body = sections(build_parser(), ())
+    finally:
+        if before is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = before
     head = ["# Command-line reference", "",
             "Generated from the parsers by `python docs/gen_cli.py`: every command's `--help`, as printed.", ""]
-    return "\n".join(head + sections(build_parser(), ())).rstrip() + "\n"
+    return "\n".join(head + body).rstrip() + "\n"
+
+
+def is_current() -> bool:
+    return OUT.is_file() and OUT.read_text() == reference()
+
+
+def on_pre_build(config, **kwargs) -> None:
+    """mkdocs hook: refuse to build the site from a stale command-line reference."""
+    from mkdocs.exceptions import PluginError
+
+    if not is_current():
+        raise PluginError("docs/cli.md differs from the parsers: run python docs/gen_cli.py")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python docs/gen_cli.py", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when docs/cli.md is stale")
     args = ap.parse_args(argv)
-    text = reference()
     if args.check:
-        current = OUT.read_text() if OUT.is_file() else ""
-        if current != text:
+        if not is_current():
             print("docs/cli.md differs from the parsers: run python docs/gen_cli.py", file=sys.stderr)
             return 1
         return 0
-    OUT.write_text(text)
+    OUT.write_text(reference())
     print(f"wrote {OUT}")
     return 0
 

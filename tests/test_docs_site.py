@@ -3,10 +3,12 @@ navigation names exists (`mkdocs build --strict` in .ci/run checks links and sni
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,3 +25,26 @@ def test_every_page_in_the_navigation_exists_and_every_page_is_in_it():
     named = {next(iter(entry.values())) for entry in nav}
     pages = {p.name for p in (ROOT / "docs").glob("*.md")}
     assert named == pages
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("gen_cli", ROOT / "docs" / "gen_cli.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_site_build_refuses_a_stale_command_line_reference(tmp_path, monkeypatch):
+    from mkdocs.exceptions import PluginError
+
+    gen_cli = load_generator()
+    stale = tmp_path / "cli.md"
+    stale.write_text((ROOT / "docs" / "cli.md").read_text() + "a line the parsers never print\n")
+    monkeypatch.setattr(gen_cli, "OUT", stale)
+    with pytest.raises(PluginError, match="differs from the parsers"):
+        gen_cli.on_pre_build(config=None)
+
+
+def test_mkdocs_runs_the_reference_check_as_a_hook():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text().split("\nnav:")[0])
+    assert "docs/gen_cli.py" in config["hooks"]
