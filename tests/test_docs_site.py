@@ -4,6 +4,7 @@ navigation names exists (`mkdocs build --strict` in .ci/run checks links and sni
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,16 @@ def test_the_site_build_refuses_a_stale_command_line_reference(tmp_path, monkeyp
 def test_mkdocs_runs_the_reference_check_as_a_hook():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text().split("\nnav:")[0])
     assert "docs/gen_cli.py" in config["hooks"]
+
+
+def test_the_readme_is_short_and_every_line_fits():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250
+    assert [n for n, line in enumerate(lines, 1) if len(line) > 200] == []
+
+
+def test_every_relative_link_in_the_readme_and_the_changelog_names_a_file_that_exists():
+    for name in ("README.md", "CHANGELOG.md"):
+        targets = re.findall(r"\]\(([^)#\s]+)", (ROOT / name).read_text())
+        local = [t for t in targets if "://" not in t]
+        assert [t for t in local if not (ROOT / t).exists()] == [], name
