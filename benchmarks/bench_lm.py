@@ -16,6 +16,8 @@ models' forward passes.
     python benchmarks/bench_lm.py --model demo --backends torch,torch-compiled     # + steps through torch.compile
     python benchmarks/bench_lm.py --target LAB/v0/target --draft LAB/v0/draft --groups LAB/v0/groups.pcg \
         --backends torch,torch-full-head       # a trained pair; its digit head vs the same head row by row
+    python benchmarks/bench_lm.py --target S/target --draft S/draft --groups S/groups.pcg \
+        --eagle S/target/eagle_draft.safetensors --policies ar,sd,pcg,eagle-pcg  # S from `pcgtts models scale`
 """
 
 from __future__ import annotations
@@ -118,6 +120,12 @@ def run_hf(hf_target, hf_draft, prompt, tokens, seed, device):
     return out.shape[1] - ids.shape[1], time.perf_counter() - t0
 
 
+def scaled_note(target_dir: Path) -> str | None:
+    """What a `pcgtts models scale` folder's models are (its SCALED.json), so the table says so."""
+    record = target_dir.parent / "SCALED.json"
+    return json.loads(record.read_text())["what"] if record.is_file() else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=sorted(SHAPES), default="demo")
@@ -157,6 +165,7 @@ def main() -> int:
         target_dir, draft_dir, args.model = Path(args.target), Path(args.draft), Path(args.target).parent.name
     else:
         target_dir, draft_dir = make_models(args.model, Path(args.cache))
+    note = scaled_note(target_dir)
     tok = None
     t0 = time.perf_counter()
     if args.groups:
@@ -261,6 +270,8 @@ def main() -> int:
     print(f"\n{args.model} on {args.device} ({args.dtype}), {args.tokens} tokens x {args.runs} runs, "
           f"L={args.draft_length}, theta={groups.theta}: {groups.num_groups} groups, "
           f"mean size {groups.stats['mean_group_size']:.1f}")
+    if note:
+        print(f"{args.model}: {note}")
     print(f"{'impl':13s} {'policy':8s} {'tok/s':>8s} {'x ours-ar':>9s} {'x hf-gen':>8s} {'x hf-asst':>9s} "
           f"{'tgt fwd/tok':>11s} {'accept':>7s} {'mean len':>8s} {'ms/step':>8s} {'outside':>8s}")
     for r in rows:
@@ -273,7 +284,7 @@ def main() -> int:
               f"{fmt('mean_accepted_length', '8.2f')} {fmt('ms_per_step', '8.2f')} {fmt('outside_forward_share', '8.1%')}")
     for f in failed:
         print(f"{'ours':13s} {f['policy']:8s} failed: {f['error']}")
-    print(json.dumps({"model": args.model, "device": args.device, "dtype": args.dtype, "tokens": args.tokens,
+    print(json.dumps({"model": args.model, "note": note, "device": args.device, "dtype": args.dtype, "tokens": args.tokens,
                       "runs": args.runs, "draft_length": args.draft_length, "theta": groups.theta,
                       "group_build_s": group_build_s, "rows": rows, "failed": failed}))
     return 0

@@ -2,7 +2,9 @@
 unchanged. Checked on the tiny pair (hidden 64, head_dim 16) scaled to shapes with the same and with
 twice the head size: transformers' own LlamaForCausalLM and the runtime give the source's logits
 (float32, to 1e-4 of the logit scale), an EAGLE draft proposes the same, the head becomes dense,
-bad shapes are one-line errors before any work, and a failed run leaves nothing behind."""
+the subset draft is the scaled target's layers where the voice's draft's stand, bad shapes are
+one-line errors before any work, and a failed run leaves nothing behind. The built-in voice itself
+(`shipped_voice`) is scaled by the command to hidden 512 with head_dim 64 and 128."""
 
 from __future__ import annotations
 
@@ -116,6 +118,52 @@ def test_groups_carry_over_with_the_new_fingerprint(voice, scaled):
     table = GroupTable.load(scaled / "groups.pcg", expect_fingerprint=TorchLM.load(scaled / "target").fingerprint)
     source = GroupTable.load(voice / "groups.pcg")
     assert table.num_groups == source.num_groups and table.num_tokens == source.num_tokens
+
+
+def test_the_subset_draft_is_the_scaled_targets_layers_where_the_voices_draft_layers_stand(voice, scaled, tmp_path):
+    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+
+    began = json.loads((voice / "draft" / "config.json").read_text())["pcgtts_draft"]["layers"]
+    at = json.loads((scaled / "SCALED.json").read_text())["source_layers_at"]
+    config = json.loads((scaled / "draft-subset" / "config.json").read_text())
+    assert config["pcgtts_draft"]["layers"] == [at[i] for i in began]
+    assert config["hidden_size"] == json.loads((scaled / "target" / "config.json").read_text())["hidden_size"]
+    voice_subset = make_layer_subset_draft(voice / "target", tmp_path / "subset", began)
+    ids = prompt_ids(voice / "target")
+    assert close(hf_logits(voice_subset, ids), hf_logits(scaled / "draft-subset", ids))
+
+
+def test_the_voices_own_draft_is_carried_unchanged(voice, scaled):
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (voice / "draft" / name).read_bytes() == (scaled / "draft" / name).read_bytes()
+
+
+def test_bench_lm_on_a_scaled_folder_says_what_the_models_are(scaled, monkeypatch, capsys):
+    import runpy
+
+    bench = runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "bench_lm.py"), run_name="bench_lm")
+    monkeypatch.setattr("sys.argv", ["bench_lm.py", "--target", str(scaled / "target"), "--draft", str(scaled / "draft"),
+                                     "--groups", str(scaled / "groups.pcg"), "--policies", "ar", "--no-hf",
+                                     "--tokens", "4", "--runs", "1"])
+    assert bench["main"]() == 0
+    out = capsys.readouterr().out
+    assert f"out: {scale.STANDIN_NOTICE}" in out
+    assert json.loads(out.strip().splitlines()[-1])["note"] == scale.STANDIN_NOTICE
+
+
+@pytest.mark.shipped_voice
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_builtin_voice_scaled_by_the_command_keeps_its_logits(tmp_path, capsys, head_dim):
+    from pcgtts.builtin import trained_voice
+
+    flags = ["--hidden", "512", "--layers", "8", "--heads", "8", "--kv-heads", "2", "--head-dim", str(head_dim),
+             "--ffn", "2048"]
+    out = tmp_path / "scaled"
+    assert main(["models", "scale", "--shape", "custom", *flags, "--out", str(out)]) == 0
+    assert "stand-in for released weights" in capsys.readouterr().out
+    source = Path(trained_voice().target)
+    ids = prompt_ids(source)
+    assert close(hf_logits(source, ids), hf_logits(out / "target", ids))
 
 
 @pytest.mark.parametrize("flags, message", [

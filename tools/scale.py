@@ -19,6 +19,14 @@ identity on the stream. The speech head is made dense: each row gains a random c
 to span(Q), which the normed state never has, so the logits are unchanged and the head is no longer
 a sum of FSQ digit rows. The EAGLE draft is scaled the same way (its normed inputs and outputs carry
 the same `sqrt(D/d) Q` factor), and its feature layers renumbered to where the voice's layers stand.
+
+Beside the target (`target/`, with the scaled EAGLE draft in it): `draft/` is the voice's own small
+draft unchanged (same tokenizer, so it drafts for the scaled target as it does for the voice);
+`draft-subset/` is the paper's layer-subset draft of the scaled target, its layers where the voice's
+draft's layers stand (the built-in voice's draft began as its target's layers 0, 2, 5: at the 1B
+shape layers 0, 6, 15), so it is the untrained subset draft `pcgtts draft init` makes from the voice,
+at the new width and with the dense head; `codec/` is a copy; `groups.pcg` the voice's groups with the
+new target's embedding fingerprint; `SCALED.json` says what the folder is and where the layers stand.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import json
 import logging
 import math
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -132,21 +140,31 @@ class Scaler:
         self.positions = layer_positions(source.layers, shape.layers)
 
     def noise(self, *size: int, scale: float = 0.02) -> torch.Tensor:
-        return torch.randn(*size, generator=self.gen, dtype=torch.float64) * scale
+        """Weights that carry no function: uniform with standard deviation `scale` (uniform is cheaper
+        to draw than normal, which counts at the 8B shape's ~4e9 such weights)."""
+        bound = scale * math.sqrt(3)
+        return torch.empty(*size, dtype=torch.float64).uniform_(-bound, bound, generator=self.gen)
+
+    @property
+    def r(self) -> int:
+        return self.shape.hidden // self.source.hidden
+
+    def lift_in(self, w: torch.Tensor) -> torch.Tensor:  # W Qᵀ: Q's columns have one value, 1/sqrt(r), on r rows
+        return w.double().repeat_interleave(self.r, dim=-1) / math.sqrt(self.r)
 
     def reader(self, w: torch.Tensor) -> torch.Tensor:  # reads a normed state: W Qᵀ sqrt(d/D)
-        return w.double() @ self.q.T * self.factor
+        return self.lift_in(w) * self.factor
 
     def writer(self, w: torch.Tensor) -> torch.Tensor:  # writes to the stream: Q W
-        return self.q @ w.double()
+        return w.double().repeat_interleave(self.r, dim=0) / math.sqrt(self.r)
 
     def norm(self, gamma: torch.Tensor) -> torch.Tensor:
-        return gamma.double().repeat_interleave(self.shape.hidden // self.source.hidden)
+        return gamma.double().repeat_interleave(self.r)
 
     def orthogonal(self, rows: int, scale: float) -> torch.Tensor:
-        """Random rows orthogonal to span(Q)."""
-        g = self.noise(rows, self.shape.hidden, scale=scale)
-        return g - (g @ self.q) @ self.q.T
+        """Random rows orthogonal to span(Q): each block of r coordinates loses its mean."""
+        g = self.noise(rows, self.source.hidden, self.r, scale=scale)
+        return (g - g.mean(-1, keepdim=True)).reshape(rows, self.shape.hidden)
 
     def head(self, w: torch.Tensor) -> torch.Tensor:
         """The head as a reader, made dense by a component the normed state never has."""
@@ -209,30 +227,29 @@ class Scaler:
         out.update({f"{prefix}mlp.{n}.weight": w for n, w in mlp.items()})
         return out
 
-    def target(self, sd: dict) -> dict[str, torch.Tensor]:
-        """A LlamaForCausalLM state dict of the source shape -> the new shape (untied head)."""
+    def target(self, sd: dict):
+        """A LlamaForCausalLM state dict of the source shape -> the new shape (untied head), yielded a
+        layer at a time as {name: float64 tensor} so the caller can convert before the next is made."""
         embed = sd["model.embed_tokens.weight"]
-        out = {"model.embed_tokens.weight": embed.double() @ self.q.T,
-               "model.norm.weight": self.norm(sd["model.norm.weight"]),
-               "lm_head.weight": self.head(sd.get("lm_head.weight", embed))}
+        yield {"model.embed_tokens.weight": self.lift_in(embed), "model.norm.weight": self.norm(sd["model.norm.weight"])}
+        yield {"lm_head.weight": self.head(sd.get("lm_head.weight", embed))}
         placed = dict(zip(self.positions, range(self.source.layers)))
         for layer in range(self.shape.layers):
             prefix = f"model.layers.{layer}."
             if layer in placed:
-                out.update(self.block(sd, f"model.layers.{placed[layer]}.", prefix, self.shape.ffn))
+                yield self.block(sd, f"model.layers.{placed[layer]}.", prefix, self.shape.ffn)
             else:
-                out.update(self.identity_layer(prefix, self.shape.ffn))
-        return out
+                yield self.identity_layer(prefix, self.shape.ffn)
 
     def eagle(self, tensors: dict, feature_layers: tuple[int, ...], mlp_width: int) -> dict[str, torch.Tensor]:
         """An EAGLE draft's tensors (`runtime/lm/eagle.py`'s names) for the scaled target."""
         d = self.source.hidden
         fc = tensors["fc.weight"].double()
-        out = {"fc.weight": torch.cat([self.q @ fc[:, :d] @ self.q.T * self.factor, self.q @ fc[:, d:] @ self.q.T], 1),
+        out = {"fc.weight": torch.cat([self.writer(self.reader(fc[:, :d])), self.writer(self.lift_in(fc[:, d:]))], 1),
                "norm.weight": self.norm(tensors["norm.weight"])}
         if "fuse.weight" in tensors:
             fuse, parts = tensors["fuse.weight"].double(), len(feature_layers) + 1
-            out["fuse.weight"] = torch.cat([self.q @ fuse[:, i * d:(i + 1) * d] @ self.q.T for i in range(parts)], 1)
+            out["fuse.weight"] = torch.cat([self.writer(self.lift_in(fuse[:, i * d:(i + 1) * d])) for i in range(parts)], 1)
         attention = any(k.startswith("block.self_attn.") for k in tensors)
         out.update(self.block(tensors, "block.", "block.", mlp_width, attention))
         return out
@@ -273,7 +290,7 @@ def write_lm(src: Path, out: Path, scaler: Scaler, dtype: torch.dtype, dtype_nam
     config = json.loads((src / "config.json").read_text())
     source = source_shape(config)
     sd = load_file(str(src / "model.safetensors"))
-    tensors = {k: v.to(dtype).contiguous() for k, v in scaler.target(sd).items()}
+    tensors = {k: v.to(dtype).contiguous() for part in scaler.target(sd) for k, v in part.items()}
     out.mkdir(parents=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(scale_config(config, scaler.shape, source, dtype_name), indent=2) + "\n")
@@ -300,6 +317,29 @@ def write_eagle(src: Path, out: Path, scaler: Scaler, fingerprint: str) -> None:
     meta["target_fingerprint"] = fingerprint
     meta.pop("acceptance", None)  # measured on the voice; the scaled draft proposes the same, but say nothing unmeasured
     save_file(scaled, str(out), metadata=meta)
+
+
+def subset_layers(draft: Path, scaler: Scaler) -> list[int]:
+    """The layers of the paper's layer-subset draft at the new shape: the scaled target's layers where
+    the voice's draft's layers stand. The voice's draft records which of its target's layers it began
+    as (`pcgtts draft init`); one that does not is taken as its depth spread over the target's."""
+    from pcgtts.runtime.lm.draft import spread_layers
+
+    config = json.loads((draft / "config.json").read_text())
+    began = config.get("pcgtts_draft", {}).get("layers")
+    if not began or not all(0 <= i < scaler.source.layers for i in began):
+        began = spread_layers(scaler.source.layers, min(config["num_hidden_layers"], scaler.source.layers))
+    return [scaler.positions[i] for i in began]
+
+
+def write_subset_draft(target: Path, out: Path, layers: list[int]) -> None:
+    """`pcgtts draft init --layers …` on the scaled target, naming it by its place in the output folder."""
+    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+
+    make_layer_subset_draft(target, out, layers)
+    config = json.loads((out / "config.json").read_text())
+    config["pcgtts_draft"]["source"] = "the scaled target beside it (../target)"
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def speech_fingerprint(target: Path) -> str:
@@ -336,16 +376,14 @@ def scale_voice(source: str, shape: Shape, out: Path, dtype_name: str = "float32
             write_eagle(folders["target"] / EAGLE_FILE, stage / "target" / EAGLE_FILE, scaler, fingerprint)
         progress("drafts and codec")
         shutil.copytree(folders["draft"], stage / "draft")
-        draft_config = json.loads((folders["draft"] / "config.json").read_text())
-        subset = replace(shape, layers=draft_config["num_hidden_layers"])
-        write_lm(folders["draft"], stage / "draft-subset", Scaler(source_shape(draft_config), subset, gen),
-                 dtype, dtype_name)
+        subset = subset_layers(folders["draft"], scaler)
+        write_subset_draft(stage / "target", stage / "draft-subset", subset)
         shutil.copytree(folders["codec"], stage / "codec")
         table = GroupTable.load(folders["groups"])
         table.with_model(table.speech_offset, table.vocab_size, fingerprint).save(stage / "groups.pcg")
         (stage / "SCALED.json").write_text(json.dumps({
             "what": STANDIN_NOTICE, "source": str(source), "shape": vars(shape), "dtype": dtype_name, "seed": seed,
-            "source_layers_at": scaler.positions}, indent=2) + "\n")
+            "source_layers_at": scaler.positions, "draft_subset_layers": subset}, indent=2) + "\n")
         stage.rename(out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
