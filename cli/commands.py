@@ -151,11 +151,14 @@ def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
 
 
 def load_synthesizer(args: argparse.Namespace, **overrides):
-    """(Synthesizer, Settings) for a command's flags."""
-    from pcgtts.runtime.synthesizer import Synthesizer
+    """(Synthesizer, Settings) for a command's flags; the built-in voice knows the scripts it reads."""
+    from pcgtts.builtin import with_builtin_models
+    from pcgtts.runtime.synthesizer import Synthesizer, voice_scripts
 
-    settings = resolve_cli_settings(args, **overrides)
-    return Synthesizer.load(settings.models, settings.device, settings.synthesis), settings
+    named = resolve_settings_from_flags(args, **overrides)
+    settings = with_builtin_models(named)
+    return Synthesizer.load(settings.models, settings.device, settings.synthesis,
+                            scripts=voice_scripts(named.models.target)), settings
 
 
 def _models_scale(args) -> int:

@@ -12,6 +12,8 @@ splits the text into sentences, builds each prompt, runs the decode loop
 continuous stream. Closing the stream early stops the worker and frees the KV caches. One
 stream at a time per Synthesizer: starting a stream while an earlier one is held but not being read
 cancels the earlier one; while another thread is reading one, a second is refused with a clear error.
+Per-call settings (`seed=`, `temperature=`, `policy=`, ... any field of `SynthesisConfig`) are
+checked by the config dataclasses, like every other argument, before any work starts.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import queue
 import secrets
 import threading
 import time
+import typing
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,16 +34,16 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
+from pcgtts.runtime.config import (EAGLE_POLICIES, KEYS, PCG_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_compute_device, cpu_threads,
                                    resolve_settings)
-from pcgtts.runtime.text.prompt import build_prompt
+from pcgtts.runtime.text.prompt import build_prompt, check_text
 from pcgtts.runtime.decode.calibrate import adopt_costs, keep_costs
 from pcgtts.runtime.decode.cost_model import in_loop_costs
 from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance, plans_draft_length, prepare
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.numbers import spell_numbers
-from pcgtts.runtime.text.script import foreign_script
+from pcgtts.runtime.text.script import LATIN, foreign_script
 from pcgtts.runtime.text.split import split_sentences
 from pcgtts.runtime.audio.voice import Voice
 
@@ -53,6 +56,10 @@ _END = object()  # queue sentinel: the worker finished
 CALIBRATION_TEXT = "The birch canoe slid on the smooth planks, and the wind rose over the grey water."
 CALIBRATION_TOKENS = 100  # ~30-50 steps at L = 3; ~0.7 s of the built-in voice's load on a 2-core CPU
 _MAX_MEASURED = 16  # decode configurations whose measured acceptance is kept (oldest dropped first)
+# The scripts the built-in voice reads (and the demo pair stands in for it): English only
+# (pcgtts/voice/MODEL_CARD.md). A checkpoint the user names reads what it was trained on, which
+# the runtime cannot tell (LLaSA's own read Chinese and English): no script check unless declared.
+BUILTIN_VOICE_SCRIPTS = (LATIN,)
 
 
 @dataclass
@@ -150,8 +157,8 @@ class _Job:
 
     def __init__(self, synth: "Synthesizer", prompts: list, budgets: list[int], config: SynthesisConfig):
         if not synth._lock.acquire(blocking=False):
-            raise RuntimeError("this Synthesizer is already streaming; finish or close that stream first "
-                               "(or use one Synthesizer per concurrent stream)")
+            raise RuntimeError("this Synthesizer is already streaming to a reader; finish or close that stream "
+                               "first (or use one Synthesizer per concurrent stream)")
         self.synth, self.prompts, self.budgets, self.config = synth, prompts, budgets, config
         self.stats = StreamStats()
         self.queue: queue.Queue = queue.Queue()
@@ -176,16 +183,27 @@ class _Job:
         self.worker.start()
 
     def next_chunk(self) -> AudioChunk:
-        if self.superseded:
-            raise RuntimeError("this stream was cancelled: another stream was started on its Synthesizer "
-                               "while this one was not being read")
-        if self.closed:
-            raise StopIteration
-        self.reading = True
+        with self._guard:  # against `supersede` on another thread: a read either starts first or raises
+            if self.superseded:
+                raise RuntimeError("this stream was cancelled: another stream was started on its Synthesizer "
+                                   "while this one was not being read")
+            if self.closed:
+                raise StopIteration
+            self.reading = True
         try:
             return self._next_chunk()
         finally:
             self.reading = False
+
+    def supersede(self) -> bool:
+        """Cancel this stream for a later `stream()` on its Synthesizer, unless a consumer is reading it
+        right now or it no longer holds the Synthesizer; whether it was cancelled."""
+        with self._guard:
+            if self.reading or not self._holds_lock:
+                return False
+            self.superseded = True
+        self.shutdown()
+        return True
 
     def _next_chunk(self) -> AudioChunk:
         if self.worker is None:
@@ -251,10 +269,6 @@ class _Job:
             self.synth.release()
             self._release_lock()
 
-    @property
-    def holds_lock(self) -> bool:
-        return self._holds_lock
-
     def _release_lock(self) -> None:
         with self._guard:
             if self._holds_lock:
@@ -263,9 +277,10 @@ class _Job:
 
     def shutdown(self) -> None:
         """Stop the worker, free the caches unless it finished, release the lock. Idempotent."""
-        if self.closed:
-            return
-        self.closed = True
+        with self._guard:
+            if self.closed:
+                return
+            self.closed = True
         self.stop.set()
         with self.room:
             self.room.notify_all()
@@ -285,15 +300,20 @@ class _Job:
 
 class Synthesizer:
     def __init__(self, target: LM, draft: LM | None, codec: SpeechCodec, groups: DeviceGroupTable | None = None,
-                 config: SynthesisConfig = SynthesisConfig(), heads=None, eagle=None):
+                 config: SynthesisConfig = SynthesisConfig(), heads=None, eagle=None,
+                 scripts: tuple[str, ...] | None = None):
         # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
         # from codec.source_dir); groups on the target's device, or None (pcg then unavailable);
         # heads: the target's multi-token heads (a multi_token.HeadProposer) for the mtp-* policies;
-        # eagle: its EAGLE draft (a multi_token.EagleProposer) for the eagle-* policies.
+        # eagle: its EAGLE draft (a multi_token.EagleProposer) for the eagle-* policies;
+        # scripts: the writing systems the voice was trained on (("Latin",), ("Latin", "CJK"): the
+        # first word of a letter's Unicode name); text mostly in another logs a warning. None: not
+        # known, nothing checked.
         if draft is not None:
             target.vocab.check_same_layout(draft.vocab)
         self.target, self.draft, self.codec, self.groups, self.heads = target, draft, codec, groups, heads
         self.eagle = eagle
+        self.scripts = check_scripts(scripts)
         self.tokenizer = target.tokenizer
         self.config = config
         self._lock = threading.Lock()
@@ -313,7 +333,8 @@ class Synthesizer:
         Any setting of `runtime/config.py` may be given by name (`policy="sd"`, `temperature=0.6`,
         `compute_device="cuda"`, `draft_length=4`, ...); precedence is keyword > `config_file`
         (TOML) > `config` > the built-in voice's own settings (no `target`, no `config`; e.g. its
-        temperature) > default. Everything is validated before a model is loaded.
+        temperature) > default. Everything is validated before a model is loaded. The built-in voice
+        reads Latin script only: text mostly in another logs a warning (`scripts`).
         """
         if config is not None and config_file is not None:
             raise ValueError("give either config= or config_file=, not both")
@@ -322,13 +343,17 @@ class Synthesizer:
         explicit = {"target": target, "draft": draft, "codec": codec, "groups": groups, **settings}
         resolved = resolve_settings(explicit, config_file, Settings(synthesis=config or SynthesisConfig()),
                                     voice=voice_settings() if config is None else None)
+        scripts = voice_scripts(resolved.models.target)
         resolved = with_builtin_models(resolved)
-        return cls.load(resolved.models, resolved.device, resolved.synthesis, force_export=force_export)
+        return cls.load(resolved.models, resolved.device, resolved.synthesis, force_export=force_export,
+                        scripts=scripts)
 
     @classmethod
     def load(cls, models: ModelPaths, device: DeviceConfig, config: SynthesisConfig,
-             force_export: bool = False) -> "Synthesizer":
-        """Load resolved settings (`from_pretrained` is the convenient front of this)."""
+             force_export: bool = False, scripts: tuple[str, ...] | None = None) -> "Synthesizer":
+        """Load resolved settings (`from_pretrained` is the convenient front of this); `scripts`: what
+        the voice reads (`voice_scripts` of the target named before the built-in voice filled in)."""
+        check_scripts(scripts)
         from pcgtts.runtime.audio.codec import Codec
         from pcgtts.runtime.audio.onnx_codec import OrtCodec, is_exported_codec
         from pcgtts.runtime.lm.loader import load_lm, resolve_backend
@@ -368,7 +393,7 @@ class Synthesizer:
                 log.info("the codec decodes with PyTorch beside the LM: its per-op hand-offs of Python's GIL slow "
                          "the decode loop (lab-v1: 12-23 %%); `pcgtts export codec --codec %s "
                          "--out DIR` and --codec DIR avoid them", models.codec)
-        synth = cls(target_lm, draft_lm, codec_model, table, config, heads, eagle)
+        synth = cls(target_lm, draft_lm, codec_model, table, config, heads, eagle, scripts)
         synth.plan(config)
         synth.warm_prefix()
         return synth
@@ -475,26 +500,36 @@ class Synthesizer:
         if voice is not None and ref_audio is not None:
             raise ValueError("give either voice= or ref_audio=, not both")
         if isinstance(voice, (str, Path)):
-            return Voice.load(voice)
-        if voice is not None:
-            return voice
+            voice = Voice.load(voice)
         if ref_audio is not None:
             if not ref_text:
                 raise ValueError("ref_audio needs ref_text: the transcript of the reference recording")
-            return self.voice_from_audio(ref_audio, ref_text)
-        return None
+            voice = self.voice_from_audio(ref_audio, ref_text)
+        if voice is not None:
+            check_voice_fits(voice, self.target.vocab.num_speech)
+        return voice
 
     # -- synthesis -----------------------------------------------------------------------
 
     def stream(self, text: str, ref_audio: str | Path | None = None, ref_text: str | None = None,
-               voice: Voice | str | Path | None = None, config: SynthesisConfig | None = None) -> SynthesisStream:
+               voice: Voice | str | Path | None = None, config: SynthesisConfig | None = None,
+               **settings) -> SynthesisStream:
         """Start synthesising `text`; bad input raises here, before any work starts.
 
-        `text` must be a `str`; `ref_audio` (a recording) needs `ref_text` (its transcript), and
-        `ref_text` needs `ref_audio`; `voice` (a `Voice` or a voice file) replaces both. A stream still
-        held but not being read is cancelled by the next `stream()` on this Synthesizer."""
+        `text` must be a `str` with something to say; `ref_audio` (a recording) needs `ref_text` (its
+        transcript), and `ref_text` needs `ref_audio`; `voice` (a `Voice` or a voice file) replaces
+        both. `config` replaces this Synthesizer's settings for the call, and `settings` change single
+        ones by name (`seed=7`, `temperature=0.6`, `policy="sd"`: any field of `SynthesisConfig`, at
+        any depth; None leaves one as it is), each checked by the config dataclasses. A wrong type is
+        a TypeError naming the argument, a wrong value a ValueError naming it.
+
+        One stream at a time: a stream of this Synthesizer that is still held but not being read (its
+        caller kept it and moved on) is cancelled by the next `stream()`, which logs a warning, and
+        reading the cancelled one raises RuntimeError; while another thread is reading one, the new
+        call raises RuntimeError instead. A stream nobody reads runs ahead by
+        `SynthesisConfig.run_ahead_s` seconds of audio, then waits without using the CPU."""
         check_stream_arguments(text, ref_audio, ref_text, voice, config)
-        config = config or self.config
+        config = call_config(config or self.config, settings)
         check_policy(config.decode.policy, draft=self.draft is not None, groups=self.groups is not None,
                      heads=self.heads is not None,
                      transitions=self.heads is not None and self.heads.transitions is not None,
@@ -502,25 +537,27 @@ class Synthesizer:
         resolved = self._resolve_voice(voice, ref_audio, ref_text)
         if config.spell_numbers:
             text = spell_numbers(text)
-        script = foreign_script(text)
-        if script is not None:
-            log.warning("the text is mostly in %s script, which this voice was not trained on: expect noise, "
-                        "not speech", script)
+        self._warn_foreign_script(text)
         prompts, budgets = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
         self._cancel_unread_stream()
         job = _Job(self, prompts, budgets, config)
         self._current = weakref.ref(job)
         return SynthesisStream(job)
 
+    def _warn_foreign_script(self, text: str) -> None:
+        """One warning when `text` is mostly in a script this voice was not trained on (`scripts`)."""
+        script = foreign_script(text, self.scripts) if self.scripts is not None else None
+        if script is not None:
+            log.warning("the text is mostly in %s script, which this voice was not trained on (it reads %s): "
+                        "expect noise, not speech", script, " and ".join(self.scripts))
+
     def _cancel_unread_stream(self) -> None:
         """Cancel the stream holding this Synthesizer if nobody is reading it (its caller kept it and
         moved on); one that another thread is reading keeps it, and the new stream is refused."""
         held = self._current() if self._current is not None else None
-        if held is not None and held.holds_lock and not held.reading:
+        if held is not None and held.supersede():
             log.warning("cancelled the earlier stream of this Synthesizer, which was not being read, to start "
                         "a new one")
-            held.superseded = True
-            held.shutdown()
 
     def _fit(self, pieces: list[str], voice: Voice | None, config: SynthesisConfig) -> tuple[list, list[int]]:
         """Prompts and token budgets, splitting any piece whose prompt + budget would overflow the
@@ -546,7 +583,7 @@ class Synthesizer:
         return prompts, budgets
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
-        """The whole waveform (float32, 16 kHz), by consuming `stream`."""
+        """The whole waveform (float32, 16 kHz), by consuming `stream` (same arguments, same checks)."""
         with self.stream(text, **kwargs) as chunks:
             parts = [c.samples for c in chunks]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
@@ -627,6 +664,71 @@ def check_stream_arguments(text, ref_audio, ref_text, voice, config) -> None:
         raise TypeError(f"voice must be a Voice or a voice file path, got {type(voice).__name__}")
     if config is not None and not isinstance(config, SynthesisConfig):
         raise TypeError(f"config must be a SynthesisConfig, got {type(config).__name__}")
+    check_text(text)  # something to say (before a reference recording is encoded)
+
+
+def call_config(base: SynthesisConfig, settings: dict) -> SynthesisConfig:
+    """`base` with per-call settings given by name (`seed=7`, `temperature=0.6`; None: as in `base`),
+    built through the config dataclasses, which check every value; before that, an unknown name or a
+    value of the wrong type is a TypeError naming it, and a setting fixed when the models load a
+    ValueError."""
+    given = {name: value for name, value in settings.items() if value is not None}
+    if not given:
+        return base
+    settings_now = Settings(synthesis=base)
+    for name, value in given.items():
+        path = KEYS.get(name)
+        if path is None or path[0] != "synthesis":
+            if path is not None:
+                raise ValueError(f"{name} is fixed when the models load: give it to Synthesizer.from_pretrained")
+            per_call = ", ".join(sorted(key for key, where in KEYS.items() if where[0] == "synthesis"))
+            raise TypeError(f"unexpected keyword argument {name!r}; the per-call settings are {per_call}")
+        check_setting_type(name, value, settings_now)
+    return resolve_settings(given, base=settings_now).synthesis
+
+
+def check_setting_type(name: str, value, settings: Settings) -> None:
+    """TypeError naming `name` unless `value` has the type its config dataclass field declares (an
+    int is a float; a bool is no number)."""
+    owner = settings
+    for attr in KEYS[name][:-1]:
+        owner = getattr(owner, attr)
+    declared = typing.get_type_hints(type(owner))[name]
+    allowed = [t for t in typing.get_args(declared) or (declared,) if t is not type(None)]
+    if not any(_has_type(value, t) for t in allowed):
+        expected = " or ".join(t.__name__ for t in allowed)
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+
+
+def _has_type(value, kind: type) -> bool:
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) if kind is float else isinstance(value, kind)
+
+
+def check_voice_fits(voice: Voice, num_speech: int) -> None:
+    """A voice's codes must be speech tokens of the loaded model (a voice made for a model with a larger
+    codebook is refused before any work)."""
+    highest = int(np.asarray(voice.codes).max())
+    if highest >= num_speech:
+        raise ValueError(f"the voice holds codec token {highest}, beyond this model's {num_speech} speech tokens "
+                         f"(it was made for another model)")
+
+
+def check_scripts(scripts) -> tuple[str, ...] | None:
+    """`Synthesizer`'s `scripts`: None, or a non-empty tuple of script names (TypeError otherwise)."""
+    if scripts is None:
+        return None
+    if isinstance(scripts, str) or not isinstance(scripts, (tuple, list)) or not scripts \
+            or not all(isinstance(name, str) and name for name in scripts):
+        raise TypeError(f"scripts must be a tuple of script names such as ('Latin',), got {scripts!r}")
+    return tuple(scripts)
+
+
+def voice_scripts(target: str | Path | None) -> tuple[str, ...] | None:
+    """The scripts the voice of `target` reads, as settings name it before the built-in voice fills in:
+    the built-in voice's (no target), else None (a named checkpoint's training is not known here)."""
+    return BUILTIN_VOICE_SCRIPTS if target is None else None
 
 
 def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig) -> None:

@@ -92,7 +92,7 @@ def test_top_p_reaches_the_synthesis_settings(tmp_path, capsys, monkeypatch):
 
     seen = {}
 
-    def record(cls, models, device, synthesis):
+    def record(cls, models, device, synthesis, **kwargs):
         seen["sampling"] = synthesis.decode.sampling
         raise RuntimeError("stopped after the settings were read")
 
