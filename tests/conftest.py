@@ -154,6 +154,21 @@ def tiny_groups(tiny_groups_file):
     return GroupTable.load(tiny_groups_file).to_device("cpu")
 
 
+@pytest.fixture(scope="session")
+def cloning_models(demo_codec_dir, tmp_path_factory):
+    """Small models that can be prompted with a reference recording, in seconds: a pair with the released
+    speech vocabulary (all 65,536 X-codec2 codes, which a reference may encode into; the tiny pair holds
+    1,024) at tiny width (hidden 64, 2 layers, a 1-layer draft), the tiny codec and a lattice group
+    table. {"target", "draft", "codec", "groups"}."""
+    from pcgtts.tools.demo import DemoLMConfig, write_demo
+
+    config = DemoLMConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+                          draft_layers=1, embed_scale=0.8)
+    out = tmp_path_factory.mktemp("cloning_pair")
+    lms = write_demo(out, seed=0, config=config, with_codec=False)
+    return {**lms, "codec": demo_codec_dir, "groups": write_lattice_groups(lms["target"], out / "groups.pcg")}
+
+
 # --- the built-in demo: `slow` tests only --------------------------------------------------------
 
 @pytest.fixture(scope="session")
