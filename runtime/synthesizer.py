@@ -11,7 +11,8 @@ splits the text into sentences, builds each prompt, runs the decode loop
 (`runtime/audio/streaming.py`). All sentences share one window decoder, so the audio is one
 continuous stream. Closing the stream early stops the worker and frees the KV caches. One
 stream at a time per Synthesizer: starting a stream while an earlier one is held but not being read
-cancels the earlier one; while another thread is reading one, a second is refused with a clear error.
+cancels the earlier one; while another thread is reading one (inside `next()`, or it read within the
+last `run_ahead_s` seconds), a second is refused at once with a one-line RuntimeError.
 Per-call settings (`seed=`, `temperature=`, `policy=`, ... any field of `SynthesisConfig`) are
 checked by the config dataclasses, like every other argument, before any work starts.
 """
@@ -113,7 +114,8 @@ class SynthesisStream:
     frees the KV caches and the Synthesizer's lock. A stream that is kept but not read for
     `SynthesisConfig.abandon_after_s` while its run-ahead is full is abandoned: the worker frees both
     by itself, and reading the stream afterwards raises. Starting another stream on the same
-    Synthesizer while this one is not being read cancels this one: reading it then ends it."""
+    Synthesizer while this one is not being read (from the same thread, or nobody read it for
+    `run_ahead_s` seconds) cancels this one: reading it then raises RuntimeError."""
 
     def __init__(self, job: "_Job"):
         self.stats = job.stats
@@ -166,6 +168,8 @@ class _Job:
         self.queued = 0  # audio samples in the queue, not yet read
         self.room = threading.Condition()  # notified when the consumer takes a chunk or the stream stops
         self.reading = False  # a consumer is inside next_chunk (another stream() must not cancel it)
+        self.reader: int | None = None  # the thread that last read it (None: never read)
+        self.read_at = 0.0  # time.monotonic() when that read returned
         self.superseded = False  # cancelled by a later stream(): reading it raises
         self.stop = threading.Event()
         self.worker: threading.Thread | None = None
@@ -189,21 +193,28 @@ class _Job:
                                    "while this one was not being read")
             if self.closed:
                 raise StopIteration
-            self.reading = True
+            self.reading, self.reader = True, threading.get_ident()
         try:
             return self._next_chunk()
         finally:
-            self.reading = False
+            self.reading, self.read_at = False, time.monotonic()
 
     def supersede(self) -> bool:
         """Cancel this stream for a later `stream()` on its Synthesizer, unless a consumer is reading it
-        right now or it no longer holds the Synthesizer; whether it was cancelled."""
+        (`read_elsewhere`) or it no longer holds the Synthesizer; whether it was cancelled."""
         with self._guard:
-            if self.reading or not self._holds_lock:
+            if self.reading or not self._holds_lock or self.read_elsewhere():
                 return False
             self.superseded = True
         self.shutdown()
         return True
+
+    def read_elsewhere(self) -> bool:
+        """Whether another thread than the caller's reads this stream: it read within the last
+        `run_ahead_s` seconds (a player takes a chunk at least that often). The caller's own thread
+        cannot be reading it while it starts another stream."""
+        return (self.reader not in (None, threading.get_ident())
+                and time.monotonic() - self.read_at < self.config.run_ahead_s)
 
     def _next_chunk(self) -> AudioChunk:
         if self.worker is None:
@@ -525,9 +536,10 @@ class Synthesizer:
 
         One stream at a time: a stream of this Synthesizer that is still held but not being read (its
         caller kept it and moved on) is cancelled by the next `stream()`, which logs a warning, and
-        reading the cancelled one raises RuntimeError; while another thread is reading one, the new
-        call raises RuntimeError instead. A stream nobody reads runs ahead by
-        `SynthesisConfig.run_ahead_s` seconds of audio, then waits without using the CPU."""
+        reading the cancelled one raises RuntimeError; while another thread is reading one (it read
+        within the last `run_ahead_s` seconds), the new call raises RuntimeError instead. A stream
+        nobody reads runs ahead by `SynthesisConfig.run_ahead_s` seconds of audio, then waits without
+        using the CPU."""
         check_stream_arguments(text, ref_audio, ref_text, voice, config)
         config = call_config(config or self.config, settings)
         check_policy(config.decode.policy, draft=self.draft is not None, groups=self.groups is not None,
@@ -553,7 +565,8 @@ class Synthesizer:
 
     def _cancel_unread_stream(self) -> None:
         """Cancel the stream holding this Synthesizer if nobody is reading it (its caller kept it and
-        moved on); one that another thread is reading keeps it, and the new stream is refused."""
+        moved on); one that another thread reads (`_Job.read_elsewhere`) keeps it, and the new stream
+        is refused."""
         held = self._current() if self._current is not None else None
         if held is not None and held.supersede():
             log.warning("cancelled the earlier stream of this Synthesizer, which was not being read, to start "

@@ -147,28 +147,37 @@ def test_per_call_settings_apply_to_that_call_only(synth):
 
 # -- a stream nobody reads ------------------------------------------------------------------
 
-def wait_for_run_ahead(stream, limit_s: float = 10.0) -> int:
-    """Audio samples queued once the worker stopped adding to them (its run-ahead is full)."""
-    deadline, last = time.monotonic() + limit_s, -1
+def wait_until_idle(limit_s: float = 10.0) -> None:
+    """Wait until this process uses next to no CPU for a quarter second (the worker filled its
+    run-ahead and waits), or `limit_s` passed."""
+    deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
+        before = time.process_time()
         time.sleep(0.25)
-        queued = stream._job.queued
-        if queued == last and queued > 0:
-            return queued
-        last = queued
-    return last
+        if time.process_time() - before < 0.02:
+            return
 
 
 def test_a_stream_nobody_reads_stops_costing_cpu(synth):
     stream = synth.stream(LONG_TEXT)
     next(stream)  # the caller keeps the stream and stops reading
-    queued = wait_for_run_ahead(stream)
+    wait_until_idle()
     before = time.process_time()
     time.sleep(2.0)
     used = time.process_time() - before
     assert used < 0.3, f"{used:.2f} CPU-seconds in 2 s while nobody read the stream"
-    assert 0 < queued <= round(synth.config.run_ahead_s * 16000) + 16000  # bounded by the run-ahead (+ a chunk)
+    assert 0 < ready_audio_s(stream) <= synth.config.run_ahead_s + 0.5  # the run-ahead (+ a chunk) was made
     stream.close()
+
+
+def ready_audio_s(stream) -> float:
+    """Seconds of audio the stream had made by now and not handed out: its chunks ready before now."""
+    now, seconds = time.perf_counter(), 0.0
+    for chunk in stream:
+        if chunk.ready_time > now:
+            break
+        seconds += chunk.duration
+    return seconds
 
 
 def test_a_held_stream_does_not_keep_the_synthesizer_from_the_next_one(synth):
@@ -207,6 +216,35 @@ def test_a_second_stream_while_another_thread_reads_the_first_is_refused_in_one_
         gate.set()
         reader.join(30)
     assert chunks and not stream.stats.cancelled  # the stream being read was left alone
+
+
+def read_one_chunk_on_a_thread(stream) -> threading.Thread:
+    """A consumer on another thread that reads one chunk, then holds the stream (a player between reads)."""
+    reader = threading.Thread(target=lambda: next(stream))
+    reader.start()
+    reader.join(30)
+    return reader
+
+
+def test_a_stream_another_thread_reads_between_chunks_is_not_cancelled_by_a_second(synth):
+    stream = synth.stream(LONG_TEXT)
+    read_one_chunk_on_a_thread(stream)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="already streaming to a reader") as refused:
+        synth.stream("A second caller.")
+    assert time.monotonic() - started < 1 and "\n" not in str(refused.value)
+    assert not stream.stats.cancelled and len(next(stream).samples) > 0  # its reader reads on
+    stream.close()
+
+
+def test_a_stream_another_thread_stopped_reading_is_cancelled_after_the_run_ahead(synth):
+    stream = synth.stream(LONG_TEXT, run_ahead_s=0.5)
+    read_one_chunk_on_a_thread(stream)
+    time.sleep(0.7)  # longer than its run-ahead: a player would have read again by now
+    assert len(synth.synthesize("The next caller is served.")) > 0
+    assert stream.stats.cancelled
+    with pytest.raises(RuntimeError, match="cancelled: another stream was started"):
+        next(stream)
 
 
 # -- scripts ----------------------------------------------------------------------------------
