@@ -4,7 +4,7 @@
 
     synth = Synthesizer.from_pretrained()             # the built-in voice
     for chunk in synth.stream("Hello there."):
-        play(chunk.samples)                           # float32 mono 16 kHz
+        samples = chunk.samples                       # float32 mono 16 kHz, ready to play
 
 The public API is what this module exports; everything else is reached through the sub-packages
 (`pcgtts.runtime`, `pcgtts.groups`, `pcgtts.export`, ...). Names are imported on first use, so

@@ -1,8 +1,9 @@
 """`Synthesizer`: text (+ a voice) in, a real-time stream of `AudioChunk`s out.
 
     synth = Synthesizer.from_pretrained(target=..., draft=..., codec=..., groups=...)
-    for chunk in synth.stream("Hello there.", ref_audio="me.wav", ref_text="What I said."):
-        play(chunk.samples)
+    with open_sink(None) as sink:                    # runtime/audio/playback.py: the default device
+        for chunk in synth.stream("Hello there.", ref_audio="me.wav", ref_text="What I said."):
+            sink.write(chunk)
 
 Generation runs ahead of the consumer on a worker thread, by at most `SynthesisConfig.run_ahead_s`
 seconds of audio, then waits without using the CPU until the consumer reads on: the worker
