@@ -151,6 +151,7 @@ def test_bench_lm_on_a_scaled_folder_says_what_the_models_are(scaled, monkeypatc
     assert json.loads(out.strip().splitlines()[-1])["note"] == scale.STANDIN_NOTICE
 
 
+@pytest.mark.slow  # expands the shipped voice on a fresh machine (about a minute)
 @pytest.mark.shipped_voice
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_the_builtin_voice_scaled_by_the_command_keeps_its_logits(tmp_path, capsys, head_dim):
