@@ -183,9 +183,9 @@ def temporary_output(folder):
 
 
 @pytest.mark.parametrize("signum, repeat", [
-    pytest.param(signal.SIGINT, False, id="ctrl-c"),
+    pytest.param(signal.SIGINT, False, id="ctrl-c", marks=pytest.mark.slow),
     pytest.param(signal.SIGTERM, False, id="sigterm"),
-    pytest.param(signal.SIGINT, True, id="ctrl-c-held-down"),  # signals every 20 ms until the process is gone
+    pytest.param(signal.SIGINT, True, id="ctrl-c-held-down", marks=pytest.mark.slow),  # signals every 20 ms until the process is gone
 ])
 def test_an_interrupted_speak_keeps_the_output_and_the_partial_and_exits_cleanly(tiny_models, tmp_path, signum,
                                                                                   repeat):
@@ -338,6 +338,7 @@ def test_no_message_suggests_the_deprecated_device_flag():
         assert not re.search(r"(?<![\w-])--device null", text), path
 
 
+@pytest.mark.slow  # an end-to-end run in subprocesses: the slow step of CI
 def test_a_reader_that_stops_reading_ends_speak_quietly_with_its_file_written(tiny_models, tmp_path):
     out = tmp_path / "speech.wav"
     read, write = os.pipe()

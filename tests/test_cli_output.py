@@ -47,6 +47,7 @@ def speak_flags(models: dict, groups: Path, out: Path) -> list[str]:
             "--groups", groups, "--out", out]
 
 
+@pytest.mark.slow  # an end-to-end run in subprocesses: the slow step of CI
 def test_speak_shows_no_info_lines_by_default_and_shows_them_with_verbose(tiny_models, tiny_groups_file, tmp_path):
     flags = speak_flags(tiny_models, tiny_groups_file, tmp_path / "speech.wav")
     quiet = run(CLI, "speak", "Hello world.", *flags)
@@ -109,6 +110,7 @@ def test_first_run_preparation_shows_no_output_of_other_libraries(tiny_models, t
     assert "Skipping torchvision" in again.stderr
 
 
+@pytest.mark.slow  # two exports: the slow step of CI
 def test_an_unchecked_export_says_so_when_loaded_not_while_it_is_made(tiny_lms, tmp_path, caplog):
     """The staged graph an export reads back (to quantize it, or to check it) is not reported unchecked;
     an export made without a check is, wherever it is loaded."""

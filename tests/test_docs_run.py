@@ -319,6 +319,7 @@ def kept_voices(folder: Path) -> set[tuple[str, str]]:
     return {(voice.source, voice.text) for voice in map(Voice.load, folder.glob("*.voice"))}
 
 
+@pytest.mark.slow  # two encodings and three syntheses
 def test_the_clone_example_keys_its_voice_by_the_reference_not_by_the_output(workdir, monkeypatch, capsys):
     from pcgtts import Voice
 

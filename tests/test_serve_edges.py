@@ -100,6 +100,7 @@ def cli_server(full_vocab_target, exported_codec, tmp_path_factory):
             process.wait(10)
 
 
+@pytest.mark.slow  # an end-to-end run in subprocesses: the slow step of CI
 def test_voices_are_made_on_a_server_whose_codec_is_an_onnx_export(cli_server, reference_wav, demo_codec_dir):
     """README's voice upload on a server like the default one (exported codec decoder): encoded by
     the checkpoint the export came from, as `pcgtts speak --ref-audio` does; listed, spoken with,
