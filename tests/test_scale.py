@@ -207,7 +207,7 @@ def test_scaler_maps_keep_a_normed_state_exact():
     x = torch.randn(64, dtype=torch.float64)
     w = torch.randn(10, 64, dtype=torch.float64)
     normed = x / x.pow(2).mean().sqrt()
-    big = scaler.q @ x
+    big = scale.spread(64, shape.hidden) @ x  # Q x: the stream as the scaled model carries it
     big_normed = big / (big.pow(2).mean()).sqrt()
     assert torch.allclose(scaler.reader(w) @ big_normed, w @ normed)
     assert torch.allclose(scaler.head(w) @ big_normed, w @ normed)

@@ -135,7 +135,6 @@ class Scaler:
 
     def __init__(self, source: Shape, shape: Shape, generator: torch.Generator):
         self.source, self.shape, self.gen = source, shape, generator
-        self.q = spread(source.hidden, shape.hidden)
         self.factor = math.sqrt(source.hidden / shape.hidden)  # sqrt(d / D)
         self.positions = layer_positions(source.layers, shape.layers)
 
