@@ -15,8 +15,9 @@ import torch
 
 from pcgtts.groups.table import GroupTable
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.decode.multi_token import EagleProposer
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.proposers import EagleProposer
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
 from pcgtts.runtime.lm.onnxruntime import OrtLM
 from pcgtts.runtime.text.prompt import build_prompt
 

@@ -39,7 +39,8 @@ from pcgtts.tools.demo import DemoLMConfig, build_demo_tokenizer, confuse_draft_
 from pcgtts.runtime.lm.draft import make_layer_subset_draft
 from pcgtts.runtime.lm.torch_lm import TorchLM
 from pcgtts.runtime.text.prompt import build_prompt
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
 
 SHAPES = {
     "demo": (DemoLMConfig(), 2),
@@ -200,7 +201,7 @@ def main() -> int:
         prompt = build_prompt(target.tokenizer, target.vocab, TEXT)
         proposer = None
         if args.eagle:
-            from pcgtts.runtime.decode.multi_token import EagleProposer
+            from pcgtts.runtime.decode.proposers import EagleProposer
 
             # onnxruntime: the draft was exported with the target (load_onnx_pair passes it on)
             proposer = EagleProposer.for_target(target, None if backend == "onnxruntime" else args.eagle)

@@ -26,7 +26,7 @@ import torch
 from pcgtts.groups.build import build_groups
 from pcgtts.groups.table import GroupTable
 from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
-from pcgtts.runtime.decode.acceptance_cpu import verify_one
+from pcgtts.runtime.decode.acceptance import verify_one
 from pcgtts.tools.demo import structured_speech_embeddings
 
 L, V = 3, 65537

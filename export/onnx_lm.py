@@ -230,7 +230,7 @@ def check_eagle(model_dir: str | Path, eagle: str | Path, onnx_dir: str | Path, 
                 seed: int = 0) -> CheckResult:
     """The torch draft step and the exported one side by side: rows fed in chunks, a slot
     overwritten (the loop's rollback), states and head scores compared."""
-    from pcgtts.runtime.decode.multi_token import EagleProposer
+    from pcgtts.runtime.decode.proposers import EagleProposer
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
@@ -259,7 +259,7 @@ def check_eagle(model_dir: str | Path, eagle: str | Path, onnx_dir: str | Path, 
 def check_heads(model_dir: str | Path, heads_file: str | Path, onnx_dir: str | Path, *,
                 tolerance: float | None = None, seed: int = 0) -> CheckResult:
     """The torch heads and the exported ones on the same random target states."""
-    from pcgtts.runtime.decode.multi_token import HeadProposer
+    from pcgtts.runtime.decode.proposers import HeadProposer
     from pcgtts.runtime.lm.heads import MTPHeads
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM

@@ -109,7 +109,7 @@ def target_codes(base, text: str, voice, seed: int, plan) -> np.ndarray:
 
     import torch
 
-    from pcgtts.runtime.decode.speculative import decode
+    from pcgtts.runtime.decode.loop import decode
     from pcgtts.runtime.text.prompt import build_prompt
 
     config = base.config

@@ -5,7 +5,7 @@ A package is built once per machine and key (~15-20 s on 2 cores) and loaded fro
 runs and the torch version, so a change to either builds it again. Called through the package's
 loader, a graph costs ~40 µs a call on cold caches against ~170 µs for a torch.compile graph's
 Python wrappers (benchmarks/bench_policy_overhead.py). Users: the compiled acceptance rule
-(`runtime/decode/compiled_rule.py`) and an EAGLE draft's proposal chain (`runtime/lm/eagle.py`);
+(`runtime/decode/acceptance/compiled.py`) and an EAGLE draft's proposal chain (`runtime/lm/eagle.py`);
 neither package holds model weights (they are inputs), so one serves every model of its shapes.
 """
 

@@ -30,25 +30,54 @@ from typing import Any, Mapping
 
 from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
 
-# mtp-*: the target's multi-token heads propose instead of a draft; eagle-*: an EAGLE draft that
-# reads the target's hidden states (both: runtime/decode/multi_token.py, torch backend only)
-MTP_POLICIES = ("mtp-sd", "mtp-pcg", "mtp-strict", "mtp-topm", "mtp-threshold", "mtp-viterbi")
-EAGLE_POLICIES = ("eagle-sd", "eagle-pcg")
+# A decode policy is two typed settings: who proposes and which rule verifies (runtime/decode/loop.py).
+PROPOSERS = ("none", "draft", "heads", "viterbi", "eagle")  # none: plain decoding; draft: a draft LM;
+# heads: the target's multi-token heads; viterbi: a Viterbi path over the heads' candidates; eagle: an EAGLE draft
+DECODE_RULES = ("none", "sd", "ssd", "pcg", "strict", "topm", "threshold")  # none: no proposals to verify
+
+# The policy names: aliases of (proposer, rule) on the command line, in config files and over HTTP.
+# "draft" decodes with the draft LM alone (no target).
+POLICY_PAIRS = {
+    "ar": ("none", "none"), "draft": ("none", "none"),
+    "sd": ("draft", "sd"), "ssd": ("draft", "ssd"), "pcg": ("draft", "pcg"),
+    "mtp-sd": ("heads", "sd"), "mtp-pcg": ("heads", "pcg"), "mtp-strict": ("heads", "strict"),
+    "mtp-topm": ("heads", "topm"), "mtp-threshold": ("heads", "threshold"), "mtp-viterbi": ("viterbi", "topm"),
+    "eagle-sd": ("eagle", "sd"), "eagle-pcg": ("eagle", "pcg"),
+}
+POLICIES = tuple(POLICY_PAIRS)
+# proposers that read the target's hidden states (torch or an export that carries them)
+STATE_PROPOSERS = ("heads", "viterbi", "eagle")
+MTP_POLICIES = tuple(p for p, (proposer, _) in POLICY_PAIRS.items() if proposer in ("heads", "viterbi"))
+EAGLE_POLICIES = tuple(p for p, (proposer, _) in POLICY_PAIRS.items() if proposer == "eagle")
 STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the target's hidden states
-POLICIES = ("ar", "draft", "sd", "ssd", "pcg") + STATE_POLICIES
+PCG_POLICIES = tuple(p for p, (_, rule) in POLICY_PAIRS.items() if rule == "pcg")  # they need a group table
 DEVICE_STEP_POLICIES = ("ar", "sd", "ssd", "pcg")  # what whole steps on the device run (steps_per_sync)
 MAX_DRAFT_LENGTH = 16  # the longest draft_length (the device loop sizes its per-position counts by it)
 # The ranges every edge (Python API, CLI, HTTP) checks before any work, through these dataclasses.
 MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
 MAX_TEMPERATURE = 10.0  # past this the speech-token distribution is flat noise
 MAX_NEW_TOKENS = 60_000  # speech tokens per utterance: 20 minutes of audio
-PCG_POLICIES = ("pcg", "mtp-pcg", "eagle-pcg")  # the PCG rule: they need a group table
 
 
 def policy_rule(policy: str) -> str:
-    """The acceptance rule a policy's verdicts go by, its last part: "eagle-pcg" -> "pcg", "mtp-sd" -> "sd",
-    "pcg" -> "pcg" (for mtp-strict / -topm / -threshold / -viterbi, a name no exact rule has)."""
-    return policy.rsplit("-", 1)[-1]
+    """The acceptance rule a policy's verdicts go by: "eagle-pcg" -> "pcg", "mtp-viterbi" -> "topm",
+    "ar" -> "none"."""
+    return POLICY_PAIRS[policy][1]
+
+
+def policy_proposer(policy: str) -> str:
+    """Who proposes under a policy: "eagle-pcg" -> "eagle", "sd" -> "draft", "ar" -> "none"."""
+    return POLICY_PAIRS[policy][0]
+
+
+def policy_name(proposer: str, rule: str) -> str:
+    """The policy alias of a (proposer, rule) pair: ("eagle", "pcg") -> "eagle-pcg"; a pair no policy
+    names is a ValueError listing the pairs that exist."""
+    for name, pair in POLICY_PAIRS.items():
+        if pair == (proposer, rule) and name != "draft":
+            return name
+    pairs = ", ".join(f"{a}+{b}" for a, b in POLICY_PAIRS.values())
+    raise ValueError(f"no policy pairs proposer {proposer!r} with rule {rule!r}; the pairs: {pairs}")
 
 # auto: the backend an export folder was made for (onnxruntime / tensorrt), torch for a checkpoint;
 # the built-in voice on a CPU runs on onnxruntime, exported once on first use (pcgtts/builtin.py)
@@ -104,6 +133,25 @@ class DecodeConfig:
     steps_per_sync: int = 0
     compile_steps: bool = False  # with steps_per_sync: the forwards through torch.compile before capture (GPU)
     sampling: SamplingConfig = SamplingConfig()
+
+    @property
+    def proposer(self) -> str:
+        """Who proposes (`PROPOSERS`): the policy's first half."""
+        return policy_proposer(self.policy)
+
+    @property
+    def rule(self) -> str:
+        """The rule the proposals are verified by (`DECODE_RULES`); at temperature 0 every rule that
+        samples verifies greedily ("greedy"), so speculative output equals plain greedy decoding."""
+        rule = policy_rule(self.policy)
+        if self.sampling.greedy and rule in ("sd", "ssd", "pcg", "strict"):
+            return "greedy"
+        return rule
+
+    @property
+    def decodes_with_draft(self) -> bool:
+        """The draft-only policy: the draft LM decodes alone."""
+        return self.policy == "draft"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -396,5 +444,5 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
     return out
 
 
-__all__ = ["POLICIES", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
+__all__ = ["POLICIES", "POLICY_PAIRS", "PROPOSERS", "DECODE_RULES", "policy_name", "policy_proposer", "policy_rule", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
            "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict"]

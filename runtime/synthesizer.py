@@ -41,7 +41,9 @@ from pcgtts.runtime.config import (EAGLE_POLICIES, KEYS, PCG_POLICIES, STATE_POL
 from pcgtts.runtime.text.prompt import build_prompt, check_text
 from pcgtts.runtime.decode.calibrate import adopt_costs, keep_costs
 from pcgtts.runtime.decode.cost_model import in_loop_costs
-from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance, plans_draft_length, prepare
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.planning import measure_acceptance, plans_draft_length, prepare
+from pcgtts.runtime.decode.steps import DecodeStats
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.text.numbers import spell_numbers
@@ -840,7 +842,7 @@ def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path |
 def _load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm):
     """The target's multi-token heads (with the transition table when there is one), or None."""
     from pcgtts.groups.transitions import TransitionTable
-    from pcgtts.runtime.decode.multi_token import HeadProposer
+    from pcgtts.runtime.decode.proposers import HeadProposer
 
     transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None
     if hasattr(target_lm, "heads_step"):  # onnxruntime: the heads' graph was exported with the target
@@ -857,7 +859,7 @@ def _load_heads(heads_file: Path | None, transitions_file: Path | None, target_l
 
 def _load_eagle(eagle_file: Path | None, target_lm):
     """The target's EAGLE draft bound to it, or None."""
-    from pcgtts.runtime.decode.multi_token import EagleProposer
+    from pcgtts.runtime.decode.proposers import EagleProposer
 
     if hasattr(target_lm, "eagle_step"):  # onnxruntime: the draft's graph was exported with the target
         return EagleProposer.for_target(target_lm) if target_lm.has_eagle else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from pcgtts.runtime.config import DecodeConfig
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
 
 
 def decode_codes(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3,
@@ -43,3 +44,16 @@ def random_draft(target, seed=0, scale=1.0, block="attention", feature_layers=()
             if p.dim() == 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * scale / p.shape[1] ** 0.5)
     return draft.eval().requires_grad_(False)
+
+
+def propose_after(proposer, hidden, tokens, slot, count, config, generator):
+    """Feed a state proposer the rows hidden [k, D] (target slots from `slot`) and the tokens chosen
+    after them, then take `count` proposals at `config`'s sampling -> (proposals, their rows as the
+    rule reads them: probabilities [count, V] or `DigitRows`); (None, None) when count is 0."""
+    from pcgtts.runtime.decode.rows import DenseRows
+
+    proposer.observe(hidden, tokens, slot)
+    if not count:
+        return None, None
+    proposals, rows = proposer.propose(count, None, config.sampling, generator)
+    return proposals, rows.probs if isinstance(rows, DenseRows) else rows

@@ -17,6 +17,7 @@ from scipy.stats import chisquare
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.decode import acceptance
 from pcgtts.runtime.decode.acceptance import PLACEHOLDER, draw_uniforms, verify
+from pcgtts.runtime.decode.acceptance.coarse import coarse_view
 
 ALPHA = 1e-4
 N = 200_000
@@ -252,35 +253,38 @@ def test_group_picks_and_member_lists_through_the_stop_folded_spans():
     are refused (u * |S(t)| could round up to the next token's first group)."""
     groups = [[0, 1, 2], [2, 3], [1, 3, 4], [4]]
     table = DeviceGroupTable.from_groups(groups, 5)
-    view = acceptance._coarse_view(table, 6)
+    view = coarse_view(table, 6)
     for token in range(6):
         memberships = [k for k, g in enumerate(groups) if token in g] if token < 5 else [len(groups)]
         for i, expected in enumerate(memberships):
             u = torch.tensor([(i + 0.5) / len(memberships)], dtype=torch.float64)
-            assert int(acceptance._pick_group(view, torch.tensor([token]), u)) == expected
+            assert int(view.pick(torch.tensor([token]), u)) == expected
     for sync_free, width in ((False, 3), (True, table.max_group_size)):  # the fixed width needs no host read
-        members, valid = acceptance._members(view, torch.tensor([0, 1, 2, 3, 4]), sync_free)
+        members, valid = view.members(torch.tensor([0, 1, 2, 3, 4]), sync_free)
         assert members.shape == (5, width)
         assert [m[v].tolist() for m, v in zip(members, valid)] == [*groups, [5]]
     with pytest.raises(TypeError, match="float64"):
-        acceptance._pick_group(view, torch.tensor([0]), torch.tensor([0.5]))
+        view.pick(torch.tensor([0]), torch.tensor([0.5]))
 
 
 @pytest.mark.parametrize("rule, fallback", [("sd", False), ("ssd", False), ("pcg", False), ("pcg", True)],
                          ids=["sd", "ssd", "pcg", "pcg-exact-fallback"])
 def test_the_cpu_lane_returns_the_tensor_rules_tokens_draw_for_draw(rule, fallback, monkeypatch):
-    """acceptance_cpu.verify_one (NumPy indexing, one sequence) against acceptance.verify at batch 1
+    """The host lane (NumPy indexing, one sequence) against the tensor rules at batch 1
     from the same generator state, over random pairs of distributions, lengths 1-4, the stop token
     among the proposals: the same count, the same tokens, and the generator left in the same state
     (the same draws consumed), so the statistical tests above cover the lane. `fallback`: one
     thinning trial and no extra rounds, so that PCG's exact all-groups residual runs often."""
-    from pcgtts.runtime.decode.acceptance_cpu import verify_one
+    from pcgtts.runtime.decode.acceptance import verify_one
 
     exact_calls = []
     if fallback:
-        monkeypatch.setattr(acceptance, "THINNING_ROUNDS", 0)
-        exact = acceptance._exact_residual_group
-        monkeypatch.setattr(acceptance, "_exact_residual_group", lambda *a: exact_calls.append(1) or exact(*a))
+        from pcgtts.runtime.decode.acceptance import coarse, host, tensor
+
+        for module in (tensor, host):
+            monkeypatch.setattr(module, "THINNING_ROUNDS", 0)
+            monkeypatch.setattr(module, "exact_residual_group",
+                                lambda *a: exact_calls.append(1) or coarse.exact_residual_group(*a))
     groups, gen = table(), torch.Generator().manual_seed(13)
     outcomes = set()
     for case in range(800):
@@ -335,8 +339,9 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     finishes the recovery."""
     from scipy.stats import chi2_contingency
 
-    from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
-    from pcgtts.runtime.decode.compiled_rule import CompiledRule, PCGDigitRule
+    from pcgtts.runtime.decode.acceptance import verify_one
+    from pcgtts.runtime.decode.rows import DenseRows, DigitRows
+    from pcgtts.runtime.decode.acceptance.compiled import CompiledRule, PCGDigitRule
     from pcgtts.runtime.lm.digit_head import expand_digit_scores
 
     if fallback:
@@ -345,7 +350,7 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     n_steps, trials = 6_000, 1 if fallback else 16
     compiled = None
     if draft_kind == "compiled":
-        from pcgtts.runtime.decode.compiled_rule import singletons
+        from pcgtts.runtime.decode.acceptance.compiled import singletons
 
         compiled = CompiledRule(PCGDigitRule(2, trials), groups if rule == "pcg" else singletons(16), 2, trials, rule)
     runs = []
@@ -395,7 +400,7 @@ def test_digit_rows_give_the_expanded_rows_probabilities():
     """`DigitRows.at` (two half-table lookups per code, the stop token through the extra high entry)
     equals the dense softmax of the expanded scores for every token, whether the rows were factored
     alone or together with another row set (`DigitRows.factor`, as a verify step does)."""
-    from pcgtts.runtime.decode.acceptance_cpu import DigitRows
+    from pcgtts.runtime.decode.rows import DigitRows
     from pcgtts.runtime.lm.digit_head import expand_digit_scores
 
     g = torch.Generator().manual_seed(3)

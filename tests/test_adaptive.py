@@ -17,7 +17,9 @@ import pcgtts.runtime.decode.acceptance as acceptance
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.cost_model import StepCosts, counted_seconds
-from pcgtts.runtime.decode.speculative import DecodeStats, decode, measure_acceptance
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.planning import measure_acceptance
+from pcgtts.runtime.decode.steps import DecodeStats
 
 CPU = StepCosts(target_forward=(1.0, 1.5, 2.0, 2.5, 3.0), draft_forward=(0.45, 0.55, 0.65, 0.75, 0.85),
                 rule=0.03, sample=0.02)

@@ -83,7 +83,8 @@ def test_seeded_decoding_compiled_equals_eager(pair, policy, tiny_groups):
     # Sampled, not greedy: the tiny target's greedy output repeats one token. The two paths' logits
     # differ by ~1e-6, so a token (or an acceptance) could differ only where its uniform falls that
     # close to a boundary of its CDF (or ratio): about 1e-5 per draw, under 1e-3 for a run.
-    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+    from pcgtts.runtime.decode.loop import decode
+    from pcgtts.runtime.decode.steps import DecodeStats
 
     (target_eager, target_compiled), (draft_eager, draft_compiled) = pair
     prompt = build_prompt(target_eager.tokenizer, target_eager.vocab, "Compiled steps decode the same tokens.")
@@ -111,12 +112,14 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
     chain for 1..L proposals; calibration times them. The steps are judged by the compiled rule
     (`compiled_rule`). (Float rounding differs between the two, so a draw could differ only
     where its uniform falls within ~1e-6 of a boundary: the seeds are fixed.)"""
-    from pcgtts.runtime.decode.compiled_rule import CompiledRule
+    from pcgtts.runtime.decode.acceptance.compiled import CompiledRule
     from pcgtts.runtime.decode.calibrate import measure_proposer_costs
-    from pcgtts.runtime.decode.multi_token import EagleProposer
-    from pcgtts.runtime.decode.speculative import DecodeStats, decode, prepare
+    from pcgtts.runtime.decode.proposers import EagleProposer
+    from pcgtts.runtime.decode.loop import decode
+    from pcgtts.runtime.decode.planning import prepare
+    from pcgtts.runtime.decode.steps import DecodeStats
 
-    from helpers import random_draft
+    from helpers import propose_after, random_draft
 
     target = TorchLM.load(factorised_target, max_length=256, compiled=True)
     assert target.model.samples_digits
@@ -135,7 +138,7 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
         for proposer in (chained, steps):
             proposer.start(0)
             gen = torch.Generator().manual_seed(count)
-            proposals, rows = proposer.propose("eagle-sd", hidden, [3, target.vocab.stop_index], 1, count,
+            proposals, rows = propose_after(proposer, hidden, [3, target.vocab.stop_index], 1, count,
                                                DecodeConfig(sampling=sampling), gen)
             outs.append((proposals, rows.scores, torch.rand(4, generator=gen), proposer.length))
         (p_a, s_a, next_a, len_a), (p_b, s_b, next_b, len_b) = outs
@@ -165,7 +168,7 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
         draws = []
         for proposer in (chained, steps):
             proposer.start(0)
-            draws.append(proposer.propose("eagle-sd", hidden, [3, 5], 1, 3, hot, torch.Generator().manual_seed(9))[0])
+            draws.append(propose_after(proposer, hidden, [3, 5], 1, 3, hot, torch.Generator().manual_seed(9))[0])
     assert torch.equal(*draws)
 
     costs = measure_proposer_costs(target, chained, 3, "pcg", sampling, tiny_groups)
@@ -226,10 +229,11 @@ def test_a_compiled_target_tapped_for_a_multi_layer_draft_steps_as_eager(factori
     would return the old width): a compiled step's states equal an eager one's, and the chain that
     fuses a target row proposes what the step-by-step proposer does; seeded eagle-pcg decodes alike
     with either."""
-    from pcgtts.runtime.decode.multi_token import EagleProposer
-    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+    from pcgtts.runtime.decode.proposers import EagleProposer
+    from pcgtts.runtime.decode.loop import decode
+    from pcgtts.runtime.decode.steps import DecodeStats
 
-    from helpers import random_draft
+    from helpers import propose_after, random_draft
 
     eager = TorchLM.load(factorised_target, max_length=256)
     compiled = TorchLM.load(factorised_target, max_length=256, compiled=True)
@@ -248,7 +252,7 @@ def test_a_compiled_target_tapped_for_a_multi_layer_draft_steps_as_eager(factori
     outs = []
     for proposer in (chained, steps):
         proposer.start(0)
-        proposals, rows = proposer.propose("eagle-sd", h_eager[-2:], [3, 5], 1, 3, DecodeConfig(sampling=sampling),
+        proposals, rows = propose_after(proposer, h_eager[-2:], [3, 5], 1, 3, DecodeConfig(sampling=sampling),
                                            torch.Generator().manual_seed(2))
         outs.append((proposals, rows.scores))
     assert torch.equal(outs[0][0], outs[1][0])

@@ -15,9 +15,10 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import SamplingConfig
-from pcgtts.runtime.decode import acceptance_cpu, compiled_rule
-from pcgtts.runtime.decode.acceptance_cpu import DigitRows
-from pcgtts.runtime.decode.compiled_rule import CompiledRule, PCGDigitRule
+from pcgtts.runtime.decode.acceptance import compiled as compiled_rule
+from pcgtts.runtime.decode.acceptance import host as acceptance_cpu
+from pcgtts.runtime.decode.rows import DigitRows
+from pcgtts.runtime.decode.acceptance.compiled import CompiledRule, PCGDigitRule
 from pcgtts.runtime.lm.digit_head import host_draw_digit_codes, sample_digit_codes
 
 DIGITS = 3  # 64 codes + the stop (64)
@@ -102,25 +103,33 @@ def test_everything_accepted_emits_the_bonus_draw_and_a_refusal_recovers_within_
     assert outcomes == {(0, 1)}
 
 
-def test_for_loop_picks_the_compiled_rule_only_where_it_applies(monkeypatch):
+def test_a_loop_judges_with_the_compiled_rule_only_where_it_applies(monkeypatch):
     """A compiled CPU target at plain temperature with digit rows: PCG with a table covering the
-    codes, or SD; nothing for other rules, sampling, tables or an eager target."""
+    codes, or SD; the host lane or the tensor rules for other rules, sampling, tables or an eager target."""
+    from pcgtts.runtime.config import DecodeConfig
+    from pcgtts.runtime.decode.acceptance.judge import CompiledJudge
+    from pcgtts.runtime.decode.loop import loop_judge
+    from pcgtts.runtime.decode.sampling import rule_digits
+
     table = random_table(2)
     monkeypatch.setattr(compiled_rule, "_RUNNERS", {(DIGITS, 16): "runner"})
     target = SimpleNamespace(compiled=True, drawable_digits=DIGITS, device=torch.device("cpu"))
-    plain = SamplingConfig(temperature=0.8)
-    pcg = compiled_rule.for_loop(target, "pcg", plain, table, 16)
-    assert pcg.runner == "runner" and pcg.groups is table and pcg.rule == "pcg"
-    sd = compiled_rule.for_loop(target, "sd", plain, table, 16)  # SD: PCG over singleton groups
-    assert sd.rule == "sd" and sd.groups.num_groups == 64 and sd.groups.max_group_size == 1
-    for rule in ("ssd", "greedy", "topm"):
-        assert compiled_rule.for_loop(target, rule, plain, table, 16) is None
-    assert compiled_rule.for_loop(target, "pcg", plain, None, 16) is None
-    assert compiled_rule.for_loop(target, "pcg", plain, DeviceGroupTable.singletons(60), 16) is None  # the lane says why
-    assert compiled_rule.for_loop(target, "pcg", SamplingConfig(temperature=0.8, top_p=0.9), table, 16) is None
-    assert compiled_rule.for_loop(target, "pcg", SamplingConfig(temperature=0.0), table, 16) is None
     eager = SimpleNamespace(compiled=False, drawable_digits=DIGITS, device=torch.device("cpu"))
-    assert compiled_rule.for_loop(eager, "pcg", plain, table, 16) is None
+
+    def judge(policy, sampling, groups=table, lm=target):
+        proposer = SimpleNamespace(row_digits=lambda s: rule_digits(lm, s))
+        return loop_judge(lm, proposer, DecodeConfig(policy=policy, sampling=sampling), groups)[0]
+
+    plain = SamplingConfig(temperature=0.8)
+    pcg = judge("pcg", plain)
+    assert isinstance(pcg, CompiledJudge)
+    assert pcg.rule.runner == "runner" and pcg.rule.groups is table and pcg.rule.rule == "pcg"
+    sd = judge("sd", plain).rule  # SD: PCG over singleton groups
+    assert sd.rule == "sd" and sd.groups.num_groups == 64 and sd.groups.max_group_size == 1
+    others = [judge("ssd", plain), judge("mtp-topm", plain), judge("pcg", plain, DeviceGroupTable.singletons(60)),
+              judge("pcg", SamplingConfig(temperature=0.8, top_p=0.9)), judge("pcg", SamplingConfig(temperature=0.0)),
+              judge("pcg", plain, lm=eager)]  # a table of another size: the lane says why
+    assert not any(isinstance(j, CompiledJudge) for j in others)
 
 
 def test_a_package_that_cannot_be_built_leaves_the_host_lane_with_a_warning(monkeypatch, tmp_path, caplog):

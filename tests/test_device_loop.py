@@ -17,7 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode import device_loop
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
 from pcgtts.runtime.lm.torch_lm import TorchLM
 from pcgtts.runtime.text.prompt import build_prompt
 

@@ -109,11 +109,12 @@ def test_the_argmax_digit_by_digit_is_the_argmax_of_the_expanded_row():
 
 
 def test_the_greedy_rule_on_digit_rows_is_the_dense_rule():
-    """verify_one's greedy verdict from digit rows (their argmax, digit by digit) equals
+    """The greedy verdict from digit rows (their argmax, digit by digit) equals
     acceptance.verify_greedy on the expanded one-hot rows, for proposals accepted up to every length."""
     from pcgtts.runtime.config import SamplingConfig
     from pcgtts.runtime.decode.acceptance import outcome, verify
-    from pcgtts.runtime.decode.acceptance_cpu import DigitRows, verify_one
+    from pcgtts.runtime.decode.acceptance import verify_one
+    from pcgtts.runtime.decode.rows import DigitRows
     from pcgtts.runtime.decode.sampling import logits_to_probs
 
     n, length = 5, 4
@@ -174,7 +175,7 @@ def test_a_factorised_checkpoint_loads_with_the_digit_table_and_gives_the_same_l
 
 def test_greedy_and_speculative_decoding_are_unchanged_by_the_digit_table(factorised_target, tiny_lms):
     from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-    from pcgtts.runtime.decode.speculative import decode
+    from pcgtts.runtime.decode.loop import decode
     from pcgtts.runtime.lm.checkpoint import load_llama, load_tokenizer
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.runtime.text.vocab import SpeechVocab
@@ -249,7 +250,7 @@ def test_an_exported_digit_head_returns_its_scores_and_draws_digit_by_digit(fact
     from pcgtts.export.onnx_lm import export_lm
     from pcgtts.runtime.config import DecodeConfig, SamplingConfig
     from pcgtts.runtime.decode.sampling import rule_digits
-    from pcgtts.runtime.decode.speculative import decode
+    from pcgtts.runtime.decode.loop import decode
     from pcgtts.runtime.lm.onnxruntime import OrtLM
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
@@ -278,7 +279,7 @@ def test_plain_decoding_samples_a_digit_head_digit_by_digit_and_exactly(factoris
     2,000 decodes, significance 1e-4 (false-alarm rate 1e-4; seeded). Power check: the same counts
     reject the temperature-1 distribution."""
     from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-    from pcgtts.runtime.decode.speculative import decode
+    from pcgtts.runtime.decode.loop import decode
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     target = TorchLM.load(factorised_target, max_length=64)

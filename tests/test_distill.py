@@ -182,7 +182,7 @@ def test_config_checks_the_loss_needs_groups(tmp_path):
 def small_view():
     """Groups {0, 1}, {1, 2}, {3} over 4 speech tokens (+ stop): token 1 is in two groups."""
     from pcgtts.groups.device import DeviceGroupTable
-    from pcgtts.runtime.decode.acceptance import _coarse_view
+    from pcgtts.runtime.decode.acceptance.coarse import coarse_view as _coarse_view
 
     table = DeviceGroupTable.from_csr(np.array([0, 2, 4, 5]), np.array([0, 1, 1, 2, 3]), 4)
     return _coarse_view(table, 5)
@@ -202,9 +202,7 @@ def test_losses_are_the_acceptance_rules_distances():
     expected = torch.stack([p[:, 0] + p[:, 1] / 2, p[:, 1] / 2 + p[:, 2], p[:, 3], p[:, 4]], -1)
     torch.testing.assert_close(coarse(p, view), expected)
     # the sparse product training reads is the rule's own float64 masses
-    from pcgtts.runtime.decode.acceptance import _all_coarse_masses
-
-    torch.testing.assert_close(coarse(p, view), _all_coarse_masses(view, p).float())
+    torch.testing.assert_close(coarse(p, view), view.all_masses(p).float())
     group_loss, _ = distill_loss("tv+group", target_logits, draft_logits, 0.7, view)
     torch.testing.assert_close(group_loss.detach() - tv, divergences(p, q, view)["group_tv"])
     group_loss.sum().backward()

@@ -47,7 +47,8 @@ def test_used_codes_head_gives_zero_probability_elsewhere_and_stays_exact(tiny_l
 
     from pcgtts.cli import main
     from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+    from pcgtts.runtime.decode.loop import decode
+    from pcgtts.runtime.decode.steps import DecodeStats
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.runtime.text.prompt import build_prompt
 

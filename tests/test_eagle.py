@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.decode.multi_token import EagleProposer, HeadProposer
-from pcgtts.runtime.decode.speculative import decode
+from pcgtts.runtime.decode.proposers import EagleProposer, HeadProposer
+from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import decode_codes as run, random_draft, random_heads
+from helpers import decode_codes as run, propose_after, random_draft, random_heads
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -96,7 +96,7 @@ def test_a_draft_proposes_at_its_own_temperature(target, prompt, tmp_path):
         proposer = EagleProposer.from_draft(d, target)
         proposer.start(0)
         config = DecodeConfig(policy="eagle-sd", sampling=SamplingConfig(temperature=temperature))
-        out[name] = proposer.propose("eagle-sd", hidden, prompt[1:].tolist(), 0, 3, config,
+        out[name] = propose_after(proposer, hidden, prompt[1:].tolist(), 0, 3, config,
                                      torch.Generator().manual_seed(5))
     (a, rows_a), (b, rows_b) = out["scaled"], out["plain"]
     assert torch.equal(a, b) and torch.equal(rows_a, rows_b)
@@ -139,7 +139,7 @@ def test_proposer_cache_matches_a_whole_sequence_pass(target, prompt):
     row, gen = 0, torch.Generator().manual_seed(0)
     for chunk, count in ((1, 2), (3, 0), (1, 0), (2, 3), (4, 1), (1, 2)):
         rows = slice(row, row + chunk)
-        _, probs = proposer.propose("eagle-sd", hidden[rows], codes[rows].tolist(), first + row, count, sampling, gen)
+        _, probs = propose_after(proposer, hidden[rows], codes[rows].tolist(), first + row, count, sampling, gen)
         row += chunk
         if count:
             expected = torch.softmax(target.model.logits(reference[row - 1]), -1)
@@ -279,7 +279,7 @@ def test_training_brings_the_draft_closer_to_the_target(head, target, prompt, fa
     KL over sampled expanded rows; "digits": a digit-factorised target, every row's KL in closed
     form; "digits-mlp": the same with an attention-free draft; "-layers": one that also reads layer 1;
     "-tv" / "-tv+group": the losses that are what SD / PCG lose, at temperature 0.8."""
-    from pcgtts.runtime.decode.acceptance import _coarse_view
+    from pcgtts.runtime.decode.acceptance.coarse import coarse_view as _coarse_view
     from pcgtts.runtime.lm.torch_lm import TorchLM
     from pcgtts.train.distill import CoarseMasses
     from pcgtts.train.eagle import TargetHead, eagle_losses, state_sequences

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
 
 
 # (layers, speech tokens) of each size's target: the demo's is the released vocabulary layout.

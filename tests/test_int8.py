@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from pcgtts.runtime.config import DecodeConfig, DeviceConfig, SamplingConfig
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
 from pcgtts.runtime.lm.int8 import Int8Linear
 from pcgtts.runtime.lm.torch_lm import TorchLM
 from pcgtts.runtime.text.prompt import build_prompt

@@ -9,8 +9,8 @@ import torch
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.acceptance import verify_threshold, verify_top_m
-from pcgtts.runtime.decode.multi_token import HeadProposer
-from pcgtts.runtime.decode.speculative import decode
+from pcgtts.runtime.decode.proposers import HeadProposer
+from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.lm.heads import MTPHeads
 from pcgtts.runtime.text.prompt import build_prompt
 

@@ -12,7 +12,8 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.text.prompt import build_prompt
-from pcgtts.runtime.decode.speculative import DecodeStats, decode
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
 
 GREEDY = SamplingConfig(temperature=0.0)
 

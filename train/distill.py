@@ -40,7 +40,6 @@ import os
 import random
 import shutil
 import time
-import warnings
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,8 +49,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pcgtts.groups.device import widen
-from pcgtts.runtime.decode.acceptance import _coarse_view, _CoarseView
+from pcgtts.runtime.decode.acceptance.coarse import CoarseMasses, CoarseView
 from pcgtts.runtime.lm.checkpoint import HEAD_CODES_FILE
 from pcgtts.runtime.lm.checkpoint import TOKENIZER_FILES
 from pcgtts.train.progress import LossLog, lr_at, resume, rng_state, save_checkpoint
@@ -243,7 +241,8 @@ def generate_sequences(target, cache: SequenceCache, split: str, prompts: list[t
     if batch > 1:
         return _generate_together(target, cache, split, prompts, count, temperature, max_tokens, seed, progress, batch)
     from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-    from pcgtts.runtime.decode.speculative import DecodeStats, decode
+    from pcgtts.runtime.decode.loop import decode
+    from pcgtts.runtime.decode.steps import DecodeStats
 
     config = DecodeConfig(policy="ar", max_new_tokens=max_tokens, sampling=SamplingConfig(temperature=temperature))
     have = cache.splits[split]
@@ -386,36 +385,7 @@ def on_policy_sequences(target, prompts: dict[str, list[torch.Tensor]], counts: 
 
 # ---------------------------------------------------------------- distributions and losses
 
-class CoarseMasses:
-    """P_c(k) = sum_{t in G_k} p(t) / N(t) for rows of p, differentiable and fast enough to train on: one
-    sparse [groups, V] product (the pcg rule's coarse masses, acceptance._all_coarse_masses, which
-    works in float64 for the rule's thinning: ~0.2 s a row here against ~15 ms for fwd + bwd)."""
-
-    def __init__(self, view: _CoarseView):
-        table = view.table
-        members = widen(table.group_members)
-        self.inv_n = view.inv_n.float()
-        with warnings.catch_warnings():  # "sparse CSR support is in beta": products by a dense matrix are what we use
-            warnings.simplefilter("ignore", UserWarning)
-            self.members = torch.sparse_csr_tensor(table.group_offsets.long(), members,
-                                                   torch.ones(len(members), device=members.device),
-                                                   size=(table.num_groups, len(self.inv_n)), check_invariants=True)
-
-    @classmethod
-    def load(cls, path: Path, vocab, fingerprint: str, device) -> "CoarseMasses":
-        """The masses of the .pcg table at `path`, checked to be this target's (`vocab`, `fingerprint`)."""
-        from pcgtts.groups.table import GroupTable
-
-        table = GroupTable.load(path, expect_vocab=vocab, expect_fingerprint=fingerprint)
-        return cls(_coarse_view(table.to_device(device), vocab.restricted_size))
-
-    def __call__(self, probs: torch.Tensor) -> torch.Tensor:
-        """probs [R, V] -> P_c [R, M + 1] (the stop token's own group last)."""
-        scaled = probs.float() * self.inv_n
-        return torch.cat([(self.members @ scaled.T).T, scaled[:, -1:]], dim=1)
-
-
-def coarse(probs: torch.Tensor, view: _CoarseView | CoarseMasses) -> torch.Tensor:
+def coarse(probs: torch.Tensor, view: CoarseView | CoarseMasses) -> torch.Tensor:
     """Group-level distributions P_c [R, M + 1] of rows probs [R, V] (pass a `CoarseMasses` to reuse its matrix)."""
     return (view if isinstance(view, CoarseMasses) else CoarseMasses(view))(probs)
 

@@ -9,7 +9,7 @@ work has just evicted their data from the caches: alone, a draft step of the bui
 ~2x and a verify ~1.3x cheaper than in the loop, lab-v1's PCG rule 1.5x, a draw 4x).
 Results are cached per (target, draft, rule, L_max) for the models' lifetime, so every utterance
 of a session plans with the same costs; `Synthesizer.load` measures them before the first
-utterance (`speculative.prepare`). Pass `costs=` to `decode` to pin them instead, or let another
+utterance (`planning.prepare`). Pass `costs=` to `decode` to pin them instead, or let another
 copy of the same models adopt them (`adopt_costs`: a server's workers plan alike, so a seeded
 request gives the same audio whichever worker serves it).
 """
@@ -26,9 +26,8 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
-from pcgtts.runtime.decode import compiled_rule
-from pcgtts.runtime.decode.acceptance import draw_uniforms
-from pcgtts.runtime.decode.acceptance_cpu import DenseRows, DigitRows, verify_one
+from pcgtts.runtime.decode.acceptance import RuleParams, draw_uniforms, judge_for
+from pcgtts.runtime.decode.rows import DenseRows, DigitRows
 from pcgtts.runtime.decode.cost_model import StepCosts
 from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
 from pcgtts.runtime.lm.protocol import LM
@@ -147,12 +146,16 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
         cases.append((target_output[:max_length], digits))
     cases = [(output, count, rows(output, count).dense().argmax(-1)) for output, count in cases]
 
-    compiled = compiled_rule.for_loop(target, rule, sampling, groups, DecodeConfig.pcg_thinning_trials)
+    judges = {}
+    if rule != "pcg" or groups is not None:
+        params = RuleParams(rule, groups if rule == "pcg" else None, thinning_trials=DecodeConfig.pcg_thinning_trials)
+        judges = {count: judge_for(params, device, digits, count, compiled_target=target.compiled)
+                  for count in {case[1] for case in cases}}
 
     def rule_step(output, count, tokens) -> None:
         # Both row sets are made afresh, as each verify makes them (a digit head's rows factor on first use).
-        verify_one(rule, tokens, rows(output, count), rows(target_output, digits),
-                   draw_uniforms(1, max_length, gen, device)[0], gen, groups=groups, compiled=compiled)
+        judges[count](tokens, rows(output, count), rows(target_output, digits), gen,
+                      draw_uniforms(1, max_length, gen, device)[0])
 
     after_step = _one_step(target)
     rule_cost = (statistics.mean(_medians([lambda case=case: rule_step(*case) for case in cases], repeats, sync,
@@ -198,7 +201,7 @@ def measure_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: S
 def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sampling: SamplingConfig,
                            groups: DeviceGroupTable | None = None, repeats: int = 3,
                            sync: Callable[[], None] | None = None) -> StepCosts:
-    """Time the target with a proposer that reads its hidden states (`multi_token.HeadProposer` or
+    """Time the target with a proposer that reads its hidden states (`proposers.HeadProposer` or
     `EagleProposer`): target forwards of 1..max_length + 1 tokens (each after the proposals that
     precede it in the loop), and one proposal after 1..max_length + 1
     rows, its draw included, as the 'draft' cost (flat for heads, which read one row), and for a
@@ -234,7 +237,7 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
 def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling: SamplingConfig,
                      groups: DeviceGroupTable | None = None, sync: Callable[[], None] | None = None) -> StepCosts:
     """`measure_costs`, once per (target, draft, rule, max_length, greedy) while both models live;
-    `draft` may be a proposer from `multi_token` (then `measure_proposer_costs`)."""
+    `draft` may be a proposer from `proposers` (then `measure_proposer_costs`)."""
     if sync is None and target.device.type == "cuda":  # asynchronous: untimed without a sync
         sync = torch.cuda.synchronize
     key = (rule, max_length, sampling.greedy)

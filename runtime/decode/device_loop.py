@@ -2,7 +2,7 @@
 that reads and writes only device tensors, so a CUDA graph captures all of it and the host reads
 the results once per `steps_per_sync` steps.
 
-The host loop (`speculative.py`) reads every step's accepted count to decide what to feed next;
+The host loop (`loop.py`) reads every step's accepted count to decide what to feed next;
 on a GPU each read is a synchronisation that leaves the device idle while Python runs. Here the
 state the host loop keeps in Python lives in device tensors (`DeviceState`):
 
@@ -42,9 +42,9 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import MAX_DRAFT_LENGTH, DecodeConfig, SamplingConfig
-from pcgtts.runtime.decode.acceptance import draw_uniforms, verify
+from pcgtts.runtime.decode.acceptance.tensor import draw_uniforms, verify
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
-from pcgtts.runtime.decode.speculative import _start, emitted
+from pcgtts.runtime.decode.steps import emitted, start_sequence
 from pcgtts.runtime.lm.llama import Llama
 from pcgtts.runtime.text.vocab import SpeechVocab
 
@@ -187,7 +187,7 @@ def step_spec(config: DecodeConfig) -> StepSpec:
     """The step `config` asks for (`DecodeConfig` has checked that the device loop runs it)."""
     if config.policy == "ar":
         return StepSpec(0, "ar", config.sampling, compile=config.compile_steps)
-    rule = "greedy" if config.sampling.greedy else config.policy
+    rule = config.rule
     return StepSpec(config.draft_length, rule, config.sampling, config.ssd_beta if rule == "ssd" else 0.0,
                     config.pcg_thinning_trials, config.compile_steps)
 
@@ -252,7 +252,7 @@ def device_loop(target, draft, groups: DeviceGroupTable | None) -> DeviceLoop:
 
 def decode_on_device(target, draft, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
                      groups: DeviceGroupTable | None, stats) -> Iterator[list[int]]:
-    """`speculative.decode` with whole steps on the device: up to `config.steps_per_sync` steps are
+    """`loop.decode` with whole steps on the device: up to `config.steps_per_sync` steps are
     queued, then one host read brings their tokens back. Torch-backend LMs (their `Llama` runs the
     step); `stats` counts the steps run, past a stop token within the last batch included. `decode`
     has checked that the policy has its draft and group table."""
@@ -267,7 +267,7 @@ def decode_on_device(target, draft, prompt_ids: torch.Tensor, config: DecodeConf
                          f"({draft.max_length} < {target.max_length} tokens)")
     models = (target, draft) if spec.draft_length else (target,)
     for lm in models:
-        _start(lm, prompt_ids)
+        start_sequence(lm, prompt_ids)
     loop = device_loop(target, draft if spec.draft_length else None, groups)
     step = loop.step(spec)  # captured (on CUDA) before `reset` seeds the generator the warm-up drew from
     loop.reset(prompt_ids, generator)

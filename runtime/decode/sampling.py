@@ -78,7 +78,7 @@ def sample_by_digits(scores: torch.Tensor, digits: int, temperature: float, gene
 def digits_to_draw(lm, sampling) -> int:
     """n > 0 when `lm`'s plain steps take their token digit by digit (a digit head at plain
     temperature: `digit_head.sample_digit_codes`; or greedy: `digit_head.argmax_digit_codes`), else 0."""
-    return getattr(lm, "drawable_digits", 0) if sampling.plain or sampling.greedy else 0
+    return lm.drawable_digits if sampling.plain or sampling.greedy else 0
 
 
 def rule_digits(lm, sampling) -> int:

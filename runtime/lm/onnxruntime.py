@@ -161,6 +161,9 @@ class OrtLM(BufferedLM):
             raise FileNotFoundError(f"{self.model_dir}: {record['graph']} listed in pcgtts-lm.json is missing")
         return open_session(path, self.device, self.threads), record
 
+    # proposers run from the graphs exported with the target (`eagle_step`, `heads_step`), never a file
+    exported_proposers = frozenset({"eagle", "heads"})
+
     def eagle_step(self) -> "OrtEagleStep":
         """The EAGLE draft exported with this target, on the same device, with its own cache."""
         session, record = self._proposer_session("eagle", "--eagle")

@@ -23,10 +23,13 @@ recomputed in a differently sized batch sums in another order, and dynamic int8 
 scales activations per batch; a seeded utterance would then depend on what came before it).
 `reuse_prefix = False` turns reuse off.
 
-Optional: `forward_hidden(ids)` (logits and final-normed hidden states, for multi-token heads and
-EAGLE drafts) and, when `drawable_digits` > 0, `forward_scores(ids)` (a digit-factorised head's raw
-scores, which plain-temperature decoding samples digit by digit): torch, and exported graphs of a
-digit head (`export/lm_graph.py`).
+Capabilities every LM declares (`SequenceMixin` gives the defaults): `compiled` (its steps run
+through compiled graphs, which a compiled rule and an EAGLE chain suit), `drawable_digits` (> 0: a
+digit-factorised head, whose raw scores `forward_scores(ids)` returns and plain-temperature
+decoding samples digit by digit) and `exported_proposers` (proposer graphs exported with the model:
+"eagle", "heads"). An LM that also returns its states is a `StatesLM`: `forward_hidden(ids)`
+(logits and final-normed hidden states, for multi-token heads and EAGLE drafts) and
+`forward_scores(ids)`: torch, and exported graphs that carry them (`export/lm_graph.py`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,19 @@ class LM(Protocol):
 
     def release(self) -> None: ...  # free the cache; weights stay loaded
 
+    compiled: bool  # steps run through compiled graphs
+    drawable_digits: int  # > 0: a digit head of this many digits, drawn digit by digit (`forward_scores`)
+    exported_proposers: frozenset[str]  # proposer graphs exported with the model: "eagle", "heads"
+
+
+@runtime_checkable
+class StatesLM(LM, Protocol):
+    """An LM whose steps also return what proposers on the target's states read."""
+
+    def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...  # logits [T, V_r], states [T, D]
+
+    def forward_scores(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...  # digit scores, states
+
 
 def check_fits(length: int, new: int, max_length: int) -> None:
     if length + new > max_length:
@@ -91,6 +107,9 @@ class SequenceMixin:
 
     length: int
     reuse_prefix: bool = True  # prefill keeps the slots of the leading tokens shared with the last prompt
+    compiled: bool = False  # the `LM` capabilities' defaults
+    drawable_digits: int = 0
+    exported_proposers: frozenset[str] = frozenset()
     _prompt: torch.Tensor | None = None  # [P] int64 on the CPU: the last prompt prefilled
     _kept: int = 0  # of its tokens, how many leading ones the cache still holds
 

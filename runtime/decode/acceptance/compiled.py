@@ -1,6 +1,6 @@
 """The PCG and SD rules over digit-head rows as one ahead-of-time compiled call: a compiled CPU target's verdicts.
 
-The host lane (`acceptance_cpu._pcg`) runs ~90 NumPy and torch calls a step; right after a target
+The host lane (`host._pcg`) runs ~90 NumPy and torch calls a step; right after a target
 forward has evicted the caches they cost ~0.4 ms on lab-v1, a fifth of the 4-token verify they
 judge. Here the same arithmetic is one graph, compiled ahead of time by AOTInductor and called
 through its loader (~40 µs on cold caches, against ~170 µs for a torch.compile graph's Python
@@ -10,17 +10,17 @@ digit count and thinning-trial count (~15 s on 2 cores) and kept in the cache fo
 (`runtime/aot.py`). SD is the same graph over singleton groups (PCG over
 them is SD exactly).
 
-What the graph computes is what `acceptance_cpu._pcg` computes, from one block of uniforms drawn
+What the graph computes is what `host._pcg` computes, from one block of uniforms drawn
 on the host (`CompiledRule.__call__`):
 
   1. the proposed group of each proposal (K uniform over S(x_i)), its P_c and Q_c under the
      draft's and the target's rows, and n = the accepted prefix (u_i < min(1, Q_c / P_c));
   2. 1 + T draws from the target's row n, digit by digit: the bonus token, then T thinning
      candidates y_j, each kept with probability (1 - P_c / Q_c)+ over a group picked uniformly
-     from S(y_j) (acceptance._recover's first round). The candidates are judged only after a
+     from S(y_j) (`tensor._recover`'s first round). The candidates are judged only after a
      rejection, the first `_STAGE` of them before the rest (torch.cond): most steps need none or few;
   3. out = [n, the emitted token, 1] or, when no candidate was kept, [n, -, 0]: the host then goes
-     on with the later thinning rounds and the exact residual (`acceptance_cpu._recover`), so the
+     on with the later thinning rounds and the exact residual (`host.recover`), so the
      rule stays exact whatever T is (~2 % of lab-v1's steps).
 
 Group member lists are gathered at the table's largest group size W (padding weighs 0); a
@@ -37,8 +37,9 @@ import torch
 
 from pcgtts.runtime.config import MAX_DRAFT_LENGTH
 from pcgtts.runtime import aot
-from pcgtts.runtime.decode import acceptance
-from pcgtts.runtime.decode.acceptance_cpu import DigitRows, _recover
+from pcgtts.runtime.decode.acceptance.coarse import coarse_view, group_members, pick_group
+from pcgtts.runtime.decode.acceptance.host import recover
+from pcgtts.runtime.decode.rows import DigitRows
 from pcgtts.runtime.lm.digit_head import LEVELS, digit_halves, digit_log_probs, sample_digit_codes
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class PCGDigitRule(torch.nn.Module):
 
 def _tables(scores: torch.Tensor, digits: int, temperature: torch.Tensor):
     """scores [R, 1 + 4 * digits + 1] -> (high [R, 4**(digits - digits//2) + 1] (the stop's entry
-    last), low [R, 4**(digits//2)], the low table's index width in bits): `acceptance_cpu.DigitRows`'
+    last), low [R, 4**(digits//2)], the low table's index width in bits): `rows.DigitRows`'
     factor tables, exponentiated, so that p(code) = high[code >> bits] * low[code & mask]."""
     per_digit, speech, stop = digit_log_probs(scores, digits, temperature)
     high, low = digit_halves(per_digit, speech)
@@ -110,21 +111,16 @@ def _tables(scores: torch.Tensor, digits: int, temperature: torch.Tensor):
 
 
 def _pick(table, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """acceptance._pick_group: a group uniform over S(t) per token [K], the stop in its own group."""
-    token_span, token_shift, token_groups = table[0], table[1], table[2]
-    span = token_span[tokens]
-    entry = span[:, 0] + (u * span[:, 1]).long()
-    return (token_groups[entry].long() & 0xFFFF) + token_shift[tokens]
+    """`coarse.pick_group` over the graph's table inputs: a group uniform over S(t) per token [K]."""
+    return pick_group(table[0], table[1], table[2], tokens, u)
 
 
 def _coarse(draft, target, rows: torch.Tensor, groups: torch.Tensor, table, target_row=None):
     """(P_c, Q_c) [K] of groups [K] under the draft's rows `rows` and the target's rows `rows`
-    (`target_row` for all of them, if given): equal-split sums over the members, padded to W."""
-    group_span, member_shift, group_members, inv_n, slots = table[3:]
-    span = group_span[groups]
-    last = span[:, 1:] - 1
-    members = (group_members[span[:, :1] + torch.minimum(slots, last)].long() & 0xFFFF) + member_shift[groups][:, None]
-    weights = inv_n[members].double() * (slots <= last)
+    (`target_row` for all of them, if given): equal-split sums over the members (`coarse.group_members`), padded to W."""
+    group_span, member_shift, members16, inv_n, slots = table[3:]
+    members, valid = group_members(group_span, member_shift, members16, groups, slots)
+    weights = inv_n[members].double() * valid
     target_rows = rows if target_row is None else target_row.expand(len(rows))
     return (_at(draft, rows, members) * weights).sum(-1), (_at(target, target_rows, members) * weights).sum(-1)
 
@@ -138,8 +134,8 @@ def _at(tables, rows: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
 
 class CompiledRule:
     """The PCG rule of one group table, or SD (PCG over singleton groups, the same graph), as a
-    compiled call (`PCGDigitRule` through AOTInductor): `acceptance_cpu.verify_one`'s lane for a
-    step whose draft and target rows are digit rows."""
+    compiled call (`PCGDigitRule` through AOTInductor): the loop's judge (`judge.CompiledJudge`)
+    for steps whose draft and target rows are digit rows."""
 
     def __init__(self, runner, groups, digits: int, trials: int, rule: str = "pcg"):
         if groups.num_tokens != LEVELS ** digits:
@@ -163,8 +159,8 @@ class CompiledRule:
         n, token, ok = self.runner(draft.scores, target.scores, tokens, accept_u, u, aot.f64_scalar(draft.temperature),
                                    aot.f64_scalar(target.temperature), *self.table).tolist()
         if not ok:  # no thinning candidate was kept: the later rounds and the exact residual, on the host
-            view = acceptance._coarse_view(self.groups, target.size)
-            token = _recover(view, draft, target, n, self.trials, generator, first_round=1)
+            view = coarse_view(self.groups, target.size)
+            token = recover(view, draft, target, n, self.trials, generator, first_round=1)
         return n, [*tokens[:n].tolist(), token]
 
 
@@ -223,19 +219,13 @@ def export_rule(digits: int, trials: int):
     return torch.export.export(PCGDigitRule(digits, trials), example_inputs(digits, trials), dynamic_shapes=shapes)
 
 
-def for_loop(target, rule: str, sampling, groups, trials: int) -> CompiledRule | None:
-    """The compiled rule a decode loop of `target` judges with: a compiled CPU target's (`--compile`)
-    PCG rule over digit rows with a group table that covers them, or its SD rule, at plain temperature;
-    None elsewhere (the host lane then runs, and names a table that does not fit; greedy decoding
-    judges by argmax there)."""
-    from pcgtts.runtime.decode.sampling import rule_digits
-
-    digits = rule_digits(target, sampling) if sampling.plain else 0
-    if not digits or not getattr(target, "compiled", False) or rule not in ("pcg", "sd"):
-        return None
+def for_rows(rule: str, groups, digits: int, trials: int) -> CompiledRule | None:
+    """The compiled `rule` (sd or pcg) over digit rows of `digits` digits: PCG with a group table that
+    covers them, SD over singleton groups; None where it does not apply (no table, or one of another
+    size: the host lane then runs and names the mismatch) or cannot be built."""
     if rule == "sd":
         groups = singletons(LEVELS ** digits)
-    elif groups is None or groups.num_tokens != LEVELS ** digits:
+    elif rule != "pcg" or groups is None or groups.num_tokens != LEVELS ** digits:
         return None
     return load_rule(groups, digits, trials, rule=rule)
 

@@ -1,39 +1,10 @@
-"""Acceptance rules for speculative decoding: pure functions over tensors with fixed-shape outputs.
+"""The acceptance rules as batched tensor functions with fixed-shape outputs: the reference form.
 
-Terms (as in vLLM): the draft proposes L tokens; the leading ones the rule keeps are
-*accepted*; at the first rejection one *recovered* token is sampled instead; when all L are
-accepted a *bonus* token is sampled from the target's last row. Output per sequence:
-`tokens[L + 1]` = accepted + one recovered/bonus token, padded with -1, and `num_accepted`.
-
-Rules (all over the restricted vocabulary of runtime/text/vocab.py, stop token = index V - 1):
-  greedy  temperature 0: accept while the draft equals the target's argmax, then emit the
-          target's argmax. Every rule uses this at temperature 0, so speculative output equals
-          plain greedy decoding token for token (PCG's group test would otherwise accept a
-          group-mate of the argmax, which greedy decoding never emits).
-  sd      standard speculative sampling (Leviathan et al. 2023; Chen et al. 2023): accept x with
-          min(1, target(x)/draft(x)); recover from norm(max(0, target - draft)). Exact: the
-          emitted token is distributed as the target.
-  ssd     SSD (Lin et al., Interspeech 2025): accept if u < min(1, target/draft) + beta; recover
-          as SD. beta = 0 is SD; beta > 0 trades exactness for acceptance.
-  pcg     Principled Coarse-Graining (Yanuka et al.), Algorithm 1 with equal-split weights.
-          Groups G_k overlap; S(t) = {k : t in G_k}, N(t) = |S(t)|, and the coarse
-          distributions are P_c(k) = sum_{t in G_k} draft(t)/N(t), Q_c(k) likewise for the
-          target. For draft token x pick K uniformly from S(x) (so K ~ P_c), accept with
-          min(1, Q_c(K)/P_c(K)) keeping x; on rejection sample K from the residual
-          [Q_c - P_c]_+ (thinning, with an exact fallback) and emit t in G_K with probability
-          proportional to target(t)/N(t): the kept thinning candidate's own token is such a t
-          (see `_recover`). The emitted group is distributed exactly as Q_c.
-          The stop token is its own singleton group, id = groups.num_groups.
-  top-M   (multi-token heads, Speech-LLaMA) accept while a proposal is among the target's M
-          best tokens (M = 1: strict), then sample from the target. Not exact.
-  thresh  accept while the target gives a proposal probability >= tau. Not exact.
-
-Randomness is injected: `uniforms[B, L]` decide accept/reject (tests force outcomes through
-them) and `generator` draws everything else. The recovered token's residual is computed only
-where it is needed: on a CPU, where a host sync is free, only for the rows that rejected a
-proposal (`_rejected_rows`; a step that accepted everything samples just the bonus token);
-with `sync_free` (the default on other devices, and what a captured CUDA graph needs) every row
-computes it with fixed shapes and `torch.where` selects, so the host never reads device data.
+Any batch, any device. The recovered token's residual is computed only where it is needed: on a
+CPU, where a host sync is free, only for the rows that rejected a proposal (`_rejected_rows`; a
+step that accepted everything samples just the bonus token); with `sync_free` (the default on
+other devices, and what a captured CUDA graph needs) every row computes it with fixed shapes and
+`torch.where` selects, so the host never reads device data. The package docstring states the rules.
 """
 
 from __future__ import annotations
@@ -42,7 +13,9 @@ from typing import NamedTuple
 
 import torch
 
-from pcgtts.groups.device import DeviceGroupTable, widen
+from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.decode.acceptance.coarse import (CoarseView, coarse_view, exact_residual_group, token_in_group,
+                                                     uniforms64)
 from pcgtts.runtime.decode.sampling import cdf_of, draw, sample_from_weights
 
 RULES = ("greedy", "sd", "ssd", "pcg")
@@ -64,10 +37,6 @@ def outcome(verdict: Verdict) -> tuple[int, list[int]]:
 
 def draw_uniforms(batch: int, length: int, generator: torch.Generator, device) -> torch.Tensor:
     return torch.rand(batch, length, generator=generator, device=device)
-
-
-def _uniforms64(batch: int, length: int, generator: torch.Generator, device) -> torch.Tensor:
-    return torch.rand(batch, length, generator=generator, device=device, dtype=torch.float64)
 
 
 def _sync_free(sync_free: bool | None, like: torch.Tensor) -> bool:
@@ -152,76 +121,7 @@ def sd_residual(target_row: torch.Tensor, draft_row: torch.Tensor) -> torch.Tens
     return torch.where(residual.sum(-1, keepdim=True) <= 0, target_row, residual)
 
 
-class _CoarseView(NamedTuple):
-    """A group table seen from the restricted vocabulary (speech tokens + the stop token)."""
-
-    table: DeviceGroupTable
-    inv_n: torch.Tensor  # [V] float: 1 / N(t); the stop token is in exactly one group (id table.num_groups)
-
-
-def _coarse_view(groups: DeviceGroupTable, vocab_size: int) -> _CoarseView:
-    if vocab_size != groups.num_tokens + 1:
-        raise ValueError(f"group table covers {groups.num_tokens} speech tokens but the distributions have "
-                         f"{vocab_size} entries (expected speech tokens + stop)")
-    return _CoarseView(groups, groups.inv_groups_per_token)
-
-
-def _pick_group(view: _CoarseView, tokens: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """K uniform over S(t) for each token (any shape); the stop token maps to its own group.
-    uniforms: float64 in [0, 1) of the tokens' shape (float64: u * |S(t)| never rounds up to |S(t)|)."""
-    if uniforms.dtype != torch.float64:  # float32 u * |S(t)| can round up to |S(t)|: the next token's group
-        raise TypeError(f"group picks need float64 uniforms, got {uniforms.dtype}")
-    t, spans = view.table, view.table.spans
-    start, count = spans.token[tokens].unbind(-1)
-    entry = start + (uniforms * count).long()
-    return widen(t.token_groups[entry]) + spans.token_shift[tokens]
-
-
-def _members(view: _CoarseView, group: torch.Tensor, sync_free: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded member lists of groups [...] -> (tokens [..., W], valid [..., W]). W is the table's
-    largest group size with `sync_free` (a fixed shape); otherwise the host reads the largest of
-    these groups (about half the table's maximum on the trained voice)."""
-    t, spans = view.table, view.table.spans
-    start, size = spans.group[group].unbind(-1)
-    width = t.max_group_size if sync_free or not group.numel() else int(size.max())
-    slot = torch.arange(width, device=group.device)
-    last = (size - 1)[..., None]
-    entry = start[..., None] + torch.minimum(slot, last)  # padding repeats the last member (the stop's shift fits it)
-    return widen(t.group_members[entry]) + spans.member_shift[group][..., None], slot <= last
-
-
-def _coarse_masses(view: _CoarseView, first: torch.Tensor, second: torch.Tensor,
-                   group: torch.Tensor, sync_free: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P_c, Q_c) of `group` under two distributions, gathering only the groups' members.
-
-    first, second: [B, R, V] (or [B, V]); group: [B, R, ...] of the same leading dims -> two [B, R, ...].
-    """
-    members, valid = _members(view, group, sync_free)
-    weights = view.inv_n[members] * valid  # 1/N(t) on members, 0 on padding
-    flat = members.reshape(*first.shape[:-1], -1)
-    shape = members.shape
-    p = (first.gather(-1, flat).view(shape) * weights).sum(-1)
-    q = (second.gather(-1, flat).view(shape) * weights).sum(-1)
-    return p, q
-
-
-def _all_coarse_masses(view: _CoarseView, probs: torch.Tensor) -> torch.Tensor:
-    """P_c for every group (stop group last): probs [B, V] -> [B, M + 1].
-
-    A sparse matrix-vector product done as differences of a float64 cumulative sum over the
-    group-major member list, so it needs no per-entry group index (which would cost 8 bytes
-    per table entry) and stays exact enough for masses down to ~1e-15.
-    """
-    t = view.table
-    scaled = (probs * view.inv_n).double()
-    entries = scaled[:, widen(t.group_members)]  # [B, nnz]
-    cdf = torch.nn.functional.pad(entries.cumsum(-1), (1, 0))
-    offsets = t.group_offsets.long()
-    masses = cdf[:, offsets[1:]] - cdf[:, offsets[:-1]]
-    return torch.cat([masses, scaled[:, -1:]], dim=1)
-
-
-def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor, target_cdf: torch.Tensor,
+def _recover(view: CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor, target_cdf: torch.Tensor,
              y: torch.Tensor, generator: torch.Generator, sync_free: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The recovered group K ~ [Q_c - P_c]_+ (normalised) and its token t in G_K ~ target(t)/N(t),
     for each row. draft_row, target_row: [B, V]; target_cdf: cdf_of(target_row); y: [B, T]
@@ -240,16 +140,16 @@ def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tenso
 
     def thin(candidates_y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         count = candidates_y.shape[1]
-        cand = _pick_group(view, candidates_y, _uniforms64(b, count, generator, device))  # [B, T]
-        p_c, q_c = _coarse_masses(view, draft_row, target_row, cand, sync_free)
+        cand = view.pick(candidates_y, uniforms64(b, count, generator, device))  # [B, T]
+        p_c, q_c = view.masses(draft_row, target_row, cand, sync_free)
         keep_prob = (1.0 - p_c / q_c.clamp_min(torch.finfo(q_c.dtype).tiny)).clamp_min(0.0)
         kept = torch.rand(b, count, generator=generator, device=device) < keep_prob
         first = kept.long().argmax(-1)[:, None]
         return kept.any(-1), cand.gather(1, first).squeeze(1), candidates_y.gather(1, first).squeeze(1)
 
     def exact(rows_draft: torch.Tensor, rows_target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        group = _exact_residual_group(view, rows_draft, rows_target, generator)
-        return group, _token_in_group(view, rows_target, group, generator, sync_free)
+        group = exact_residual_group(view, rows_draft, rows_target, generator)
+        return group, token_in_group(view, rows_target, group, generator, sync_free)
 
     any_kept, group, token = thin(y)
     if sync_free:
@@ -277,35 +177,16 @@ def _recover(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tenso
     return group, token
 
 
-def _exact_residual_group(view: _CoarseView, draft_row: torch.Tensor, target_row: torch.Tensor,
-                          generator: torch.Generator) -> torch.Tensor:
-    """K ~ normalised [Q_c - P_c]_+ computed over every group. [B, V] x 2 -> [B]"""
-    q_all = _all_coarse_masses(view, target_row)
-    residual = (q_all - _all_coarse_masses(view, draft_row)).clamp_min(0)
-    # An all-zero residual means Q_c == P_c, where no rejection can happen; fall back to Q_c.
-    residual = torch.where(residual.sum(-1, keepdim=True) <= 0, q_all, residual)
-    return sample_from_weights(residual, torch.rand(residual.shape[0], generator=generator, device=residual.device))
-
-
-def _token_in_group(view: _CoarseView, target_row: torch.Tensor, group: torch.Tensor,
-                    generator: torch.Generator, sync_free: bool = False) -> torch.Tensor:
-    """t in G_K with probability proportional to target(t)/N(t). target_row [B, V], group [B] -> [B]."""
-    members, valid = _members(view, group, sync_free)
-    weights = target_row.gather(1, members) * view.inv_n[members] * valid
-    pick = sample_from_weights(weights, torch.rand(group.shape[0], generator=generator, device=group.device))
-    return members.gather(1, pick[:, None]).squeeze(1)
-
-
 def verify_pcg(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
                uniforms: torch.Tensor, generator: torch.Generator, groups: DeviceGroupTable,
                thinning_trials: int = 16, sync_free: bool | None = None) -> Verdict:
     # draft_tokens: [B, L]; draft_probs: [B, L, V]; target_probs: [B, L + 1, V]; uniforms: [B, L]
     b, l = draft_tokens.shape
     device = draft_tokens.device
-    view = _coarse_view(groups, draft_probs.shape[-1])
+    view = coarse_view(groups, draft_probs.shape[-1])
     sync_free = _sync_free(sync_free, draft_tokens)
-    proposed = _pick_group(view, draft_tokens, _uniforms64(b, l, generator, device))  # [B, L]
-    p_c, q_c = _coarse_masses(view, draft_probs, target_probs[:, :l], proposed, sync_free)
+    proposed = view.pick(draft_tokens, uniforms64(b, l, generator, device))  # [B, L]
+    p_c, q_c = view.masses(draft_probs, target_probs[:, :l], proposed, sync_free)
     # P_c(K) > 0 because the draft sampled a member of K; the clamp only avoids a NaN.
     ratio = q_c / p_c.clamp_min(torch.finfo(p_c.dtype).tiny)
     n = _accepted_prefix(uniforms < ratio.clamp(max=1.0))

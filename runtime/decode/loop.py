@@ -1,0 +1,180 @@
+"""The decode loop: prompt ids -> bursts of speech codes, for every policy, in one loop.
+
+A policy is a proposer (none, a draft LM, multi-token heads, a Viterbi path over them, an EAGLE
+draft: runtime/decode/proposers.py) and a rule that verifies its proposals (runtime/decode/
+acceptance/). One step:
+
+  1. choose L (fixed, or `cost_model.DraftLengthPolicy` with `adaptive_draft`; 0 until a
+     proposer that reads the target's states has seen a verified row);
+  2. L = 0: one plain target step (a draw from its last row). Otherwise the proposer makes L
+     proposals and the target is fed [last, x_1 .. x_L] in one pass, giving L + 1 distributions;
+  3. the rule (a judge chosen once, when the loop starts) -> n accepted + one recovered or bonus
+     token; the target's cache is rolled back to [.., last, x_1 .. x_n] (O(1) with the static cache);
+  4. the proposer hears the verdict (a draft LM rolls its cache back; a state proposer reads the
+     accepted rows' states) and the tokens are handed out, cut at the stop token and the budget.
+
+One host sync per step: the accepted count and the tokens, read back together. At temperature 0
+every rule that samples verifies greedily, so speculative output equals plain greedy decoding.
+No I/O, logging or tokenization happens here; token ids in, restricted-vocabulary indices out.
+Whole steps on the device (`steps_per_sync`) run in runtime/decode/device_loop.py.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.decode.acceptance import EXACT_RULES, RuleParams, judge_for
+from pcgtts.runtime.decode.calibrate import calibrated_costs
+from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts, starting_counter
+from pcgtts.runtime.decode.device_loop import decode_on_device
+from pcgtts.runtime.decode.proposers import DraftModel
+from pcgtts.runtime.decode.sampling import digits_to_draw, rule_digits
+from pcgtts.runtime.decode.steps import (DecodeStats, Timer, emitted, has_room, plain_step, start_sequence,
+                                         verify_pass)
+from pcgtts.runtime.lm.protocol import LM
+
+
+def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: DecodeConfig,
+           generator: torch.Generator, groups: DeviceGroupTable | None = None,
+           stats: DecodeStats | None = None, sync: Callable[[], None] | None = None,
+           costs: StepCosts | None = None, proposer=None,
+           acceptance: Sequence[float] | None = None) -> Iterator[list[int]]:
+    """Yield bursts of speech codes for `prompt_ids` [T] until the stop token or a limit.
+
+    `generator` lives on the target's device; `sync` (e.g. torch.cuda.synchronize) makes the
+    per-phase timings in `stats` exact on asynchronous devices at the cost of extra syncs.
+    With `config.adaptive_draft`, `costs` are the step costs the draft length is planned with
+    (default: measured once per model pair by `runtime/decode/calibrate.py`) and `acceptance` the
+    per-position rates it starts from (`planning.measure_acceptance`; default: the proposer's
+    recorded rate, else 0.5: `cost_model.starting_counter`). The heads and EAGLE policies propose
+    with `proposer` (a `proposers.HeadProposer` or `EagleProposer`) reading the target's states.
+    """
+    stats = stats if stats is not None else DecodeStats()
+    check_decode(config, draft, groups, proposer)
+    if config.steps_per_sync:
+        return decode_on_device(target, draft, prompt_ids, config, generator, groups, stats)
+    if config.proposer == "none":
+        lm = draft if config.decodes_with_draft else target
+        return _loop(lm, None, prompt_ids, config, generator, groups, stats, Timer(stats, sync), None, None)
+    if config.proposer == "draft":
+        proposer = DraftModel(draft, prompt_ids, prefill_now=not config.adaptive_draft)
+    return _loop(target, proposer, prompt_ids, config, generator, groups, stats, Timer(stats, sync), costs,
+                 acceptance)
+
+
+def check_decode(config: DecodeConfig, draft, groups, proposer) -> None:
+    """What a policy needs: a proposer on the target's states, a draft model, a group table."""
+    if config.proposer in ("heads", "viterbi", "eagle"):
+        if proposer is None:
+            raise ValueError(f"policy {config.policy!r} needs a proposer on the target's states (multi-token heads "
+                             "for mtp-*, an EAGLE draft for eagle-*)")
+        if config.proposer == "viterbi" and proposer.transitions is None:
+            raise ValueError("policy 'mtp-viterbi' needs a transition table (`pcgtts train transitions`)")
+    elif config.policy != "ar" and draft is None:
+        raise ValueError(f"policy {config.policy!r} needs a draft model")
+    if config.rule == "pcg" and groups is None:
+        raise ValueError(f"policy {config.policy!r} needs a group table")
+
+
+def loop_judge(target: LM, proposer, config: DecodeConfig, groups: DeviceGroupTable | None):
+    """(the judge a loop of `config` verifies with, the digit count of the target rows it reads)."""
+    sampling = config.sampling
+    target_digits = rule_digits(target, sampling) if config.rule in EXACT_RULES + ("greedy",) else 0
+    if config.rule == "greedy" and config.proposer in ("heads", "viterbi"):
+        target_digits = 0  # the heads' greedy verdicts read the target's dense rows
+    params = RuleParams(config.rule, groups if config.rule == "pcg" else None, config.ssd_beta,
+                        config.pcg_thinning_trials, config.mtp_top_m, config.mtp_threshold)
+    judge = judge_for(params, target.device, target_digits, proposer.row_digits(sampling),
+                      compiled_target=target.compiled)
+    return judge, target_digits
+
+
+def planned_costs(target: LM, proposer, config: DecodeConfig, groups, sync) -> StepCosts:
+    """The step costs an adaptive draft length plans with, measured once per pair (`calibrate`); the
+    inexact rules cost about what SD costs (one comparison per position)."""
+    rule = "greedy" if config.sampling.greedy else ("pcg" if config.rule == "pcg" else
+                                                     config.rule if config.proposer == "draft" else "sd")
+    model = proposer.lm if isinstance(proposer, DraftModel) else proposer
+    max_length = min(config.draft_length, proposer.max_proposals)
+    return calibrated_costs(target, model, max_length, rule, config.sampling, groups, sync)
+
+
+def _loop(target: LM, proposer, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
+          groups, stats: DecodeStats, timer: Timer, costs: StepCosts | None,
+          acceptance: Sequence[float] | None) -> Iterator[list[int]]:
+    vocab, sampling, device = target.vocab, config.sampling, target.device
+    # the draft-only policy decodes with the draft: its steps count as the draft's
+    field, forwards = ("time_draft", "draft_forwards") if config.decodes_with_draft else ("time_target", "target_forwards")
+    plain_digits = digits_to_draw(target, sampling)
+    reads_states = proposer is not None and proposer.reads_states
+    max_length = min(config.draft_length, proposer.max_proposals) if proposer is not None else 0
+    judge, target_digits = loop_judge(target, proposer, config, groups) if proposer is not None else (None, 0)
+    length_policy = None
+    if proposer is not None:
+        stats.per_position_accepted = [0] * max_length
+        stats.length_counts = [0] * (max_length + 1)
+        if config.adaptive_draft:
+            learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
+            costs = costs or planned_costs(target, proposer, config, groups, timer.sync)
+            length_policy = DraftLengthPolicy(costs, max_length, learn=learn,
+                                              counter=starting_counter(max_length, acceptance, proposer.acceptance))
+            stats.costs = costs.as_dict()
+    start_sequence(target, prompt_ids)
+    if proposer is not None:
+        proposer.start(target.length, config)
+    last = prompt_ids[-1:].to(device)  # the newest token; the target's cache holds everything before it
+    while True:
+        if stats.emitted >= config.max_new_tokens:
+            stats.finish = "max_tokens"
+            return
+        ready = proposer is not None and proposer.ready()
+        L = (length_policy.choose() if length_policy is not None else max_length) if ready else 0
+        if not (has_room(target, L + 1) and (proposer is None or proposer.has_room(L))):
+            stats.finish = "cache_full"
+            return
+        start = target.length
+
+        if L == 0:  # a plain step: one target forward and one draw
+            token, hidden, t0 = plain_step(target, last, sampling, plain_digits, generator, timer, field,
+                                           with_hidden=reads_states)
+            n, tokens = 0, [int(token)]  # the step's one host sync
+            stats.trace.append((timer("time_verify", t0), 1))
+        else:
+            # 1. L proposals; 2. one target pass over [last, x_1 .. x_L]; 3. the verdict.
+            t0 = time.perf_counter()
+            proposals, draft_rows = proposer.propose(L, last, sampling, generator)
+            if proposer.counts_draft_forwards:
+                stats.draft_forwards += L
+            stats.catchup_tokens = proposer.catchup_tokens
+            timer("time_draft", t0)
+            ids = torch.cat([last, vocab.restricted_to_token_ids(proposals)])
+            target_rows, hidden, t0 = verify_pass(target, ids, sampling, target_digits, timer, reads_states,
+                                                  keep_logits=config.rule in ("strict", "topm"))
+            n, tokens = judge(proposals, draft_rows, target_rows, generator)  # the step's one host sync
+            target.rollback(start + 1 + n)
+            stats.trace.append((timer("time_verify", t0), n + 1))
+            stats.drafted += L
+            stats.accepted += n
+            for i in range(n):
+                stats.per_position_accepted[i] += 1
+        # 4. The proposer hears the verdict; the tokens are handed out.
+        if proposer is not None:
+            proposer.accepted(start, L, n, tokens, hidden)
+            stats.length_counts[L] += 1
+        stats.steps += 1
+        setattr(stats, forwards, getattr(stats, forwards) + 1)
+        if length_policy is not None:
+            length_policy.record(L, n, timer.take())
+            stats.learned_costs = length_policy.costs
+        last = vocab.token_ids(tokens[n:], device)
+
+        tokens = emitted(tokens, vocab.stop_index, config.max_new_tokens, stats)
+        if tokens:
+            yield tokens
+        if stats.finish:
+            return
