@@ -333,7 +333,7 @@ def test_digit_factored_rows_verify_like_their_dense_rows(rule, draft_kind, fall
     apart from a slightly different target (power check). `fallback`: one thinning trial, no extra
     rounds and uniforms near 1, so the dense residual (SD) or the all-groups residual (PCG) runs often.
     The draft's rows are at a temperature of their own (0.6 against the target's 0.8).
-    "compiled": the compiled rule's graph (`compiled_rule.PCGDigitRule`, run eagerly here; its
+    "compiled": the compiled rule's graph (`compiled.PCGDigitRule`, run eagerly here; its
     AOTInductor package computes the same: tests/test_compiled_rule.py) judges the digit rows, for
     SD over singleton groups; with `fallback` its one candidate is mostly refused and the host
     finishes the recovery."""

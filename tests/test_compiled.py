@@ -110,7 +110,7 @@ def test_a_compiled_targets_eagle_draft_proposes_in_one_call_as_step_by_step(fac
     step-by-step proposer does, with the same head scores, leaves the generator and the draft's slots
     as that one does, and seeded eagle-sd / eagle-pcg decode the same tokens. `prepare` compiles the
     chain for 1..L proposals; calibration times them. The steps are judged by the compiled rule
-    (`compiled_rule`). (Float rounding differs between the two, so a draw could differ only
+    (`acceptance.compiled`). (Float rounding differs between the two, so a draw could differ only
     where its uniform falls within ~1e-6 of a boundary: the seeds are fixed.)"""
     from pcgtts.runtime.decode.acceptance.compiled import CompiledRule
     from pcgtts.runtime.decode.calibrate import measure_proposer_costs

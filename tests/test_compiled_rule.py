@@ -1,4 +1,4 @@
-"""The compiled PCG rule (`runtime/decode/compiled_rule.py`): its graph's parts against the host lane's,
+"""The compiled PCG rule (`runtime/decode/acceptance/compiled.py`): its graph's parts against the host lane's,
 its AOTInductor package against the graph, and where the decode loops use it.
 
 Its exactness in distribution is tested with the lane's: tests/test_acceptance.py's digit-rows

@@ -28,7 +28,7 @@ Losses (per position, T = --temperature):
   kl        KL(p_t || p_d) (forward KL: the draft must cover everything the target samples).
   tv+group  tv + the TV of the coarse distributions P_c(k) = sum_{t in G_k} p(t) / N(t) (the pcg
             rule's equal split; the stop token is its own group), computed with the acceptance
-            rules' own code (runtime/decode/acceptance.py). PCG accepts with probability 1 - group TV.
+            rules' own code (runtime/decode/acceptance/coarse.py). PCG accepts with probability 1 - group TV.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def digits_to_draw(lm, sampling) -> int:
 
 
 def rule_digits(lm, sampling) -> int:
-    """n > 0 when the rules can read `lm`'s distributions as digit scores (`acceptance_cpu.DigitRows`):
+    """n > 0 when the rules can read `lm`'s distributions as digit scores (`rows.DigitRows`):
     a drawable digit head, on a CPU (where the rules run on the host; the greedy rule reads each
     row's argmax, digit by digit)."""
     return digits_to_draw(lm, sampling) if lm.device.type == "cpu" else 0

@@ -29,7 +29,7 @@ backwards (candidates are sorted ascending, so this is also "lowest code" at eac
 Not exact in distribution: this is a MAP search, a deterministic proposal, never a sample of the
 heads' (or the target's) distribution. Its use is as the proposer of policy `mtp-viterbi`: the
 heads propose, Viterbi picks the path, and the target verifies it in its next pass. What comes
-out is then decided by the verification rule (runtime/decode/acceptance.py): top-M / threshold
+out is then decided by the verification rule (runtime/decode/acceptance/): top-M / threshold
 verification (the paper's setting) is not exact either; a rule that treats the proposal as a
 point mass (SD with one-hot draft probabilities) keeps the target's distribution.
 """

@@ -48,7 +48,7 @@ proposals were drawn from, so this too changes speed only.
 At run time a draft step is `run(states, tokens, start) -> (f, head scores)` over its own static
 cache: `TorchEagleStep` here (`HostEagleStep`: its NumPy twin for an attention-free draft on a CPU),
 `onnxruntime.OrtEagleStep` over the graph `pcgtts export onnx` writes beside the target's
-(`export/eagle_graph.py`); `multi_token.EagleProposer` drives either. On a compiled CPU target an
+(`export/eagle_graph.py`); `proposers.EagleProposer` drives either. On a compiled CPU target an
 attention-free draft's proposals of a step are made in one compiled call (`CompiledEagleChain`).
 """
 
@@ -336,7 +336,7 @@ class HostEagleStep:
 
 class CompiledEagleChain:
     """An attention-free float32 draft's `count` proposals, each drawn digit by digit, in one
-    compiled call: the proposer of a compiled CPU target (`multi_token.EagleProposer`).
+    compiled call: the proposer of a compiled CPU target (`proposers.EagleProposer`).
 
     Step by step, a proposal on lab-v1 costs ~0.25 ms right after a target forward: the fixed
     costs of ~25 NumPy and torch calls and a draw in Python on cold caches. One graph per count
