@@ -32,6 +32,7 @@ from pcgtts.runtime.decode.sampling import logits_to_probs, rule_digits, sample,
 from pcgtts.runtime.decode.steps import start_sequence
 from pcgtts.runtime.decode.viterbi import viterbi_propose
 from pcgtts.runtime.lm.protocol import LM
+from pcgtts.runtime.lm.torch_lm import TorchLM
 
 _CATCH_UP_CHUNK = 64  # tokens per draft forward while it catches up (bounds the [T, V] logits it returns)
 
@@ -406,8 +407,7 @@ def _draw_like_a_proposal(logits: torch.Tensor, sampling, generator: torch.Gener
 
 def _state_model(target, what: str):
     """The target's torch `Llama` (its hidden states, embedding and head), or a clear error."""
-    model = getattr(target, "model", None)
-    if not hasattr(target, "forward_hidden") or model is None or not hasattr(model, "head"):
+    if not isinstance(target, TorchLM):
         raise ValueError(f"{what} need the torch backend (the target's hidden states); "
                          f"this target is a {type(target).__name__}")
-    return model
+    return target.model
