@@ -1,7 +1,7 @@
 """Speech-token generation speed: our decode loop per policy vs Hugging Face on the same models.
 
 Side by side in one run (this machine is noisy: compare the ratios):
-  * ours `ar` / `draft` / `sd` / `ssd` / `pcg`           (runtime/decode/speculative.py, static KV cache)
+  * ours `ar` / `draft` / `sd` / `ssd` / `pcg`           (runtime/decode/loop.py, static KV cache)    
   * HF `model.generate` (sampling, same length, same dtype)           -> baseline for `ar`
   * HF assisted generation (`assistant_model=` the same draft, sampling) -> baseline for `sd`/`pcg`
 Reports tokens/s, target forwards per token, acceptance, mean accepted length, and on the

@@ -153,7 +153,8 @@ def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
 def load_synthesizer(args: argparse.Namespace, **overrides):
     """(Synthesizer, Settings) for a command's flags; the built-in voice knows the scripts it reads."""
     from pcgtts.builtin import with_builtin_models
-    from pcgtts.runtime.synthesizer import Synthesizer, voice_scripts
+    from pcgtts.runtime.checks import voice_scripts
+    from pcgtts.runtime.synthesizer import Synthesizer
 
     named = resolve_settings_from_flags(args, **overrides)
     settings = with_builtin_models(named)

@@ -74,7 +74,7 @@ def _report(record: dict, line: str) -> None:
 def _onnx(args) -> int:
     from pcgtts.export.onnx_lm import export_lm
     from pcgtts.runtime.config import ModelPaths
-    from pcgtts.runtime.synthesizer import proposer_files
+    from pcgtts.runtime.loading import proposer_files
 
     heads, _, eagle = proposer_files(ModelPaths(target=args.model))  # those beside the checkpoint
     beside = {"eagle": eagle, "heads": heads}

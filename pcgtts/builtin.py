@@ -162,7 +162,7 @@ def _export(name: str, source: str, out: Path) -> None:
         export_codec(source, out)
         return
     from pcgtts.export.onnx_lm import export_lm
-    from pcgtts.runtime.synthesizer import proposer_files
+    from pcgtts.runtime.loading import proposer_files
 
     log.info("exporting the built-in voice's %s (int8) into %s", name, out)
     heads, _, eagle = proposer_files(ModelPaths(target=source))  # a target's own, carried with it

@@ -91,7 +91,7 @@ class WorkerPool:
             log.info("loading worker %d/%d", i + 1, config.workers)
             synths.append(Synthesizer.from_pretrained(config_file=config.config_file, **settings))
             if i:  # one set of step costs for all: a seeded request gives the same audio on any worker
-                synths[i].adopt_plan(synths[0])
+                synths[i].planner.adopt(synths[0].planner)
         return cls(synths, config.queue_size)
 
     # -- admission ----------------------------------------------------------------------------

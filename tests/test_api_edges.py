@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from pcgtts import Synthesizer, Voice
-from pcgtts.runtime.synthesizer import BUILTIN_VOICE_SCRIPTS, check_scripts, voice_scripts
+from pcgtts.runtime.checks import BUILTIN_VOICE_SCRIPTS, check_scripts, voice_scripts
 from pcgtts.runtime.text.script import foreign_script
 
 LONG_TEXT = " ".join(f"Sentence number {i} goes on for a while, as long texts do." for i in range(40))
@@ -30,7 +30,7 @@ def synthesis_threads() -> list[threading.Thread]:
 
 
 def assert_no_work_started(synth) -> None:
-    assert not synth._lock.locked() and not synthesis_threads()
+    assert not synth.stream_lock.locked() and not synthesis_threads()
 
 
 # -- arguments -------------------------------------------------------------------------------

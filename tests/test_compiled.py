@@ -286,7 +286,7 @@ def test_compile_with_an_exported_target_is_refused_before_loading(tmp_path):
 def test_compile_with_whole_steps_on_the_device_is_refused(tmp_path):
     # The device loop steps the model itself: the host loop's compiled graphs would go unused.
     from pcgtts.runtime.config import ModelPaths
-    from pcgtts.runtime.synthesizer import check_models
+    from pcgtts.runtime.loading import check_models
 
     with pytest.raises(ValueError, match="compile_steps"):
         check_models(ModelPaths(target=str(tmp_path), codec=str(tmp_path)),
@@ -299,7 +299,7 @@ def test_compile_without_a_cpp_compiler_is_a_clear_error_before_loading(monkeypa
     from torch._inductor.exc import InvalidCxxCompiler
 
     from pcgtts.runtime.config import ModelPaths
-    from pcgtts.runtime.synthesizer import check_models
+    from pcgtts.runtime.loading import check_models
 
     def no_compiler():
         raise InvalidCxxCompiler

@@ -28,7 +28,7 @@ def distilled(tiny_lms, tmp_path_factory):
                         out_dir=tmp_path_factory.mktemp("distill") / "run", **RUN)
     first = train_distill(cfg, stop_after=STOP_AT)
     log_after_first = (cfg.out_dir / "loss.jsonl").read_text()
-    import pcgtts.runtime.decode.speculative as speculative
+    import pcgtts.runtime.decode.loop as speculative
 
     def refuse(*args, **kwargs):
         raise AssertionError("the resumed run generated sequences again")

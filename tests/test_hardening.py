@@ -33,7 +33,7 @@ def test_a_dropped_stream_frees_its_worker_and_the_lock(tiny_synth):
         break  # the loop's stream object is the last reference: dropping it closes the stream
     gc.collect()
     assert wait_until(lambda: not workers()), "the worker thread outlived its stream"
-    assert wait_until(lambda: not tiny_synth._lock.locked())
+    assert wait_until(lambda: not tiny_synth.stream_lock.locked())
     assert len(tiny_synth.synthesize("Usable again.")) > 0
 
 
@@ -43,7 +43,7 @@ def test_a_kept_but_unread_stream_is_abandoned_in_bounded_time(tiny_synth):
                              config=config)
     next(kept)
     assert wait_until(lambda: not workers(), 5.0), "an unread stream kept its worker"
-    assert wait_until(lambda: not tiny_synth._lock.locked(), 1.0), "an unread stream kept the lock"
+    assert wait_until(lambda: not tiny_synth.stream_lock.locked(), 1.0), "an unread stream kept the lock"
     assert kept.stats.cancelled
     other = tiny_synth.synthesize("Another caller gets the synthesizer.")
     assert len(other) > 0
@@ -55,7 +55,7 @@ def test_a_kept_but_unread_stream_is_abandoned_in_bounded_time(tiny_synth):
 def test_with_block_and_close_free_everything(tiny_synth):
     with tiny_synth.stream("Closed by the with block.") as stream:
         next(stream)
-    assert not workers() and not tiny_synth._lock.locked() and stream.stats.cancelled
+    assert not workers() and not tiny_synth.stream_lock.locked() and stream.stats.cancelled
     stream.close()  # idempotent
 
 
@@ -81,7 +81,7 @@ def test_a_prompt_that_cannot_fit_is_refused_before_work(tiny_synth):
     voice = Voice(codes=np.zeros(400, np.int64), text="A very long reference.")
     with pytest.raises(ValueError, match="leaves no room in the KV cache"):
         tiny_synth.stream("Hello.", voice=voice)
-    assert not tiny_synth._lock.locked()
+    assert not tiny_synth.stream_lock.locked()
 
 
 def test_the_codec_thread_gives_the_same_chunks_as_decoding_in_line(tiny_synth):
@@ -112,7 +112,7 @@ def test_a_codec_error_reaches_the_reader_and_frees_everything(tiny_synth, monke
     with pytest.raises(RuntimeError, match="third window"):
         for _ in tiny_synth.stream("A long enough sentence to need several codec windows, and then some more."):
             pass
-    assert wait_until(lambda: not workers()) and wait_until(lambda: not tiny_synth._lock.locked())
+    assert wait_until(lambda: not workers()) and wait_until(lambda: not tiny_synth.stream_lock.locked())
     monkeypatch.undo()
     assert len(tiny_synth.synthesize("Usable again.")) > 0
 

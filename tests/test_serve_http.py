@@ -291,7 +291,7 @@ def test_time_limit_cuts_the_stream_and_frees_the_worker(tiny_target, demo_codec
 def test_a_pools_workers_plan_with_one_set_of_step_costs(tiny_models, tiny_groups_file, tmp_path):
     """Each worker's load measures step costs, which differ by timing noise; the pool has every
     worker adopt the first one's, so a seeded request gives the same audio whichever worker takes it
-    (`Synthesizer.adopt_plan`, tested in test_synthesizer.py)."""
+    (`DraftLengthPlanner.adopt`, tested in test_synthesizer.py)."""
     from pcgtts.runtime.config import ModelPaths
     from pcgtts.serve.config import ServerConfig
     from pcgtts.serve.pool import WorkerPool
@@ -302,4 +302,4 @@ def test_a_pools_workers_plan_with_one_set_of_step_costs(tiny_models, tiny_group
                           queue_size=1, api_key=None, max_new_tokens=20)
     first, second = WorkerPool.from_config(config).synthesizers
     assert first.target is not second.target
-    assert second.plan() is not None and second.plan() == first.plan()
+    assert second.planner.plan(second.config.decode) is not None and second.planner.plan(second.config.decode) == first.planner.plan(first.config.decode)

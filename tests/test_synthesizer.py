@@ -163,7 +163,7 @@ def test_cli_speak_writes_a_wav_and_reports(models, groups_file, tmp_path, capsy
 
 def test_stream_totals_sum_every_counter():
     """StreamStats.totals() adds per-sentence counts, lists of different lengths included."""
-    from pcgtts.runtime.decode.speculative import DecodeStats
+    from pcgtts.runtime.decode.steps import DecodeStats
     from pcgtts.runtime.synthesizer import StreamStats
 
     a = DecodeStats(steps=3, accepted=2, per_position_accepted=[2, 0], length_counts=[1, 0, 2], catchup_tokens=1)
@@ -177,11 +177,12 @@ def test_load_measures_the_adaptive_costs_and_seeded_streams_plan_with_them(mode
     """The adaptive draft length (on by default) has its step costs measured by `Synthesizer.load`,
     not inside the first utterance (where they would add to its time to first audio); a seeded
     stream plans with them unchanged (so it repeats), an unseeded one refines them as it runs."""
-    from pcgtts.runtime.decode import calibrate, speculative
+    from pcgtts.runtime.decode import calibrate
+    from pcgtts.runtime.decode import loop
 
     assert DecodeConfig().adaptive_draft
     measured, learning = [], []
-    original_measure, original_policy = calibrate.measure_costs, speculative.DraftLengthPolicy
+    original_measure, original_policy = calibrate.measure_costs, loop.DraftLengthPolicy
     monkeypatch.setattr(calibrate, "measure_costs", lambda *a, **k: measured.append(1) or original_measure(*a, **k))
 
     class Spy(original_policy):
@@ -189,7 +190,7 @@ def test_load_measures_the_adaptive_costs_and_seeded_streams_plan_with_them(mode
             super().__init__(*args, **kwargs)
             learning.append(self.learn)
 
-    monkeypatch.setattr(speculative, "DraftLengthPolicy", Spy)
+    monkeypatch.setattr(loop, "DraftLengthPolicy", Spy)
     config = SynthesisConfig(decode=DecodeConfig(policy="sd", max_new_tokens=30), seed=3, tokens_per_char=1.0,
                              min_tokens=20)
     synth = Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
@@ -207,26 +208,26 @@ def test_load_measures_the_adaptive_costs_and_seeded_streams_plan_with_them(mode
 def test_load_plans_with_the_calibration_decodes_in_loop_costs(models, groups_file, monkeypatch):
     """The costs `load` keeps are the isolated timings moved to the calibration decode's in-loop
     ones (once): `plan` returns them again later, and a seeded stream's decode plans with them."""
-    from pcgtts.runtime import synthesizer as module
-    from pcgtts.runtime.decode import speculative
+    from pcgtts.runtime import planner as module
+    from pcgtts.runtime.decode import loop
 
     made, planned_with = [], []
     original = module.in_loop_costs
     monkeypatch.setattr(module, "in_loop_costs", lambda *a: made.append((a[0], original(*a))) or made[-1][1])
 
-    class Spy(speculative.DraftLengthPolicy):
+    class Spy(loop.DraftLengthPolicy):
         def __init__(self, costs, *args, **kwargs):
             super().__init__(costs, *args, **kwargs)
             planned_with.append(costs)
 
-    monkeypatch.setattr(speculative, "DraftLengthPolicy", Spy)
+    monkeypatch.setattr(loop, "DraftLengthPolicy", Spy)
     config = SynthesisConfig(decode=DecodeConfig(policy="sd", max_new_tokens=30), seed=3, tokens_per_char=1.0,
                              min_tokens=20)
     synth = Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
                                         max_length=1024, config=config)
     assert len(made) == 1
     isolated, in_loop = made[0]
-    assert in_loop != isolated and synth.plan() is in_loop and len(made) == 1
+    assert in_loop != isolated and synth.planner.plan(config.decode) is in_loop and len(made) == 1
     synth.synthesize("Hello there.")
     assert planned_with and all(costs is in_loop for costs in planned_with)
 
@@ -235,24 +236,24 @@ def test_load_measures_where_the_adaptive_length_starts_and_every_stream_starts_
                                                                                      monkeypatch):
     """The per-position acceptance an utterance's draft length starts from is measured once per
     decode configuration (the loaded one by `load`, another by its first stream), seeded or not."""
-    from pcgtts.runtime import synthesizer as module
-    from pcgtts.runtime.decode import speculative
+    from pcgtts.runtime import planner as module
+    from pcgtts.runtime.decode import loop
 
     measured, priors = [], []
     original = module.measure_acceptance
     monkeypatch.setattr(module, "measure_acceptance", lambda *a, **k: measured.append(a[3]) or original(*a, **k))
 
-    class Spy(speculative.DraftLengthPolicy):
+    class Spy(loop.DraftLengthPolicy):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             priors.append(self.counter.prior)
 
-    monkeypatch.setattr(speculative, "DraftLengthPolicy", Spy)
+    monkeypatch.setattr(loop, "DraftLengthPolicy", Spy)
     config = SynthesisConfig(decode=DecodeConfig(policy="sd", max_new_tokens=30), seed=3, tokens_per_char=1.0,
                              min_tokens=20)
     synth = Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
                                         max_length=1024, config=config)
-    rates = synth.starting_acceptance(config.decode)
+    rates = synth.planner.starting_acceptance(config.decode)
     assert len(measured) == 1
     assert rates and all(0 <= r <= 1 for r in rates)
     synth.synthesize("Hello there.")
@@ -260,14 +261,14 @@ def test_load_measures_where_the_adaptive_length_starts_and_every_stream_starts_
     assert len(measured) == 1 and priors == [rates, rates]
     colder = replace(config, decode=replace(config.decode, sampling=SamplingConfig(temperature=0.3)))
     synth.synthesize("Hello there.", config=colder)
-    assert len(measured) == 2 and priors[-1] == synth.starting_acceptance(colder.decode)
-    assert synth.starting_acceptance(replace(config.decode, policy="ar")) is None
-    assert synth.starting_acceptance(replace(config.decode, adaptive_draft=False)) is None
+    assert len(measured) == 2 and priors[-1] == synth.planner.starting_acceptance(colder.decode)
+    assert synth.planner.starting_acceptance(replace(config.decode, policy="ar")) is None
+    assert synth.planner.starting_acceptance(replace(config.decode, adaptive_draft=False)) is None
 
 
 def test_a_worker_that_adopts_anothers_plan_repeats_its_seeded_audio(models, groups_file):
     """Two loads of the same models measure two sets of step costs (timing noise), so their adaptive
-    draft lengths, and with them a seeded utterance's draws, can differ; `adopt_plan` (what the
+    draft lengths, and with them a seeded utterance's draws, can differ; `planner.adopt` (what the
     server's worker pool does) makes the second plan with the first one's costs. The costs are set
     far apart here so that the two really differ before the adoption."""
     from pcgtts.runtime.decode import calibrate
@@ -286,7 +287,7 @@ def test_a_worker_that_adopts_anothers_plan_repeats_its_seeded_audio(models, gro
     text = "Hello there, same seed."
     assert chosen_lengths(a, text) == [0] and chosen_lengths(b, text) != [0]  # AR only / speculating
     assert not np.array_equal(a.synthesize(text), b.synthesize(text))
-    b.adopt_plan(a)
+    b.planner.adopt(a.planner)
     assert chosen_lengths(b, text) == [0] and np.array_equal(a.synthesize(text), b.synthesize(text))
 
 

@@ -150,7 +150,7 @@ def measure(synth: Synthesizer, text: str, config: SynthesisConfig, speed: float
         "length_counts": length_counts,  # steps per draft length (index 0: AR steps of an adaptive run)
         "catchup_tokens": sum(sentence.catchup_tokens for sentence in s.sentences),
         "planned_costs": next((sentence.costs for sentence in s.sentences if sentence.costs), None),
-        "starting_acceptance": synth.starting_acceptance(config.decode),  # measured at load: where L starts from
+        "starting_acceptance": synth.planner.starting_acceptance(config.decode),  # measured at load: where L starts from
         "learned_costs": next((sentence.learned_costs.as_dict() for sentence in reversed(s.sentences)
                                if sentence.learned_costs is not None), None),
         "time_draft": total.time_draft,

@@ -1,0 +1,202 @@
+"""Checking and loading the models resolved settings name: LMs, codec, group table, proposers.
+
+Everything is checked before anything loads (`check_models`): paths, the models and backend the
+policy needs. `load_models` then loads them into one `LoadedModels`, which a `Synthesizer` is built
+from. The proposers on the target's states are the heads and EAGLE files found next to the target
+(or named), or on onnxruntime the graphs exported with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pcgtts.groups.device import DeviceGroupTable
+from pcgtts.runtime.audio.codec import SpeechCodec
+from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths,
+                                   SynthesisConfig, check_compute_device, cpu_threads)
+from pcgtts.runtime.lm.protocol import LM, StatesLM
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedModels:
+    """What a `Synthesizer` runs: the target and draft LMs, the codec, the group table on the target's
+    device, and the proposers on the target's states (`proposers.HeadProposer` / `EagleProposer`)."""
+
+    target: LM
+    draft: LM | None
+    codec: SpeechCodec
+    groups: DeviceGroupTable | None = None
+    heads: object | None = None
+    eagle: object | None = None
+
+
+def load_models(models: ModelPaths, device: DeviceConfig, config: SynthesisConfig,
+                force_export: bool = False) -> LoadedModels:
+    """Load resolved model paths on `device` (checked first: `check_models`)."""
+    from pcgtts.runtime.audio.codec import Codec
+    from pcgtts.runtime.audio.onnx_codec import OrtCodec, is_exported_codec
+    from pcgtts.runtime.lm.loader import load_lm, resolve_backend
+
+    device = resolve_backend(device, models.target)
+    check_models(models, config.decode, device)
+    threads = cpu_threads(device, config.stream.codec_thread)
+    if threads is not None and torch.get_num_threads() != threads:
+        log.info("torch set to %d CPU thread(s) per stage (threads=0: half the cores beside the codec "
+                 "thread; OMP_NUM_THREADS or threads=N choose)", threads)
+        torch.set_num_threads(threads)
+    common = dict(backend=device.backend, device=device.compute_device, dtype=device.dtype,
+                  max_length=device.max_length, draft_length=config.decode.draft_length,
+                  force_export=force_export, quantize=device.quantize, compiled=device.compile, threads=threads,
+                  prefix_cache=device.prefix_cache)
+    target_lm = load_lm(models.target, **common)
+    draft_lm = None
+    if models.draft is not None:
+        from pcgtts.runtime.lm.draft import check_draft_layout
+
+        check_draft_layout(models.target, target_lm.tokenizer, models.draft)  # before its weights load
+        draft_lm = load_lm(models.draft, tokenizer=target_lm.tokenizer, **common)
+    table = None
+    if models.groups is not None:
+        from pcgtts.groups.table import GroupTable
+
+        table = GroupTable.load(models.groups, expect_vocab=target_lm.vocab,
+                                expect_fingerprint=target_lm.fingerprint)
+        table = table.to_device(target_lm.device)
+    heads_file, transitions_file, eagle_file = proposer_files(models)
+    heads, eagle = load_heads(heads_file, transitions_file, target_lm), load_eagle(eagle_file, target_lm)
+    if is_exported_codec(models.codec):
+        codec_model = OrtCodec(models.codec, threads=threads, force=force_export)
+    else:
+        codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
+        if device.compute_device == "cpu" and config.stream.codec_thread:
+            log.info("the codec decodes with PyTorch beside the LM: its per-op hand-offs of Python's GIL slow "
+                     "the decode loop (lab-v1: 12-23 %%); `pcgtts export codec --codec %s "
+                     "--out DIR` and --codec DIR avoid them", models.codec)
+    return LoadedModels(target_lm, draft_lm, codec_model, table, heads, eagle)
+
+
+def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig) -> None:
+    """Fail fast, before anything loads: paths exist, and the policy has the models (and backend) it needs."""
+    policy = decode.policy
+    if device.compile:
+        if decode.steps_per_sync:
+            raise ValueError("compile compiles the host loop's steps, which steps_per_sync replaces by whole steps "
+                             "on the device: compile those with compile_steps, or set steps_per_sync = 0")
+        from pcgtts.runtime.lm.torch_lm import check_compiler
+
+        check_compiler()
+    if decode.steps_per_sync and device.backend != "torch":
+        raise ValueError(f"steps_per_sync (whole steps on the device) runs on the torch backend, not "
+                         f"{device.backend!r}: set backend = \"torch\" or steps_per_sync = 0")
+    if models.codec is None:
+        raise ValueError("a codec directory (X-codec2, Hugging Face format) is required")
+    for name in ("target", "draft", "codec"):
+        path = getattr(models, name)
+        if path is not None and not Path(path).is_dir():
+            raise ValueError(f"{name} model directory not found: {path}")
+    for name in ("groups", "heads", "transitions", "eagle"):
+        path = getattr(models, name)
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{name} file not found: {path}")
+    heads, transitions, eagle = check_proposers(models, policy, device.backend)
+    check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
+                 heads=heads is not None, transitions=transitions is not None, eagle=eagle is not None)
+    check_compute_device(device.compute_device)
+
+
+def check_proposers(models: ModelPaths, policy: str, backend: str) -> tuple:
+    """The heads, transitions and EAGLE draft (files, or graphs exported with the target) `policy`
+    would use on `backend`, or a clear error; before any model loads. onnxruntime runs the mtp-* and
+    eagle-* policies with the proposers exported beside the target (`pcgtts export onnx`)."""
+    heads, transitions, eagle = proposer_files(models)
+    if backend == "onnxruntime" and models.target is not None:
+        for given, flag in ((models.eagle, "--eagle"), (models.heads, "--heads")):
+            if given is not None:
+                raise ValueError(f"the onnxruntime backend runs the proposers exported with the target; export "
+                                 f"them with `pcgtts export onnx --model CHECKPOINT {flag} FILE` instead of {flag}")
+        exported = exported_proposers(models.target)
+        heads, eagle = exported.get("heads"), exported.get("eagle")
+        needed = "eagle" if policy in EAGLE_POLICIES else "heads" if policy in STATE_POLICIES else None
+        if needed is not None and needed not in exported:
+            what = {"eagle": "EAGLE draft", "heads": "multi-token heads"}[needed]
+            raise ValueError(f"policy {policy!r} on onnxruntime needs the {what} exported with the target: "
+                             f"`pcgtts export onnx --model CHECKPOINT --{needed} FILE --out {models.target}`")
+    elif policy in STATE_POLICIES and backend != "torch":
+        raise ValueError(f"policy {policy!r} runs on the torch and onnxruntime backends only "
+                         f"(it reads the target's hidden states)")
+    return heads, transitions, eagle
+
+
+def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
+                 greedy: bool = False) -> None:
+    """The models a policy needs (greedy decoding never consults a group table)."""
+    if policy in EAGLE_POLICIES:
+        if not eagle:
+            raise ValueError(f"policy {policy!r} needs the target's EAGLE draft "
+                             f"(train it with `pcgtts heads eagle`, or give --eagle)")
+    elif policy in STATE_POLICIES:
+        if not heads:
+            raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
+                             f"(train them with `pcgtts heads train`, or give --heads)")
+        if policy == "mtp-viterbi" and not transitions:
+            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts heads transitions`)")
+    elif policy != "ar" and not draft:
+        raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
+    if policy in PCG_POLICIES and not groups and not greedy:
+        raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
+
+
+def exported_proposers(target_dir: str | Path) -> dict[str, str]:
+    """The proposer graphs ("eagle", "heads") exported with an onnxruntime target, from its
+    pcgtts-lm.json, read before any model loads."""
+    from pcgtts.runtime.lm.graph_meta import peek_record
+
+    extra = (peek_record(target_dir) or {}).get("extra", {})  # a corrupt file: the loader reports it
+    return {kind: extra[kind]["graph"] for kind in ("eagle", "heads") if kind in extra}
+
+
+def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path | None]:
+    """The heads, transition and EAGLE draft files in use: explicit paths, else found next to the target."""
+    from pcgtts.runtime.lm.eagle import EAGLE_FILE
+    from pcgtts.runtime.lm.heads import HEADS_FILE, TRANSITIONS_FILE
+
+    found = []
+    for explicit, name in ((models.heads, HEADS_FILE), (models.transitions, TRANSITIONS_FILE), (models.eagle, EAGLE_FILE)):
+        default = Path(models.target) / name if models.target is not None else None
+        found.append(Path(explicit) if explicit is not None else default if default and default.is_file() else None)
+    return found[0], found[1], found[2]
+
+
+def load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm):
+    """The target's multi-token heads (with the transition table when there is one), or None."""
+    from pcgtts.groups.transitions import TransitionTable
+    from pcgtts.runtime.decode.proposers import HeadProposer
+
+    transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None
+    if "heads" in target_lm.exported_proposers:  # onnxruntime: the heads' graph was exported with the target
+        return HeadProposer(target_lm.heads_step(), transitions) if target_lm.has_heads else None
+    if heads_file is None or not isinstance(target_lm, StatesLM):
+        return None
+    from pcgtts.runtime.lm.heads import MTPHeads
+
+    model = target_lm.model
+    heads = MTPHeads.load(heads_file, fingerprint=target_lm.fingerprint, hidden_size=model.head.in_features,
+                          device=target_lm.device, dtype=model.dtype)
+    return HeadProposer.from_heads(heads, target_lm, transitions)
+
+
+def load_eagle(eagle_file: Path | None, target_lm):
+    """The target's EAGLE draft bound to it, or None."""
+    from pcgtts.runtime.decode.proposers import EagleProposer
+
+    if "eagle" in target_lm.exported_proposers:  # onnxruntime: the draft's graph was exported with the target
+        return EagleProposer.for_target(target_lm) if target_lm.has_eagle else None
+    if eagle_file is None or not isinstance(target_lm, StatesLM):
+        return None
+    return EagleProposer.for_target(target_lm, eagle_file)
