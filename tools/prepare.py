@@ -28,7 +28,7 @@ from pcgtts.runtime.prepared import (FORMAT, LAYOUT, MANIFEST, ONNX_FOLDER, ONNX
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"  # inside the output folder: a stage's files until it is complete
-ORDER = ("expand", "target", "codec", "groups", "draft", "eagle", ONNX_STAGE)  # a redone stage redoes those after it
+ORDER = ("expand", "codec", "target", "groups", "draft", "eagle", ONNX_STAGE)  # a redone stage redoes those after it
 DEFAULT_GROUP_SIZE, GROUP_CAP = 140, 512  # mean group size and cap, as a packed voice's default
 
 
@@ -100,7 +100,7 @@ def run_stages(out: Path, stages: list[Stage], desc: str, progress: bool = True)
                 bar.update()
                 continue
             redo_from = min(redo_from, ORDER.index(stage.name))
-            for name in [n for n in manifest["stages"] if ORDER.index(n) >= redo_from]:
+            for name in [n for n in manifest["stages"] if ORDER.index(n) >= ORDER.index(stage.name)]:
                 del manifest["stages"][name]  # forgotten before their files change
             _write_manifest(out, manifest)
             staging = out / STAGING / stage.name
@@ -275,10 +275,10 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
 
     from pcgtts.runtime.lm.eagle import EAGLE_FILE
 
-    stages = [Stage("target", (LAYOUT["target"],), copy(prep.checkpoint, LAYOUT["target"]),
-                    {"source": str(prep.checkpoint.resolve()), "files": folder_fingerprint(prep.checkpoint)}),
-              Stage("codec", (LAYOUT["codec"],), copy(prep.codec, LAYOUT["codec"]),
+    stages = [Stage("codec", (LAYOUT["codec"],), copy(prep.codec, LAYOUT["codec"]),
                     {"source": str(prep.codec.resolve()), "files": folder_fingerprint(prep.codec)}),
+              Stage("target", (LAYOUT["target"],), copy(prep.checkpoint, LAYOUT["target"]),
+                    {"source": str(prep.checkpoint.resolve()), "files": folder_fingerprint(prep.checkpoint)}),
               Stage("groups", (LAYOUT["groups"],), groups, {"mean_size": prep.group_size, "cap": GROUP_CAP}),
               Stage("draft", (LAYOUT["draft"],), draft, {"layers": draft_layers})]
     if prep.eagle_steps:
