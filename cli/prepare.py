@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="the prepared folder (needed with --checkpoint; default for the built-in voice: "
                                  "the cache folder it is loaded from)")
     p.add_argument("--group-size", type=positive(float),
-                   help="mean size of the target's acoustic groups, θ chosen for it (default 140; needs --checkpoint)")
+                   help="mean size of the target's acoustic groups, θ chosen for it (default 48; needs --checkpoint)")
     p.add_argument("--draft-layers", type=_layers,
                    help="the draft's layers: a count spread over the target's depth, or indices like 0,7,15 "
                         "(default: a quarter of them; needs --checkpoint)")
