@@ -56,6 +56,8 @@ def _prepare(args) -> int:
             raise ValueError("no trained voice ships with this install; give --checkpoint and --codec to "
                              "prepare a checkpoint of your own")
         out = Path(args.out) if args.out else voice_cache()
+        if not args.out:
+            out.parent.mkdir(parents=True, exist_ok=True)  # the cache folder, made as its first use would
         check_output_dir(out)
         report = prepare_builtin(out, VOICE_DIR, onnx=not args.no_onnx)
     else:
