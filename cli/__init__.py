@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     # Each module exposes register(sub) and sets `func` on its parsers.
-    from pcgtts.cli import commands, export, groups, heads
+    from pcgtts.cli import commands, export, groups, heads, prepare
     from pcgtts.quality import cli as quality_cli
     from pcgtts.serve import cli as serve_cli
     from pcgtts.train import cli as lab_cli
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups.register(sub)
     export.register(sub)
     heads.register(sub)  # pcgtts heads train | transitions
+    prepare.register(sub)  # pcgtts prepare
     quality_cli.register(sub)  # pcgtts eval
     serve_cli.register(sub)  # pcgtts serve
     lab_cli.register(sub)  # pcgtts lab

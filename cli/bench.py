@@ -135,7 +135,7 @@ def _bench(args) -> int:
             raise ValueError(f"{args.texts} holds no text")
     from pcgtts.builtin import runs_demo_models
 
-    demo = runs_demo_models(args.target)
+    demo = runs_demo_models(args.target or args.prepared)
     max_tokens = args.max_tokens if args.max_tokens is not None else (150 if demo else None)
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)

@@ -109,6 +109,7 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
     so that a --config file's values stand unless a flag is given (see `resolve_cli_settings`)."""
     parser.add_argument("--config", help="TOML settings file (runtime/config.py names); flags override it")
     parser.add_argument("--target", help="target LLaSA checkpoint directory (default: the built-in voice)")
+    parser.add_argument("--prepared", help="a folder `pcgtts prepare` made: its models (instead of --target, --draft, ...)")
     parser.add_argument("--draft", help="draft checkpoint directory (needs --target)")
     parser.add_argument("--codec", help="X-codec2 directory, Hugging Face format (needs --target)")
     parser.add_argument("--groups", help="group table (.pcg) for policy pcg (needs --target)")
@@ -140,7 +141,7 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
-    names = ("target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
+    names = ("target", "prepared", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
              "temperature", "top_p", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)

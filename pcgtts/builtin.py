@@ -1,7 +1,8 @@
 """The built-in voice: which models `Synthesizer.from_pretrained()` and the CLI use when none is given.
 
 The speech lab's trained voice when this package ships one (`pcgtts/voice/`: compact fp16 files,
-expanded once into the released layouts in the user's cache by `train/package.py`); otherwise
+prepared once into the released layouts in the user's cache by `pcgtts prepare`, `tools/prepare.py`,
+which runs on first use when it has not run); otherwise
 the random-weight demo pair (`tools/demo.py`), whose every use says that its audio is not speech.
 
 On a CPU with the backend left at "auto", the voice's target and draft run on onnxruntime as
@@ -19,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pcgtts.runtime.config import ModelPaths, Settings
+from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_models, is_prepared, runs_int8_graphs
 
 log = logging.getLogger(__name__)
 
@@ -32,28 +34,28 @@ def runs_demo_models(target: str | None) -> bool:
 
 
 def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) -> ModelPaths | None:
-    """The trained voice's models, expanded on first use into the cache; None if none ships."""
+    """The trained voice's models, prepared on first use into the cache (`pcgtts prepare` does it
+    ahead); None if none ships. Once prepared, this reads the cache folder's manifest and nothing else."""
     pack_dir = Path(pack_dir) if pack_dir is not None else VOICE_DIR
     if not (pack_dir / "voice.json").is_file():
         return None
-    import hashlib
+    cache = voice_cache(pack_dir, cache_root)
+    if not is_prepared(cache, ("expand",)):
+        from pcgtts.tools.prepare import prepare_builtin
 
-    from pcgtts.runtime.files import cache_root as default_root
-    from pcgtts.train.package import expand_voice
-
-    digest = hashlib.sha256((pack_dir / "voice.json").read_bytes()).hexdigest()[:16]
-    cache = (cache_root or default_root()) / f"voice-{digest}"
-    names = ("target", "draft", "codec", "groups")
-    paths = {"target": cache / "target", "draft": cache / "draft", "codec": cache / "codec",
-             "groups": cache / "groups.pcg"}
-    if not all(p.exists() for p in paths.values()):
-        from pcgtts.export.noise import held_back
-
-        log.warning("expanding the built-in voice into %s (once; about a minute on a 2-core CPU)", cache)
-        with held_back("the built-in voice's expansion", streams=False):  # its group table draws a bar
-            paths = expand_voice(pack_dir, cache)
+        log.warning("expanding the built-in voice into %s (once; about a minute on a 2-core CPU; "
+                    "`pcgtts prepare` does it ahead)", cache)
+        prepare_builtin(cache, pack_dir, onnx=False)
         _note_earlier_expansions(cache)
-    return ModelPaths(**{name: str(paths[name]) for name in names})
+    return checkpoint_models(cache)
+
+
+def voice_cache(pack_dir: Path | None = None, cache_root: Path | None = None) -> Path:
+    """The folder the built-in voice is prepared into: one per voice.json (a changed voice gets a new one)."""
+    from pcgtts.runtime.files import cache_root as default_root
+    from pcgtts.runtime.voicepack import voice_digest
+
+    return (cache_root or default_root()) / f"voice-{voice_digest(pack_dir if pack_dir is not None else VOICE_DIR)}"
 
 
 def _note_earlier_expansions(cache: Path) -> None:
@@ -108,9 +110,6 @@ def builtin_models() -> ModelPaths:
     return ModelPaths(**{name: str(path) for name, path in paths.items()})
 
 
-ONNX_FOLDER = "onnx-int8"  # beside the built-in voice's checkpoints: its onnxruntime exports (LM int8, codec float32)
-
-
 def onnx_export_available() -> bool:
     """Whether this install can export and run the built-in voice on onnxruntime (`pcgtts[onnx]`)."""
     import importlib.util
@@ -122,21 +121,26 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
     """`models` with the target and draft replaced by their weight-only int8 onnxruntime exports
     and the codec by its float32 decoder graph, made once in `ONNX_FOLDER` beside the target (each
     checked against PyTorch, staged and then moved into place, so an interrupted export is made
-    again next time). The codec's graph runs a window without holding Python's GIL, so the LM's
-    loop is not slowed by the codec thread's per-op handoffs; references are still
-    encoded by the checkpoint it was exported from."""
-    root = Path(models.target).parent / ONNX_FOLDER
-    missing = _missing_exports(models, root)
-    if missing:
-        from pcgtts.export.noise import held_back
+    again next time; the trained voice's as a stage of its prepared folder). The codec's graph runs a
+    window without holding Python's GIL, so the LM's loop is not slowed by the codec thread's per-op
+    handoffs; references are still encoded by the checkpoint it was exported from."""
+    folder = Path(models.target).parent
+    root = folder / ONNX_FOLDER
+    if is_prepared(folder, ("expand",)):  # the trained voice, prepared into the cache
+        if not is_prepared(folder, (ONNX_STAGE,)):
+            from pcgtts.tools.prepare import prepare_builtin
 
-        log.warning("exporting the built-in voice for onnxruntime into %s: once, about a minute on a 2-core CPU "
-                    "(each graph checked against PyTorch)", root)
-        with _bar(len(missing), "exporting the built-in voice", "model") as bar, held_back("export"):
-            for name in missing:
-                bar.set_postfix_str(name)
-                _export(name, getattr(models, name), root / name)
-                bar.update()
+            log.warning("exporting the built-in voice for onnxruntime into %s: once, about a minute on a 2-core "
+                        "CPU (each graph checked against PyTorch)", root)
+            prepare_builtin(folder, VOICE_DIR, onnx=True)
+    else:
+        missing = _missing_exports(models, root)
+        if missing:
+            from pcgtts.tools.prepare import export_models
+
+            log.warning("exporting the built-in voice for onnxruntime into %s: once, about a minute on a 2-core "
+                        "CPU (each graph checked against PyTorch)", root)
+            export_models(models, root, missing, "exporting the built-in voice")
     exported = {name: str(root / name) for name in ("target", "draft", "codec") if getattr(models, name) is not None}
     return replace(models, **exported)
 
@@ -150,30 +154,6 @@ def _missing_exports(models: ModelPaths, root: Path) -> list[str]:
         return is_exported_codec(root / name) if name == "codec" else exported_kind(root / name) == "onnx"
 
     return [name for name in ("target", "draft", "codec") if getattr(models, name) is not None and not exported(name)]
-
-
-def _export(name: str, source: str, out: Path) -> None:
-    """Export one of the built-in voice's models into `out`: an LM as a checked weight-only int8 graph (a
-    target with the proposers trained for it), the codec as its checked float32 decoder graph."""
-    if name == "codec":
-        from pcgtts.export.codec_graph import export_codec
-
-        log.info("exporting the built-in voice's codec decoder into %s", out)
-        export_codec(source, out)
-        return
-    from pcgtts.export.onnx_lm import export_lm
-    from pcgtts.runtime.loading import proposer_files
-
-    log.info("exporting the built-in voice's %s (int8) into %s", name, out)
-    heads, _, eagle = proposer_files(ModelPaths(target=source))  # a target's own, carried with it
-    export_lm(source, out, quantize="int8", **({"eagle": eagle, "heads": heads} if name == "target" else {}))
-
-
-def _bar(total: int, desc: str, unit: str):
-    """A progress bar on stderr when it is a terminal (none in logs and pipes)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, disable=None)
 
 
 def with_builtin_models(settings: Settings) -> Settings:
@@ -196,9 +176,7 @@ def with_builtin_models(settings: Settings) -> Settings:
     models = builtin_models()
     if device.backend not in ("auto", "onnxruntime"):
         return replace(settings, models=models)
-    if device.backend == "auto" and not (device.compute_device == "cpu" and device.dtype == "float32"
-                                         and device.quantize == "none" and not device.compile
-                                         and onnx_export_available()):
+    if device.backend == "auto" and not (runs_int8_graphs(device) and onnx_export_available()):
         log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
                  "--quantize or --compile and pcgtts[onnx] installed)")
         return replace(settings, models=models)

@@ -143,15 +143,15 @@ def check_args(args: argparse.Namespace):
 
         if not args.corpus:
             raise ValueError("--mode cloning needs --corpus (a lab corpus with held-out speakers)")
-        if args.oracle and (args.target or args.draft or args.groups or args.eagle or args.heads or args.transitions):
+        if args.oracle and (args.target or args.prepared or args.draft or args.groups or args.eagle or args.heads or args.transitions):
             raise ValueError("--oracle scores real utterances; it takes no LM (a --codec resynthesises them)")
         args.cloning_plan = cloning_plan(read_manifest(args.corpus), refs=args.refs)
         voices = []
     elif args.mode in ("source", "codec"):
         voices = [testset.voice(n) for n in args.voices] if args.voices else list(testset.voices)
-        if args.mode == "source" and (args.target or args.draft or args.groups or args.codec):
+        if args.mode == "source" and (args.target or args.prepared or args.draft or args.groups or args.codec):
             raise ValueError("--mode source scores the reference voices; it takes no models")
-        if args.mode == "codec" and (args.target or args.draft or args.groups):
+        if args.mode == "codec" and (args.target or args.prepared or args.draft or args.groups):
             raise ValueError("--mode codec needs only --codec")
     else:
         if args.voices:
@@ -265,7 +265,7 @@ def _run_cloning(args, sentences, progress):
     result.update({"corpus": args.corpus, "codec": args.codec, "summaries": []})
     from pcgtts.builtin import runs_demo_models
 
-    return result, not args.oracle and runs_demo_models(args.target)
+    return result, not args.oracle and runs_demo_models(args.target or args.prepared)
 
 
 def _run_models(args, testset, sentences, recipe, progress):
@@ -277,7 +277,7 @@ def _run_models(args, testset, sentences, recipe, progress):
 
     from pcgtts.builtin import runs_demo_models
 
-    demo = runs_demo_models(args.target)
+    demo = runs_demo_models(args.target or args.prepared)
     args.max_tokens = args.max_tokens or (150 if demo else None)
     if args.mode == "synth":
         check_state_policies(args.policies, args)

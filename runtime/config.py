@@ -271,6 +271,8 @@ class ModelPaths:
     heads: str | None = None  # multi-token heads (mtp-* policies); default <target>/mtp_heads.safetensors
     transitions: str | None = None  # .pct code transitions (mtp-viterbi); default <target>/transitions.pct
     eagle: str | None = None  # EAGLE draft (eagle-* policies); default <target>/eagle_draft.safetensors
+    # A folder `pcgtts prepare` made: resolved into the paths above (`runtime/prepared.py`), never with them
+    prepared: str | None = None
 
 
 @dataclass(frozen=True)
@@ -403,11 +405,12 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
                      base: Settings | None = None, voice: Mapping[str, Any] | None = None) -> Settings:
     """The settings in force: `explicit` (None values count as not given) > `config_file` > `voice`
     > `base` (the defaults when None). `voice`: the built-in voice's own settings (its voice.json,
-    e.g. the temperature it reads best at), in force only when neither layer above names a target.
+    e.g. the temperature it reads best at), in force only when neither layer above names a target
+    or a prepared folder. A prepared folder comes back as the model paths it holds.
     Unknown keys and invalid values raise ValueError."""
     layers = [read_config_file(config_file) if config_file is not None else {},
               {k: v for k, v in (explicit or {}).items() if v is not None}]
-    if voice and not any(layer.get("target") is not None for layer in layers):
+    if voice and not any(layer.get(name) is not None for layer in layers for name in ("target", "prepared")):
         layers.insert(0, dict(voice))
     updates: dict[tuple[str, ...], Any] = {}
     for layer in layers:  # later layers win
@@ -416,7 +419,12 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
                 raise ValueError(f"unknown setting {key!r}")
             path = KEYS[key]
             updates[path] = str(value) if path[0] == "models" and value is not None else value
-    return _apply(base or Settings(), updates)
+    settings = _apply(base or Settings(), updates)
+    if settings.models.prepared is None:
+        return settings
+    from pcgtts.runtime.prepared import prepared_settings  # (it imports this module)
+
+    return prepared_settings(settings)
 
 
 def check_compute_device(name: str) -> None:

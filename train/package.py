@@ -23,7 +23,6 @@ the recorded mean group size). `pack_voice` makes the folder from the lab's trai
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import shutil
@@ -35,20 +34,9 @@ import torch
 from pcgtts.runtime.lm.checkpoint import HEAD_CODES_FILE
 from pcgtts.runtime.lm.eagle import EAGLE_FILE
 from pcgtts.runtime.lm.heads import HEADS_FILE
+from pcgtts.runtime.voicepack import FORMAT, VERSION, file_sha256, read_voice
 
 log = logging.getLogger(__name__)
-
-FORMAT, VERSION = "pcgtts-voice", 1
-FILES = ("target.safetensors", "draft.safetensors", "codec.safetensors")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _save_half(state: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
@@ -84,7 +72,7 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     head_codes = _draft_head_codes(Path(draft_dir))
     if head_codes is not None:
         shutil.copyfile(head_codes, tmp / f"draft_{HEAD_CODES_FILE}")
-    meta["sha256"] = {p.name: _sha256(p) for p in sorted([*tmp.glob("*.safetensors"), *tmp.glob("*.npy")])}
+    meta["sha256"] = {p.name: file_sha256(p) for p in sorted([*tmp.glob("*.safetensors"), *tmp.glob("*.npy")])}
     (tmp / "voice.json").write_text(json.dumps(meta, indent=2) + "\n")
     if (out / "MODEL_CARD.md").is_file():
         shutil.copyfile(out / "MODEL_CARD.md", tmp / "MODEL_CARD.md")
@@ -140,7 +128,7 @@ def replace_lm(pack_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path) 
         del meta["sha256"][name]
     for name, tmp in written.items():
         tmp.replace(pack / name)
-        meta["sha256"][name] = _sha256(pack / name)
+        meta["sha256"][name] = file_sha256(pack / name)
     _write_meta(pack, meta)
     log.info("%s: new target (step %d) and draft; removed %s", pack, meta["target"]["step"], stale or "nothing")
     return stale
@@ -184,7 +172,7 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
         raise
     tmp.replace(pack / "codec.safetensors")
     meta["codec"] = {**entry, "encoder_frozen": entry["encoder_frozen"] or meta["codec"].get("encoder_frozen")}
-    meta["sha256"]["codec.safetensors"] = _sha256(pack / "codec.safetensors")
+    meta["sha256"]["codec.safetensors"] = file_sha256(pack / "codec.safetensors")
     _write_meta(pack, meta)
 
 
@@ -242,27 +230,8 @@ def add_to_voice(pack_dir: str | Path, src: str | Path, name: str) -> None:
     pack = Path(pack_dir)
     meta = read_voice(pack)
     shutil.copyfile(src, pack / name)
-    meta["sha256"][name] = _sha256(pack / name)
+    meta["sha256"][name] = file_sha256(pack / name)
     _write_meta(pack, meta)
-
-
-def read_voice(pack_dir: str | Path, files: tuple[str, ...] | None = None) -> dict:
-    """voice.json, checked: format, version, every file (or only `files`) present with its recorded
-    checksum."""
-    pack = Path(pack_dir)
-    try:
-        meta = json.loads((pack / "voice.json").read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{pack}: not a voice folder ({err})") from None
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise ValueError(f"{pack}/voice.json: format {meta.get('format')!r} version {meta.get('version')!r}, "
-                         f"expected {FORMAT!r} {VERSION}")
-    for file, digest in meta["sha256"].items():
-        if files is not None and file not in files:
-            continue
-        if not (pack / file).is_file() or _sha256(pack / file) != digest:
-            raise ValueError(f"{pack}/{file} is missing or damaged (checksum differs from voice.json)")
-    return meta
 
 
 def init_weights(model: torch.nn.Module, pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:

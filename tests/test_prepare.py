@@ -1,0 +1,178 @@
+"""`pcgtts prepare`: a checkpoint (or the built-in voice) made ready once, in resumable stages, into a
+folder that `prepared=` / `--prepared` loads with nothing of the tools, training or export code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# A fresh interpreter: load a prepared folder, synthesise, and list what of pcgtts it imported that a
+# warm synthesis must not (the tools, training and export code).
+LOAD_AND_SYNTHESISE = (
+    "import sys; from pcgtts import Synthesizer; "
+    "synth = Synthesizer.from_pretrained(prepared=sys.argv[1], seed=0, max_new_tokens=20, **({} if len(sys.argv) < 3 "
+    "else {'backend': sys.argv[2]})); "
+    "audio = synth.synthesize('Hello there.'); assert len(audio) > 0; "
+    "print(type(synth.target).__name__); "
+    "print(','.join(sorted(m for m in sys.modules if m.startswith(('pcgtts.train', 'pcgtts.export', 'pcgtts.tools')))))")
+
+
+PREPARE = "from pcgtts.cli import main; raise SystemExit(main(['prepare']))"
+
+
+def _prepare(tiny_models, out: Path, **options):
+    from pcgtts.tools.prepare import CheckpointPreparation, prepare_checkpoint
+
+    prep = CheckpointPreparation(tiny_models["target"], tiny_models["codec"], **{"group_size": 8, "draft_layers": 2,
+                                                                                   "onnx": False, **options})
+    return prepare_checkpoint(prep, out, progress=False)
+
+
+def _fresh(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", LOAD_AND_SYNTHESISE, *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_a_prepared_checkpoint_loads_and_synthesises_without_tools_training_or_export_code(tiny_models, tmp_path):
+    out = tmp_path / "prepared"
+    report = _prepare(tiny_models, out)
+    assert report == {"codec": "made", "target": "made", "groups": "made", "draft": "made"}
+    manifest = json.loads((out / "prepared.json").read_text())
+    assert manifest["plan"] == ["codec", "target", "groups", "draft"] and not (out / ".staging").exists()
+    assert json.loads((out / "draft" / "config.json").read_text())["pcgtts_draft"]["layers"] == [0, 3]
+    run = _fresh(str(out))
+    assert run.returncode == 0, run.stderr
+    kind, imported = run.stdout.split("\n")[:2]
+    assert kind == "TorchLM" and imported == "", imported
+
+
+def test_prepare_is_idempotent_and_resumes_after_a_stage_is_removed_or_interrupted(tiny_models, tmp_path,
+                                                                                    monkeypatch):
+    out = tmp_path / "prepared"
+    _prepare(tiny_models, out)
+    stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "prepared.json"}
+    assert set(_prepare(tiny_models, out).values()) == {"skipped"}  # a second run does no work
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+    shutil.rmtree(out / "draft")  # a stage's files gone: that stage (and those after it) made again
+    assert _prepare(tiny_models, out) == {"codec": "skipped", "target": "skipped", "groups": "skipped",
+                                          "draft": "made"}
+
+    import pcgtts.runtime.lm.draft as draft
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    shutil.rmtree(out / "draft")
+    monkeypatch.setattr(draft, "make_layer_subset_draft", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _prepare(tiny_models, out)
+    assert "draft" not in json.loads((out / "prepared.json").read_text())["stages"]
+    from pcgtts.runtime.config import resolve_settings
+
+    with pytest.raises(ValueError, match="not fully prepared .*draft"):  # an unfinished folder is refused
+        resolve_settings({"prepared": str(out)})
+    monkeypatch.undo()
+    assert _prepare(tiny_models, out)["draft"] == "made" and not (out / ".staging").exists()
+
+
+def test_a_changed_source_or_option_is_prepared_again(tiny_models, tmp_path):
+    """A stage whose inputs changed (an option, the checkpoint's files) is made again, with those after it."""
+    out = tmp_path / "prepared"
+    models = {**tiny_models, "target": shutil.copytree(tiny_models["target"], tmp_path / "target")}
+    _prepare(models, out)
+    assert _prepare(models, out, draft_layers=1) == {"codec": "skipped", "target": "skipped", "groups": "skipped",
+                                                     "draft": "made"}
+    config = models["target"] / "config.json"
+    config.write_text(config.read_text() + "\n")
+    assert _prepare(models, out, draft_layers=1) == {"codec": "skipped", "target": "made", "groups": "made",
+                                                     "draft": "made"}
+    assert set(_prepare(models, out, draft_layers=1).values()) == {"skipped"}
+
+
+def test_bad_input_is_a_one_line_error_before_any_work(tiny_models, tmp_path, capsys):
+    from pcgtts.cli import main
+
+    out = tmp_path / "out"
+    not_llasa = tmp_path / "not-llasa"
+    not_llasa.mkdir()
+    (not_llasa / "config.json").write_text('{"architectures": ["BertModel"]}')
+    (not_llasa / "model.safetensors").write_bytes(b"")
+    target, codec = str(tiny_models["target"]), str(tiny_models["codec"])
+    cases = [(["--checkpoint", str(tmp_path / "missing"), "--codec", codec, "--out", str(out)], "folder not found"),
+             (["--checkpoint", str(not_llasa), "--codec", codec, "--out", str(out)], "not a LLaSA checkpoint"),
+             (["--checkpoint", target, "--codec", codec, "--out", str(out), "--group-size", "600"],
+              r"group size must lie in \[1, 512\]"),
+             (["--checkpoint", target, "--codec", codec, "--out", str(out), "--draft-layers", "9"],
+              r"--draft-layers: a count in \[1, 4\]"),
+             (["--checkpoint", target], "needs --codec and --out"),
+             (["--group-size", "20"], "--group-size need --checkpoint")]
+    for flags, message in cases:
+        assert main(["prepare", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and re.search(message, err), (flags, err)
+    assert not out.exists()
+    with pytest.raises(SystemExit):  # argparse: a group size must be a positive number
+        main(["prepare", "--checkpoint", str(tiny_models["target"]), "--group-size", "0"])
+
+
+def test_prepared_with_model_paths_is_a_one_line_error_and_flags_resolve_to_its_models(tiny_models, tmp_path):
+    from pcgtts.cli import build_parser
+    from pcgtts.cli.commands import resolve_cli_settings
+    from pcgtts.runtime.config import resolve_settings
+
+    out = tmp_path / "prepared"
+    _prepare(tiny_models, out)
+    with pytest.raises(ValueError, match="give either prepared or target, draft, not both"):
+        resolve_settings({"prepared": str(out), "target": "t", "draft": "d"})
+    with pytest.raises(ValueError, match="not a prepared folder"):
+        resolve_settings({"prepared": str(tmp_path)})
+    with pytest.raises(ValueError, match="no onnxruntime exports"):
+        resolve_settings({"prepared": str(out), "backend": "onnxruntime"})
+    for command in (["speak", "hi"], ["bench"], ["eval"], ["serve"]):
+        settings = resolve_cli_settings(build_parser().parse_args([*command, "--prepared", str(out)]), policy="ar")
+        models = settings.models
+        assert (models.target, models.draft, models.codec, models.groups, models.prepared) == (
+            str(out / "target"), str(out / "draft"), str(out / "codec"), str(out / "groups.pcg"), None), command
+        # a user's checkpoint: not played at the built-in voice's own settings
+        assert settings.synthesis.decode.sampling.temperature == 0.8
+
+
+@pytest.mark.slow  # three checked exports, ~1 min
+def test_a_prepared_checkpoint_with_exports_runs_on_onnxruntime_on_a_cpu(tiny_models, tmp_path):
+    out = tmp_path / "prepared"
+    assert _prepare(tiny_models, out, onnx=True)["onnx"] == "made"
+    assert all((out / "onnx-int8" / name).is_dir() for name in ("target", "draft", "codec"))
+    run = _fresh(str(out))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == ["OrtLM", ""], run.stdout
+    assert _prepare(tiny_models, out, onnx=False) == {name: "skipped" for name in ("codec", "target", "groups", "draft")}
+    assert not (out / "onnx-int8" / "target").exists()  # a stage no longer asked for is removed
+
+
+@pytest.mark.slow
+@pytest.mark.shipped_voice
+def test_the_built_in_voice_once_prepared_synthesises_without_tools_training_or_export_code(tmp_path):
+    env = {"PCGTTS_CACHE": str(tmp_path / "cache")}
+    prepared = subprocess.run([sys.executable, "-c", PREPARE], capture_output=True, text=True, timeout=1200,
+                              env={**os.environ, **env})
+    assert prepared.returncode == 0, prepared.stderr
+    folder = json.loads(prepared.stdout)["prepared"]
+    again = subprocess.run([sys.executable, "-c", PREPARE], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, **env})
+    assert set(json.loads(again.stdout)["stages"].values()) == {"skipped"}, again.stdout
+    code = ("import sys; from pcgtts import Synthesizer; synth = Synthesizer.from_pretrained(seed=0, max_new_tokens=20); "
+            "assert len(synth.synthesize('Hello there.')) > 0; "
+            "print(','.join(sorted(m for m in sys.modules if m.startswith(('pcgtts.train', 'pcgtts.export', "
+            "'pcgtts.tools')))))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, **env})
+    assert run.returncode == 0 and run.stdout.strip() == "", (run.stdout, run.stderr)
+    assert Path(folder).parent == tmp_path / "cache"
