@@ -20,7 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from pcgtts.runtime.config import ModelPaths, Settings
-from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_models, is_prepared, runs_int8_graphs
+from pcgtts.runtime.voicepack import check_voice_settings
+from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, is_prepared, runs_int8_graphs
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
                     "`pcgtts prepare` does it ahead)", cache)
         prepare_builtin(cache, pack_dir, onnx=False)
         _note_earlier_expansions(cache)
-    return checkpoint_models(cache)
+    return ModelPaths(**checkpoint_paths(cache))
 
 
 def voice_cache(pack_dir: Path | None = None, cache_root: Path | None = None) -> Path:
@@ -80,18 +81,6 @@ def voice_settings(pack_dir: Path | None = None) -> dict:
     if not path.is_file():
         return {}
     return check_voice_settings(json.loads(path.read_text()).get("settings", {}), path)
-
-
-def check_voice_settings(settings: dict, where: Path | str) -> dict:
-    """`settings` if a voice may hold them (decoding and sampling keys only, valid values); else a
-    ValueError naming `where`."""
-    from pcgtts.runtime.config import KEYS, resolve_settings
-
-    wrong = [key for key in settings if key not in KEYS or KEYS[key][:2] != ("synthesis", "decode")]
-    if wrong:
-        raise ValueError(f"{where}: a voice may set decoding and sampling settings only, not {', '.join(wrong)}")
-    resolve_settings({}, voice=settings)  # the values themselves (e.g. a negative temperature)
-    return settings
 
 
 def builtin_models() -> ModelPaths:

@@ -422,7 +422,7 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
     settings = _apply(base or Settings(), updates)
     if settings.models.prepared is None:
         return settings
-    from pcgtts.runtime.prepared import prepared_settings  # (it imports this module)
+    from pcgtts.runtime.prepared import prepared_settings
 
     return prepared_settings(settings)
 

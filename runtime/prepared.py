@@ -16,7 +16,6 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from pcgtts.runtime.config import DeviceConfig, ModelPaths, Settings
 
 MANIFEST = "prepared.json"
 FORMAT, VERSION = "pcgtts-prepared", 1
@@ -57,27 +56,26 @@ def is_prepared(folder: str | Path, stages: tuple[str, ...] | None = None) -> bo
     return all(stage_done(folder, manifest, name) for name in wanted)
 
 
-def checkpoint_models(folder: str | Path) -> ModelPaths:
-    """The checkpoints (and group table) a prepared folder holds."""
+def checkpoint_paths(folder: str | Path) -> dict[str, str]:
+    """The checkpoints (and group table) a prepared folder holds, by `ModelPaths` field."""
     folder = Path(folder)
-    return ModelPaths(**{name: str(folder / rel) for name, rel in LAYOUT.items() if (folder / rel).exists()})
+    return {name: str(folder / rel) for name, rel in LAYOUT.items() if (folder / rel).exists()}
 
 
-def onnx_models(folder: str | Path, models: ModelPaths) -> ModelPaths:
-    """`models` with the target, draft and codec replaced by their exports in the folder's ONNX_FOLDER."""
+def onnx_paths(folder: str | Path, paths: dict[str, str]) -> dict[str, str]:
+    """`paths` with the target, draft and codec replaced by their exports in the folder's ONNX_FOLDER."""
     root = Path(folder) / ONNX_FOLDER
-    return replace(models, **{name: str(root / name) for name in ("target", "draft", "codec")
-                              if getattr(models, name) is not None})
+    return {**paths, **{name: str(root / name) for name in ("target", "draft", "codec") if name in paths}}
 
 
-def runs_int8_graphs(device: DeviceConfig) -> bool:
+def runs_int8_graphs(device: "DeviceConfig") -> bool:
     """Whether `device` is where the int8 onnxruntime graphs are the fastest route: a CPU, float32,
     no torch int8 layers, no torch.compile (BENCHMARKS.md)."""
     return (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
             and not device.compile)
 
 
-def prepared_settings(settings: Settings) -> Settings:
+def prepared_settings(settings: "Settings") -> "Settings":
     """`settings` with `models.prepared` (a folder `pcgtts prepare` made) turned into its model paths:
     on a CPU with the backend at "auto" (or "onnxruntime") its onnxruntime exports when it has them,
     else its checkpoints. A ValueError, before anything loads, for a folder that is not complete or
@@ -100,18 +98,18 @@ def prepared_settings(settings: Settings) -> Settings:
     if missing:
         raise ValueError(f"{folder} is not fully prepared (stages not done: {', '.join(missing)}); "
                          "run `pcgtts prepare` again to finish it")
-    paths, device = checkpoint_models(folder), settings.device
+    paths, device = checkpoint_paths(folder), settings.device
     exported = stage_done(folder, manifest, ONNX_STAGE)
     if device.backend == "onnxruntime":
         if not exported:
             raise ValueError(f"{folder} has no onnxruntime exports (prepared with --no-onnx); "
                              "leave the backend at auto or torch")
-        paths = onnx_models(folder, paths)
+        paths = onnx_paths(folder, paths)
     elif (device.backend == "auto" and exported and runs_int8_graphs(device)
           and importlib.util.find_spec("onnxruntime") is not None):
-        paths, device = onnx_models(folder, paths), replace(device, backend="onnxruntime")
-    return replace(settings, models=paths, device=device)
+        paths, device = onnx_paths(folder, paths), replace(device, backend="onnxruntime")
+    return replace(settings, models=type(models)(**paths), device=device)
 
 
 __all__ = ["MANIFEST", "FORMAT", "VERSION", "ONNX_FOLDER", "LAYOUT", "ONNX_STAGE", "read_manifest", "stage_done",
-           "is_prepared", "checkpoint_models", "onnx_models", "runs_int8_graphs", "prepared_settings"]
+           "is_prepared", "checkpoint_paths", "onnx_paths", "runs_int8_graphs", "prepared_settings"]

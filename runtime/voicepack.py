@@ -1,13 +1,18 @@
 """Reading a voice folder (the built-in voice's committed form, `train/package.py` writes it): its
-voice.json checked against its files, and the digest its expansion in the cache is named by.
+voice.json checked against its files, the digest its expansion in the cache is named by, the
+settings a voice may carry (`check_voice_settings`) and its weights loaded into a model to start a
+training run from (`init_weights`).
 
 Needs nothing of training: the runtime reads a voice folder without the lab's code."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "pcgtts-voice", 1
 FILES = ("target.safetensors", "draft.safetensors", "codec.safetensors")
@@ -47,4 +52,31 @@ def read_voice(pack_dir: str | Path, files: tuple[str, ...] | None = None) -> di
     return meta
 
 
-__all__ = ["FORMAT", "VERSION", "FILES", "file_sha256", "voice_digest", "read_voice"]
+def check_voice_settings(settings: dict, where: Path | str) -> dict:
+    """`settings` if a voice may hold them (decoding and sampling keys only, valid values); else a
+    ValueError naming `where`."""
+    from pcgtts.runtime.config import KEYS, resolve_settings
+
+    wrong = [key for key in settings if key not in KEYS or KEYS[key][:2] != ("synthesis", "decode")]
+    if wrong:
+        raise ValueError(f"{where}: a voice may set decoding and sampling settings only, not {', '.join(wrong)}")
+    resolve_settings({}, voice=settings)  # the values themselves (e.g. a negative temperature)
+    return settings
+
+
+def init_weights(model: "torch.nn.Module", pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:
+    """Start a lab run from a committed voice's weights (`--init-from`): load `role`
+    ("target" or "codec") into `model`; a target must have the same model config. Only that file must be
+    there, so a GPU machine needs only it and the training data copied to it. Returns voice.json."""
+    from safetensors.torch import load_file
+
+    meta = read_voice(pack_dir, files=(f"{role}.safetensors",))
+    if role == "target" and model_config is not None and meta["target"]["model_config"] != model_config:
+        raise ValueError(f"{pack_dir}: its target was trained with {meta['target']['model_config']}, "
+                         f"not {model_config}; choose the matching --size")
+    state = {k: v.float() for k, v in load_file(str(Path(pack_dir) / f"{role}.safetensors")).items()}
+    model.load_state_dict(state)
+    log.info("initialised the %s from %s (%s)", role, pack_dir, meta["name"])
+    return meta
+
+__all__ = ["init_weights", "check_voice_settings", "FORMAT", "VERSION", "FILES", "file_sha256", "voice_digest", "read_voice"]

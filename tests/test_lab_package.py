@@ -77,7 +77,7 @@ def test_pack_and_expand_round_trip(tmp_path):
     # A later lab run starts from the committed weights (`--init-from`), refusing another size.
     from dataclasses import asdict
 
-    from pcgtts.train.package import init_weights
+    from pcgtts.runtime.voicepack import init_weights
 
     fresh = build_model(LMModelConfig(**state["model_config"]), tok, 1)
     init_weights(fresh, pack, "target", state["model_config"])

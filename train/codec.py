@@ -341,7 +341,7 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
     sampler = CropSampler(cfg.corpus, cfg.crop_frames)
     model = new_codec(cfg.model, cfg.seed)
     if cfg.init_from is not None and not (out / "checkpoint.pt").is_file():
-        from pcgtts.train.package import init_weights
+        from pcgtts.runtime.voicepack import init_weights
 
         frozen = init_weights(model, cfg.init_from, "codec")["codec"].get("encoder_frozen")
         if frozen and cfg.model.acoustic:  # training the waveform encoder changes the codes by design

@@ -544,7 +544,7 @@ def train_lm(cfg: LMTrainConfig, progress=None, stop_after: int | None = None, c
     heldout = ExampleBuilder(tokenizer, held_recs, codes, cfg) if held_recs else None
     model = build_model(cfg.model, tokenizer, cfg.seed)
     if cfg.init_from is not None and not (out / "checkpoint.pt").is_file():
-        from pcgtts.train.package import init_weights
+        from pcgtts.runtime.voicepack import init_weights
 
         init_weights(model, cfg.init_from, "target", asdict(cfg.model))
     (out / "train_config.json").write_text(json.dumps(asdict(cfg), default=str, indent=2))

@@ -51,7 +51,7 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
                group_cap: int = 512, figures: dict | None = None, settings: dict | None = None) -> Path:
     """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders.
     `settings`: what the voice is played at when the user names none (`builtin.voice_settings`)."""
-    from pcgtts.builtin import check_voice_settings
+    from pcgtts.runtime.voicepack import check_voice_settings
 
     out = Path(out_dir)
     check_voice_settings(dict(settings or {}), out / "voice.json")  # refused before anything is written
@@ -179,7 +179,7 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
 def set_settings(pack_dir: str | Path, settings: dict) -> None:
     """Record what a committed voice is played at when the user names none (voice.json "settings",
     read by `builtin.voice_settings`), checked first; {} removes them."""
-    from pcgtts.builtin import check_voice_settings
+    from pcgtts.runtime.voicepack import check_voice_settings
 
     pack = Path(pack_dir)
     meta = read_voice(pack, files=())
@@ -232,22 +232,6 @@ def add_to_voice(pack_dir: str | Path, src: str | Path, name: str) -> None:
     shutil.copyfile(src, pack / name)
     meta["sha256"][name] = file_sha256(pack / name)
     _write_meta(pack, meta)
-
-
-def init_weights(model: torch.nn.Module, pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:
-    """Start a lab run from a committed voice's weights (`--init-from`): load `role`
-    ("target" or "codec") into `model`; a target must have the same model config. Only that file must be
-    there, so a GPU machine needs only it and the training data copied to it. Returns voice.json."""
-    from safetensors.torch import load_file
-
-    meta = read_voice(pack_dir, files=(f"{role}.safetensors",))
-    if role == "target" and model_config is not None and meta["target"]["model_config"] != model_config:
-        raise ValueError(f"{pack_dir}: its target was trained with {meta['target']['model_config']}, "
-                         f"not {model_config}; choose the matching --size")
-    state = {k: v.float() for k, v in load_file(str(Path(pack_dir) / f"{role}.safetensors")).items()}
-    model.load_state_dict(state)
-    log.info("initialised the %s from %s (%s)", role, pack_dir, meta["name"])
-    return meta
 
 
 def _expand_lm(pack: Path, role: str, meta: dict, out: Path) -> Path:
@@ -312,4 +296,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "init_weights", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "FORMAT", "VERSION"]
