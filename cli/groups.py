@@ -65,7 +65,7 @@ def sweep_thetas(args, target_dir: str, top_k: int | None) -> list[float] | None
 def group_table(target_dir: str, target_lm, theta: float, top_k: int | None = None, max_bytes: int | None = None):
     """The host GroupTable for the loaded target at `theta` (capped at `top_k`), built once and cached
     beside the user's cache; refused with an estimate past `max_bytes` (groups/build.py)."""
-    from pcgtts.tools.model_groups import build_groups_for_model
+    from pcgtts.export.group_table import build_groups_for_model
     from pcgtts.groups.table import GroupTable
     from pcgtts.runtime.files import cache_root
 
@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _build(args) -> int:
     import time
 
-    from pcgtts.tools.model_groups import build_groups_for_model
+    from pcgtts.export.group_table import build_groups_for_model
 
     from pcgtts.runtime.config import check_compute_device
     from pcgtts.runtime.files import check_output_file

@@ -168,7 +168,7 @@ def shifted_tokenizer(num_speech: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from pcgtts.tools.demo import CHAT_TEMPLATE, LLAMA3_SPECIAL
+    from pcgtts.runtime.text.tokenizer import CHAT_TEMPLATE, LLAMA3_SPECIAL
     from pcgtts.runtime.text.vocab import speech_token
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())

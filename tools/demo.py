@@ -22,26 +22,12 @@ from pathlib import Path
 
 import torch
 
-from pcgtts.runtime.text.vocab import CONTROL_TOKENS, NUM_SPEECH_TOKENS, SPEECH_GENERATION_END, speech_token
+from pcgtts.runtime.text.tokenizer import build_demo_tokenizer
+from pcgtts.runtime.text.vocab import NUM_SPEECH_TOKENS, SPEECH_GENERATION_END, speech_token
 
 log = logging.getLogger(__name__)
 
 NOT_SPEECH_NOTICE = "demo models have random weights: the audio is not speech"
-
-LLAMA3_SPECIAL = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
-
-# A Llama-3-style chat template. `date_string` is a template variable so prompts can pin it.
-CHAT_TEMPLATE = (
-    "{{- bos_token }}"
-    "{%- if date_string is not defined %}{%- set date_string = '26 Jul 2024' %}{%- endif %}"
-    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
-    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: ' + date_string + '\\n\\n<|eot_id|>' }}"
-    "{%- for message in messages %}"
-    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
-)
-
 
 @dataclass(frozen=True)
 class DemoLMConfig:
@@ -77,24 +63,6 @@ def structured_speech_embeddings(num_tokens: int, hidden: int, kernel_length: fl
     phase = torch.rand(hidden, generator=generator) * 2 * math.pi
     feats = torch.cos(coords @ omega + phase) * math.sqrt(2.0 / hidden)
     return feats * scale
-
-
-def build_demo_tokenizer(num_speech: int = NUM_SPEECH_TOKENS):
-    """A fast tokenizer with LLaSA's token layout on a 256-symbol byte-level text vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    core.add_special_tokens(list(LLAMA3_SPECIAL))
-    # LLaSA adds its control and speech tokens as ordinary added tokens, control tokens first.
-    core.add_tokens(list(CONTROL_TOKENS) + [speech_token(i) for i in range(num_speech)])
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|begin_of_text|>",
-                                  eos_token="<|eot_id|>", pad_token="<|eot_id|>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
 
 
 def write_demo_lm(out_dir: str | Path, config: DemoLMConfig = DemoLMConfig(), seed: int = 0,
@@ -197,7 +165,7 @@ def ensure_demo(cache_dir: str | Path | None = None, seed: int = 0) -> dict[str,
     """The demo models and their group table, made on first use in a cache folder."""
     import shutil
 
-    from pcgtts.tools.model_groups import build_groups_for_model
+    from pcgtts.export.group_table import build_groups_for_model
 
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     paths = {name: cache / name for name in ("target", "draft", "codec")}

@@ -252,7 +252,7 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
         return lambda staging: shutil.copytree(source, staging / rel)
 
     def groups(staging: Path) -> None:
-        from pcgtts.tools.model_groups import build_groups_for_model
+        from pcgtts.export.group_table import build_groups_for_model
 
         table = build_groups_for_model(target, None, GROUP_CAP, progress=progress, mean_size=prep.group_size)
         table.save(staging / LAYOUT["groups"])

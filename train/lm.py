@@ -1,7 +1,7 @@
 """Speech-lab target LM: a small `LlamaForCausalLM` in the LLaSA layout, trained on codec codes.
 
 Third step of the lab (corpus -> codec -> **codes -> LM** -> draft). The tokenizer is the
-runtime demo's LLaSA-layout builder (`pcgtts.tools.demo.build_demo_tokenizer`: byte-level text,
+LLaSA-layout builder (`pcgtts.runtime.text.tokenizer.build_demo_tokenizer`: byte-level text,
 Llama-3 chat tokens, the 8 LLaSA control tokens, then `<|s_0|>`..`<|s_65535|>` at an offset read
 back with `SpeechVocab.from_tokenizer`). Training examples are exactly the runtime's input: ids
 from `pcgtts.runtime.text.prompt.build_prompt` (plain, or voice-prompted with another utterance of
@@ -97,7 +97,7 @@ def speech_vocab(tokenizer) -> SpeechVocab:
 @functools.lru_cache(maxsize=1)
 def lab_tokenizer():
     """The LLaSA-layout tokenizer the runtime's demo builder makes (shared, not duplicated; cached)."""
-    from pcgtts.tools.demo import build_demo_tokenizer
+    from pcgtts.runtime.text.tokenizer import build_demo_tokenizer
 
     return build_demo_tokenizer(NUM_SPEECH_TOKENS)
 

@@ -265,7 +265,7 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
 
     from pcgtts.groups.build import theta_for_mean_size
     from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
-    from pcgtts.tools.model_groups import build_groups_for_model
+    from pcgtts.export.group_table import build_groups_for_model
 
     pack, out = Path(pack_dir), Path(out_dir)
     meta = read_voice(pack)
