@@ -6,7 +6,7 @@ embeddings (mean group ~40-140). Also reports a reject-heavy case, where PCG's r
 sampler does the most work, and an all-accepted case (uniforms 0), where no residual is
 needed. Median and minimum per call: on a shared CPU the minimum is the steadier figure. On a
 CPU each rule runs twice: the tensor rules at batch 1 and the one-sequence lane the decode loops
-call there (`acceptance_cpu.verify_one`).
+call there (the host lane, `acceptance.verify_one`).
 
     python benchmarks/bench_verify.py [--device cuda] [--theta 0.30 | --groups TABLE.pcg]
 
@@ -72,7 +72,7 @@ def main() -> int:
     rng = torch.Generator(device=device).manual_seed(1)
     rows = []
     runs = [(case, draft, False) for case, draft in cases.items()] + [("all-accepted", cases["typical"], True)]
-    paths = ("tensor", "lane") if device.type == "cpu" else ("tensor",)  # lane: acceptance_cpu.verify_one
+    paths = ("tensor", "lane") if device.type == "cpu" else ("tensor",)  # lane: the host backend
     for case, draft, accept_all in runs:
         tokens = torch.multinomial(draft[0], 1, generator=rng).view(1, L)
         for path in paths:

@@ -10,7 +10,7 @@ has no indexable uint16, so they are stored as int16 holding the uint16 bit patt
 with `widen()` right before use. Offsets are int32.
 
 The stop token (restricted index `num_tokens`) is not in the table: the acceptance rules treat
-it as its own singleton group with id `num_groups` (see runtime/decode/acceptance.py), reached
+it as its own singleton group with id `num_groups` (see runtime/decode/acceptance/), reached
 through `DeviceGroupTable.spans` (int64 start/size lookups with the stop folded in, built once
 per table on first use) so that the rules need no per-call special case for it.
 """
@@ -69,7 +69,7 @@ class Spans:
 @dataclass(frozen=True)
 class HostSpans:
     """NumPy views (no copies) of a CPU table's `Spans`, its 16-bit entries read as uint16 and its
-    1/N(t): what the one-sequence CPU rules index (`runtime/decode/acceptance_cpu.py`), where a
+    1/N(t): what the one-sequence CPU rules index (`runtime/decode/acceptance/host.py`), where a
     NumPy index costs a fraction of a torch op's fixed overhead."""
 
     token: np.ndarray  # int64 [num_tokens + 1, 2]

@@ -15,6 +15,10 @@ import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the settings module imports this one
+    from pcgtts.runtime.config import DeviceConfig, Settings
 
 
 MANIFEST = "prepared.json"
@@ -68,14 +72,14 @@ def onnx_paths(folder: str | Path, paths: dict[str, str]) -> dict[str, str]:
     return {**paths, **{name: str(root / name) for name in ("target", "draft", "codec") if name in paths}}
 
 
-def runs_int8_graphs(device: "DeviceConfig") -> bool:
+def runs_int8_graphs(device: DeviceConfig) -> bool:
     """Whether `device` is where the int8 onnxruntime graphs are the fastest route: a CPU, float32,
     no torch int8 layers, no torch.compile (BENCHMARKS.md)."""
     return (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
             and not device.compile)
 
 
-def prepared_settings(settings: "Settings") -> "Settings":
+def prepared_settings(settings: Settings) -> Settings:
     """`settings` with `models.prepared` (a folder `pcgtts prepare` made) turned into its model paths:
     on a CPU with the backend at "auto" (or "onnxruntime") its onnxruntime exports when it has them,
     else its checkpoints. A ValueError, before anything loads, for a folder that is not complete or

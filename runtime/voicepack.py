@@ -11,6 +11,10 @@ import hashlib
 import logging
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: reading a pack needs no torch
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ def check_voice_settings(settings: dict, where: Path | str) -> dict:
     return settings
 
 
-def init_weights(model: "torch.nn.Module", pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:
+def init_weights(model: torch.nn.Module, pack_dir: str | Path, role: str, model_config: dict | None = None) -> dict:
     """Start a lab run from a committed voice's weights (`--init-from`): load `role`
     ("target" or "codec") into `model`; a target must have the same model config. Only that file must be
     there, so a GPU machine needs only it and the training data copied to it. Returns voice.json."""

@@ -210,7 +210,7 @@ def measure_proposer_costs(target: LM, proposer, max_length: int, rule: str, sam
     proposer's from the caches: timed alone it looks ~2x cheaper on a CPU)."""
     started, counts = time.perf_counter(), range(1, max_length + 2)
     digits = rule_digits(target, sampling)
-    proposer_digits = digits if getattr(getattr(proposer, "step", None), "digits", 0) else 0  # EAGLE: the target's head
+    proposer_digits = proposer.row_digits(sampling) or 0  # the rows its proposals hand the rule
     gen = torch.Generator(device=target.device).manual_seed(0)
     # A verify of k tokens follows k - 1 proposals; a plain step follows a plain step, as in plain
     # AR and in the loop's L = 0 steps (a proposer asked for none runs nothing). Timed after a probe
@@ -247,7 +247,7 @@ def calibrated_costs(target: LM, draft: LM, max_length: int, rule: str, sampling
     except TypeError:  # a model object that cannot be weakly referenced: measure every time
         cached = {}
     if key not in cached:
-        measure = measure_proposer_costs if hasattr(draft, "propose") else measure_costs
+        measure = measure_costs if isinstance(draft, LM) else measure_proposer_costs
         cached[key] = measure(target, draft, max_length, rule, sampling, groups, sync=sync)
     return cached[key]
 

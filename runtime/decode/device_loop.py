@@ -46,6 +46,7 @@ from pcgtts.runtime.decode.acceptance.tensor import draw_uniforms, verify
 from pcgtts.runtime.decode.sampling import logits_to_probs, sample
 from pcgtts.runtime.decode.steps import emitted, start_sequence
 from pcgtts.runtime.lm.llama import Llama
+from pcgtts.runtime.lm.torch_lm import TorchLM
 from pcgtts.runtime.text.vocab import SpeechVocab
 
 
@@ -258,7 +259,7 @@ def decode_on_device(target, draft, prompt_ids: torch.Tensor, config: DecodeConf
     has checked that the policy has its draft and group table."""
     spec = step_spec(config)
     for lm in (target, draft if spec.draft_length else None):
-        if lm is not None and not isinstance(getattr(lm, "model", None), Llama):
+        if lm is not None and not isinstance(lm, TorchLM):
             raise ValueError("whole steps on the device need the torch backend")
     if len(prompt_ids) < 2:
         raise ValueError("whole steps on the device need a prompt of at least 2 tokens")
