@@ -130,6 +130,8 @@ def test_a_loop_judges_with_the_compiled_rule_only_where_it_applies(monkeypatch)
               judge("pcg", SamplingConfig(temperature=0.8, top_p=0.9)), judge("pcg", SamplingConfig(temperature=0.0)),
               judge("pcg", plain, lm=eager)]  # a table of another size: the lane says why
     assert not any(isinstance(j, CompiledJudge) for j in others)
+    with pytest.raises(ValueError, match="group table"):  # pcg with no table never reaches a judge
+        judge("pcg", plain, None)
 
 
 def test_a_package_that_cannot_be_built_leaves_the_host_lane_with_a_warning(monkeypatch, tmp_path, caplog):
