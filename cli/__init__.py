@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # Each module exposes register(sub) and sets `func` on its parsers.
     from pcgtts.cli import commands, export, groups, heads, prepare
-    from pcgtts.quality import cli as quality_cli
-    from pcgtts.serve import cli as serve_cli
+    from pcgtts.cli import evaluate as quality_cli
+    from pcgtts.cli import serve as serve_cli
     from pcgtts.train import cli as lab_cli
 
     commands.register(sub)

@@ -7,5 +7,6 @@
     swap.py       Table 2: intra-group vs random token swaps
     melgroups.py  Table 3: groups from the codec's decoded sound of each token
     plots.py      accuracy / speed-up curves over θ, β and draft length
-    cli.py        `register(subparsers)` for the `eval` sub-command
+
+The `pcgtts eval` command is cli/evaluate.py.
 """

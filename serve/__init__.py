@@ -6,6 +6,6 @@
 
 Modules: config.py (ServerConfig), errors.py (OpenAI error JSON), pool.py (WorkerPool, SpeechJob),
 voices.py (the voice store), encode.py (audio formats), metrics.py (Prometheus), websocket.py
-(incremental text), app.py (`create_app`), cli.py (`pcgtts serve`), ray_app.py (Ray Serve replicas).
-FastAPI and uvicorn are imported only by app.py / cli.py, so `import pcgtts.serve.config` is light.
+(incremental text), app.py (`create_app`), ray_app.py (Ray Serve replicas); the command is
+cli/serve.py. FastAPI and uvicorn are imported only by app.py, so `import pcgtts.serve.config` is light.
 """

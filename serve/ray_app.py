@@ -1,7 +1,7 @@
 """Scale-out: the same app as Ray Serve replicas (Ray does routing, replicas and autoscaling).
 
     pip install "ray[serve]"
-    python -m pcgtts.serve.ray_app --min-replicas 1 --max-replicas 4 --workers 1 --voices-dir /shared/voices \
+    python -m pcgtts.cli.serve --min-replicas 1 --max-replicas 4 --workers 1 --voices-dir /shared/voices \
         [every `pcgtts serve` flag: --target ... --compute-device cuda ...]
 
 Each replica is one `create_app(config, WorkerPool.from_config(config))`: it loads its own
@@ -15,7 +15,6 @@ through Ray's proxy too (Ray Serve supports WebSockets on ASGI ingress deploymen
 
 from __future__ import annotations
 
-import argparse
 import logging
 
 log = logging.getLogger(__name__)
@@ -48,28 +47,3 @@ def build(config, min_replicas: int = 1, max_replicas: int = 2, name: str = "pcg
         autoscaling_config={"min_replicas": min_replicas, "max_replicas": max_replicas,
                             "target_ongoing_requests": config.workers})
     return deployment.bind(config)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from pcgtts.serve import cli
-
-    parser = argparse.ArgumentParser(prog="python -m pcgtts.serve.ray_app", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command")
-    cli.register(sub)
-    serve_parser = sub.choices["serve"]
-    serve_parser.add_argument("--min-replicas", type=int, default=1)
-    serve_parser.add_argument("--max-replicas", type=int, default=2)
-    args = parser.parse_args(["serve", *(argv if argv is not None else __import__("sys").argv[1:])])
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = cli.config_from_args(args)
-    import ray
-    from ray import serve
-
-    ray.init(ignore_reinit_error=True)
-    serve.start(http_options={"host": config.host, "port": config.port})
-    serve.run(build(config, args.min_replicas, args.max_replicas), name="pcgtts", route_prefix="/", blocking=True)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

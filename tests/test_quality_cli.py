@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from pcgtts.quality.cli import check_args, register
+from pcgtts.cli.evaluate import check_args, register
 
 pytest.importorskip("pocketsphinx")
 

@@ -11,7 +11,7 @@ from pcgtts.serve.config import ServerConfig
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    from pcgtts.serve import cli
+    from pcgtts.cli import serve as cli
 
     subparsers = argparse.ArgumentParser().add_subparsers(dest="command")
     cli.register(subparsers)
@@ -23,7 +23,7 @@ def parse(*argv):
 
 
 def test_defaults_bind_loopback_and_use_the_builtin_voice(monkeypatch, tmp_path):
-    from pcgtts.serve import cli
+    from pcgtts.cli import serve as cli
 
     made = {"target": tmp_path / "t", "draft": tmp_path / "d", "codec": tmp_path / "c", "groups": tmp_path / "g.pcg"}
     monkeypatch.setattr("pcgtts.tools.demo.ensure_demo", lambda *a, **k: made)  # no 1-minute demo build here
@@ -37,7 +37,7 @@ def test_defaults_bind_loopback_and_use_the_builtin_voice(monkeypatch, tmp_path)
 
 
 def test_flags_reach_the_config(tmp_path, monkeypatch):
-    from pcgtts.serve import cli
+    from pcgtts.cli import serve as cli
 
     monkeypatch.setenv("PCGTTS_API_KEY", "from-the-environment")
     target = tmp_path / "target"
@@ -53,7 +53,7 @@ def test_flags_reach_the_config(tmp_path, monkeypatch):
 def test_every_runtime_flag_reaches_the_workers(tmp_path):
     """Each model and device flag `serve` accepts is handed to the workers' Synthesizers (`--compile`,
     `--threads`, `--quantize` and `--eagle` / `--heads` / `--transitions` were once accepted and dropped)."""
-    from pcgtts.serve import cli
+    from pcgtts.cli import serve as cli
 
     (tmp_path / "target").mkdir()
     paths = {name: str(tmp_path / name) for name in ("draft", "codec", "groups", "heads", "transitions", "eagle")}
@@ -65,8 +65,9 @@ def test_every_runtime_flag_reaches_the_workers(tmp_path):
     settings = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--backend", "torch",
                                           "--quantize", "int8")).runtime_settings()
     assert settings["quantize"] == "int8" and settings["compile"] is False
-    runtime_flags = {"target", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend",
-                     "compute_device", "dtype", "quantize", "compile", "threads", "max_tokens", "max_length"}
+    # --prepared resolves into the model paths above (tests/test_prepare.py: flags resolve to its models)
+    runtime_flags = {"target", "prepared", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy",
+                     "backend", "compute_device", "dtype", "quantize", "compile", "threads", "max_tokens", "max_length"}
     server_flags = {"host", "port", "workers", "queue_size", "request_timeout", "max_input_chars", "max_upload_bytes",
                     "max_upload_seconds", "api_key", "voices_dir", "sample_rate"}
     # a flag added to `serve` must be added to one of these sets, and the runtime ones checked above
@@ -81,7 +82,7 @@ def test_every_runtime_flag_reaches_the_workers(tmp_path):
     (("--draft", "/x"), "without a target"),
 ])
 def test_bad_flags_fail_before_models_load(argv, message, monkeypatch):
-    from pcgtts.serve import cli
+    from pcgtts.cli import serve as cli
 
     monkeypatch.setattr("pcgtts.tools.demo.ensure_demo", lambda *a, **k: pytest.fail("models were resolved"))
     with pytest.raises(ValueError, match=message):

@@ -1,6 +1,6 @@
 """`pcgtts serve`: flags mirror `ServerConfig`; models resolve like `pcgtts speak` (the built-in
-voice when no --target is given), validated before any model loads. The lead wires
-`register(subparsers)` into the `pcgtts` command."""
+voice when no --target is given), validated before any model loads. `python -m pcgtts.cli.serve`
+runs the same server as Ray Serve replicas (`serve/ray_app.py`)."""
 
 from __future__ import annotations
 
@@ -72,3 +72,33 @@ def _serve(args) -> int:
     log.info("pcgtts serve: http://%s:%d/v1 (%d workers)", config.host, config.port, config.workers)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", ws="auto")
     return 0
+
+
+def ray_main(argv: list[str] | None = None) -> int:
+    """`python -m pcgtts.cli.serve`: the server as Ray Serve replicas (`serve/ray_app.py`), with every
+    `pcgtts serve` flag and --min-replicas / --max-replicas."""
+    import sys
+
+    from pcgtts.serve.ray_app import build
+
+    parser = argparse.ArgumentParser(prog="python -m pcgtts.cli.serve",
+                                     description="the speech server as Ray Serve replicas (scale-out)")
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    serve_parser = sub.choices["serve"]
+    serve_parser.add_argument("--min-replicas", type=int, default=1)
+    serve_parser.add_argument("--max-replicas", type=int, default=2)
+    args = parser.parse_args(["serve", *(argv if argv is not None else sys.argv[1:])])
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = config_from_args(args)
+    import ray
+    from ray import serve
+
+    ray.init(ignore_reinit_error=True)
+    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.run(build(config, args.min_replicas, args.max_replicas), name="pcgtts", route_prefix="/", blocking=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(ray_main())

@@ -1,4 +1,4 @@
-"""`pcgtts eval`: the quality harness as a command (the lead wires `register` into `pcgtts`).
+"""`pcgtts eval`: the quality harness (`quality/`) as a command.
 
     pcgtts eval --mode source --sentences 20                  # the reference voices themselves
     pcgtts eval --mode codec --codec DIR                      # codec resynthesis: STOI, MCD, WER
