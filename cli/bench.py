@@ -112,7 +112,7 @@ def check_state_policies(policies, args) -> None:
 
 
 # The harness caps tokens on purpose; each utterance's finish reason is in the JSON instead.
-@quiet_logger("pcgtts.runtime.synthesizer")
+@quiet_logger("pcgtts.runtime.stream_worker")
 def _bench(args) -> int:
     from dataclasses import replace
 

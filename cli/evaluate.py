@@ -192,7 +192,7 @@ class _Progress:
         print(f"[{time.perf_counter() - self.started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
-@quiet_logger("pcgtts.runtime.synthesizer")  # truncation is in the JSON
+@quiet_logger("pcgtts.runtime.stream_worker")  # truncation is in the JSON
 def run_eval(args: argparse.Namespace) -> int:
     testset, sentences, voices = check_args(args)
     progress = _Progress()

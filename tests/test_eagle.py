@@ -640,7 +640,7 @@ def test_a_draft_reading_several_target_layers(tiny_lms, tiny_groups, tmp_path):
 
 
 def test_a_chain_is_warmed_up_once_per_proposal_count(target):
-    """`warm_up` runs before every seeded utterance (`Synthesizer.plan`): each count's chain runs
+    """`warm_up` runs before every seeded utterance (`DraftLengthPlanner.plan`): each count's chain runs
     the first time only (running all of them again had cost every such utterance ~9.5 ms)."""
     step = EagleProposer.from_draft(random_draft(target, seed=7, block="mlp"), target).step
     calls = []

@@ -266,7 +266,7 @@ def in_loop_costs(costs: StepCosts, length: int, seconds: dict[str, float]) -> S
     step's mean, as `DraftLengthPolicy.record` takes them) in place of their isolated timings, and every
     part it did not time scaled by the target's in-loop ratio (`_scaled`). Isolated timings undercount
     the loop's (lab-v2's three chained EAGLE proposals 0.62 ms alone, 1.05 ms in the loop; its PCG rule
-    0.15 and 0.27); `Synthesizer.plan` plans with these after its calibration decode."""
+    0.15 and 0.27); `DraftLengthPlanner.plan` plans with these after its calibration decode."""
     timed: dict = {}
     return _scaled(_moved(costs, length, seconds, timed, 1.0), costs, timed)
 

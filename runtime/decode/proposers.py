@@ -323,7 +323,7 @@ class EagleProposer:
     def warm_up(self, config) -> None:
         """Compile a chain's graphs for 1..config.draft_length proposals now, not in an utterance's
         first steps (a few seconds each the first time). Once per count: a seeded stream calls it
-        before every utterance (`Synthesizer.plan`), where running the chains again cost ~9.5 ms."""
+        before every utterance (`DraftLengthPlanner.plan`), where running the chains again cost ~9.5 ms."""
         if self.chains(config.sampling):
             generator = torch.Generator(device=self.step.device).manual_seed(0)
             for count in range(1, config.draft_length + 1):
