@@ -218,7 +218,7 @@ def _transitions(args) -> int:
         if not Path(path).is_file():
             raise ValueError(f"codes file not found: {path}")
     check_output_file(Path(args.out))
-    from pcgtts.groups.transitions import TransitionTable
+    from pcgtts.runtime.decode.transitions import TransitionTable
 
     sequences = read_code_sequences(args.codes)
     table = TransitionTable.build(sequences, vocab_size=args.num_speech + 1, top_k=args.top_k)  # + the stop index

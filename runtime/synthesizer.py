@@ -839,7 +839,7 @@ def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path |
 
 def _load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm):
     """The target's multi-token heads (with the transition table when there is one), or None."""
-    from pcgtts.groups.transitions import TransitionTable
+    from pcgtts.runtime.decode.transitions import TransitionTable
     from pcgtts.runtime.decode.multi_token import HeadProposer
 
     transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None

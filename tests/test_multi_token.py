@@ -207,7 +207,7 @@ def test_synthesizer_finds_heads_next_to_the_target(tiny_models, tmp_path, targe
 def viterbi_proposer(target, proposer, prompt, tmp_path_factory):
     """The random heads with a transition table built from the target's own codes (through
     `pcgtts heads transitions`'s file format)."""
-    from pcgtts.groups.transitions import TransitionTable
+    from pcgtts.runtime.decode.transitions import TransitionTable
 
     sequences = [np.array(run(target, proposer, prompt, "ar", SamplingConfig(), tokens=60, seed=s)[0]) for s in range(6)]
     table = TransitionTable.build(sequences, vocab_size=target.vocab.restricted_size, top_k=16)

@@ -13,7 +13,7 @@ distributions are recomputed from the cached states (one matmul with its head), 
 size 65,536 per position is stored. Reported per head, on held-out sequences, before and after:
 top-1 agreement with the target and the SD acceptance 1 - TV(p, q) of its proposals.
 
-`pcgtts heads transitions` estimates the code transition table (groups/transitions.py) that
+`pcgtts heads transitions` estimates the code transition table (runtime/decode/transitions.py) that
 mtp-viterbi searches with, from the same on-policy sequences or from code files.
 """
 

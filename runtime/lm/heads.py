@@ -29,7 +29,7 @@ from torch import nn
 from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
 HEADS_FILE = "mtp_heads.safetensors"
-TRANSITIONS_FILE = "transitions.pct"  # the code transition table (groups/transitions.py) for mtp-viterbi
+TRANSITIONS_FILE = "transitions.pct"  # the code transition table (runtime/decode/transitions.py) for mtp-viterbi
 FORMAT = "pcgtts-mtp-heads"
 VERSION = "1"
 
