@@ -190,7 +190,7 @@ def _models_demo(args) -> int:
 
 def _draft_init(args) -> int:
     from pcgtts.runtime.files import check_output_dir
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+    from pcgtts.train.subset_draft import make_layer_subset_draft
 
     check_output_dir(args.out)
     if args.used_codes is not None and not Path(args.used_codes).is_file():

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pcgtts.runtime.lm.draft import make_layer_subset_draft, spread_layers
+from pcgtts.train.subset_draft import make_layer_subset_draft, spread_layers
 from pcgtts.runtime.lm.torch_lm import TorchLM
 
 

@@ -78,7 +78,7 @@ def test_source_mode_end_to_end(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_lm_factory, demo_codec_dir, tmp_path_factory):
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+    from pcgtts.train.subset_draft import make_layer_subset_draft
     from pcgtts.tools.model_groups import build_groups_for_model
 
     target = tiny_lm_factory()

@@ -322,7 +322,7 @@ def subset_layers(draft: Path, scaler: Scaler) -> list[int]:
     """The layers of the paper's layer-subset draft at the new shape: the scaled target's layers where
     the voice's draft's layers stand. The voice's draft records which of its target's layers it began
     as (`pcgtts draft init`); one that does not is taken as its depth spread over the target's."""
-    from pcgtts.runtime.lm.draft import spread_layers
+    from pcgtts.train.subset_draft import spread_layers
 
     config = json.loads((draft / "config.json").read_text())
     began = config.get("pcgtts_draft", {}).get("layers")
@@ -333,7 +333,7 @@ def subset_layers(draft: Path, scaler: Scaler) -> list[int]:
 
 def write_subset_draft(target: Path, out: Path, layers: list[int]) -> None:
     """`pcgtts draft init --layers …` on the scaled target, naming it by its place in the output folder."""
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+    from pcgtts.train.subset_draft import make_layer_subset_draft
 
     make_layer_subset_draft(target, out, layers)
     config = json.loads((out / "config.json").read_text())

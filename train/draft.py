@@ -1,7 +1,7 @@
 """Speech-lab draft: a 3-layer draft initialised from the target's layers, briefly fine-tuned.
 
 Last training step of the lab (corpus -> codec -> LM -> **draft**). The paper's recipe: the
-runtime's `make_layer_subset_draft` writes the layer-subset checkpoint (`<out>/init`, a plain
+`subset_draft.make_layer_subset_draft` writes the layer-subset checkpoint (`<out>/init`, a plain
 LlamaForCausalLM, what `pcgtts draft init` makes); the fine-tune then starts from the target's
 factorised weights (text rows + FSQ digit rows, from the target's training checkpoint) with the
 body replaced by those layers, trains on the same examples (codes cached by lm.py) and exports
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pcgtts.runtime.lm.checkpoint import read_state_dict
-from pcgtts.runtime.lm.draft import make_layer_subset_draft
+from pcgtts.train.subset_draft import make_layer_subset_draft
 from pcgtts.train.lm import (ExampleBuilder, FactorisedLM, LMModelConfig, LMTrainConfig, _split_records,
                              load_factorised, train_loop)
 
