@@ -32,12 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     # Each module exposes register(sub) and sets `func` on its parsers.
-    from pcgtts.cli import commands, export, groups, heads
+    from pcgtts.cli import bench, commands, export, groups, heads, voice
     from pcgtts.quality import cli as quality_cli
     from pcgtts.serve import cli as serve_cli
     from pcgtts.train import cli as lab_cli
 
-    commands.register(sub)
+    commands.register(sub)  # pcgtts models | draft | speak
+    voice.register(sub)  # pcgtts voice add
+    bench.register(sub)  # pcgtts bench
     groups.register(sub)
     export.register(sub)
     heads.register(sub)  # pcgtts heads train | transitions

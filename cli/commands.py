@@ -98,11 +98,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="speech tokens per sentence at most, 1 to 60000 (50 per s; default 2000)")
     speak.set_defaults(func=_speak)
 
-    from pcgtts.cli import bench as bench_cli, voice as voice_cli
-
-    voice_cli.register(sub)
-    bench_cli.register(sub)
-
 
 def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None:
     """Model and device selection shared by `speak`, `bench`, `eval` and `serve`. Defaults are None
