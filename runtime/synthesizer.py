@@ -803,13 +803,13 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
     if policy in EAGLE_POLICIES:
         if not eagle:
             raise ValueError(f"policy {policy!r} needs the target's EAGLE draft "
-                             f"(train it with `pcgtts heads eagle`, or give --eagle)")
+                             f"(train it with `pcgtts train eagle`, or give --eagle)")
     elif policy in STATE_POLICIES:
         if not heads:
             raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
-                             f"(train them with `pcgtts heads train`, or give --heads)")
+                             f"(train them with `pcgtts train heads`, or give --heads)")
         if policy == "mtp-viterbi" and not transitions:
-            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts heads transitions`)")
+            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts train transitions`)")
     elif policy != "ar" and not draft:
         raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
     if policy in PCG_POLICIES and not groups and not greedy:

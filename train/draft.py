@@ -2,7 +2,7 @@
 
 Last training step of the lab (corpus -> codec -> LM -> **draft**). The paper's recipe: the
 `subset_draft.make_layer_subset_draft` writes the layer-subset checkpoint (`<out>/init`, a plain
-LlamaForCausalLM, what `pcgtts draft init` makes); the fine-tune then starts from the target's
+LlamaForCausalLM, what `pcgtts train draft init` makes); the fine-tune then starts from the target's
 factorised weights (text rows + FSQ digit rows, from the target's training checkpoint) with the
 body replaced by those layers, trains on the same examples (codes cached by lm.py) and exports
 a materialised LlamaForCausalLM to `<out>/export`.
@@ -69,7 +69,7 @@ def init_draft(cfg: DraftTrainConfig) -> tuple[FactorisedLM, object, list[int], 
 def train_draft(cfg: DraftTrainConfig, progress=None, stop_after: int | None = None) -> dict:
     codes_path = cfg.lm_dir / "codes.npz"
     if not codes_path.is_file():
-        raise FileNotFoundError(f"no cached codes at {codes_path} (run `pcgtts lab lm` first)")
+        raise FileNotFoundError(f"no cached codes at {codes_path} (run `pcgtts train lm` first)")
     lm_cfg = json.loads((cfg.lm_dir / "train_config.json").read_text())
     draft, tokenizer, layers, model_config = init_draft(cfg)
     codes = dict(np.load(codes_path))

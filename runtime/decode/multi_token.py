@@ -150,7 +150,7 @@ class EagleProposer:
         from pcgtts.runtime.lm.eagle import EagleDraft
 
         if eagle_file is None:
-            raise ValueError("an EAGLE draft file is needed (`pcgtts heads eagle`)")
+            raise ValueError("an EAGLE draft file is needed (`pcgtts train eagle`)")
         model = _state_model(target, "an EAGLE draft")
         return cls.from_draft(EagleDraft.load(eagle_file, model, fingerprint=target.fingerprint), target)
 
@@ -338,7 +338,7 @@ def decode_multi_token(target, proposer: HeadProposer | EagleProposer, prompt_id
     if policy in PCG_POLICIES and groups is None and not sampling.greedy:
         raise ValueError(f"policy {policy!r} needs a group table")
     if policy == "mtp-viterbi" and proposer.transitions is None:
-        raise ValueError("policy 'mtp-viterbi' needs a transition table (`pcgtts heads transitions`)")
+        raise ValueError("policy 'mtp-viterbi' needs a transition table (`pcgtts train transitions`)")
     max_length = min(config.draft_length, proposer.max_proposals)
     stats.per_position_accepted = [0] * max_length
     stats.length_counts = [0] * (max_length + 1)
