@@ -205,7 +205,8 @@ def _add_draft_distill(cmds, name: str) -> argparse.ArgumentParser:
     train = cmds.add_parser(name, help="distil a draft towards the target on the target's own samples "
                                            "(resumes from --out)")
     train.add_argument("--target", required=True, help="target checkpoint directory")
-    train.add_argument("--draft", required=True, help="draft checkpoint directory to start from (e.g. `pcgtts train draft init`)")
+    train.add_argument("--draft", required=True,
+                       help="draft checkpoint directory to start from (e.g. `pcgtts train draft init`)")
     train.add_argument("--out", required=True, help="output directory: sequences, checkpoint, log, export/")
     train.add_argument("--groups", help="the target's group table (.pcg): needed by --loss tv+group; "
                                         "adds PCG's expected acceptance to the summary")
