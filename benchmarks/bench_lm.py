@@ -36,7 +36,7 @@ from pcgtts.groups.build import build_groups, theta_for_mean_size
 from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
 from pcgtts.runtime.config import DEVICE_STEP_POLICIES, DecodeConfig, SamplingConfig
 from pcgtts.tools.demo import DemoLMConfig, build_demo_tokenizer, confuse_draft_head, write_demo_lm
-from pcgtts.runtime.lm.draft import make_layer_subset_draft
+from pcgtts.train.subset_draft import make_layer_subset_draft
 from pcgtts.runtime.lm.torch_lm import TorchLM
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.decode.loop import decode

@@ -4,8 +4,8 @@
         [--sentences FILE]
 
 Prompts are B sentences of the lab's sentence pool (fortunes and templates, past its held-out ones; or the
-first B lines of --sentences, as `pcgtts heads eagle --sentences` reads them), sampled at
-T 0.8 (on a CPU, one thread), as `pcgtts heads eagle --sample-batch B` samples them. Prints, per
+first B lines of --sentences, as `pcgtts train eagle --sentences` reads them), sampled at
+T 0.8 (on a CPU, one thread), as `pcgtts train eagle --sample-batch B` samples them. Prints, per
 round, the tokens the rows kept (each up to its stop token), the longest row, the seconds, kept
 tokens a second and sequences a second; then one JSON line (`gpu_session.sh eagle` probes with it).
 """

@@ -60,7 +60,7 @@ if [ "$step" = scaled ]; then
 fi
 if [ "$step" = eagle ]; then
     # EAGLE drafts for the built-in voice's target trained here (not part of "all"): EAGLE_RUNS="name:flags;name:flags",
-    # the flags `pcgtts heads eagle`'s; the sentences file is copied with the tree (EAGLE_SENTENCES, default
+    # the flags `pcgtts train eagle`'s; the sentences file is copied with the tree (EAGLE_SENTENCES, default
     # .carry/eagle_sentences.txt: a GPU machine may lack the fortunes package). The first run samples the
     # on-policy sequences (EAGLE_SAMPLE_BATCH at once); each later run starts once the first has them (its
     # train config written) and reads a copy. $OUT holds, within the results budget (RESULT_FILES, PART_MIB):
@@ -119,7 +119,7 @@ PY
         [ "$left" -gt 10 ] || { echo "== $name: not started, the deadline has passed" | tee -a "$OUT/eagle.log"; continue; }
         echo "== $name starts ($((left / 60)) min $((left % 60)) s left): $flags" | tee -a "$OUT/eagle.log"
         # shellcheck disable=SC2086
-        timeout "$left" python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" heads eagle \
+        timeout "$left" python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" train eagle \
             --target "$work/target" --out "$OUT/$name.safetensors" --work-dir "$work/$name/work" \
             --device "${EAGLE_DEVICE:-cuda}" --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" \
             --sample-batch "${EAGLE_SAMPLE_BATCH:-512}" $flags >"$OUT/$name.log" 2>&1 &
@@ -146,7 +146,7 @@ PY
     ls -la "$OUT" | tee -a "$OUT/eagle.log"
 fi
 if [ "$step" = codec ]; then
-    # The lab's codec trained here (not part of "all"): one run of `pcgtts lab codec` for at most MINUTES
+    # The lab's codec trained here (not part of "all"): one run of `pcgtts train codec` for at most MINUTES
     # (default 8), resumed when called again on the same machine. Its inputs are copied with the tree
     # (.carry/audio.npz and .whl/; sizes below):
     # - CODEC_PACK (default .carry/audio.npz): `pcgtts.train.corpus.pack_audio`'s Opus pack of the corpus;
@@ -158,7 +158,7 @@ if [ "$step" = codec ]; then
     #   schedule go on; CODEC_ARGS must then match its model flags).
     # Sizes: the tree is 35.7 MiB, a pack of 24 MB (pack_audio's max_bytes 24_000_000) holds ~3 h of the corpus
     # and its voice bank (every training voice), the wheels are 1.5 MiB.
-    # The weights come back as float16 parts in $OUT/codec (join_checkpoint, then `lab codec --steps <step>`
+    # The weights come back as float16 parts in $OUT/codec (join_checkpoint, then `train codec --steps <step>`
     # exports them), with codec.log and loss.png; held-out figures are measured on a CPU machine (they need
     # PocketSphinx and pystoi). transformers 5.17 has Xcodec2Model and the lab codec's tests pass with it (and
     # huggingface_hub 1.33), so a GPU machine with that transformers needs no transformers wheel in .whl/.
@@ -171,7 +171,7 @@ if [ "$step" = codec ]; then
         python3 -c "from pcgtts.train.progress import join_checkpoint; join_checkpoint('$init', '$work/run/checkpoint.pt')" || exit 1
     fi
     # shellcheck disable=SC2086
-    python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" lab codec --corpus "$work/corpus" \
+    python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" train codec --corpus "$work/corpus" \
         --out "$work/run" --device "${CODEC_DEVICE:-cuda}" --batch-size "${CODEC_BATCH:-64}" --threads 8 \
         --checkpoint-minutes 100 --max-minutes "${MINUTES:-8}" ${CODEC_ARGS:-} >"$OUT/codec.log" 2>&1
     tail -c 3000 "$OUT/codec.log" | tr '\r' '\n' | grep -av "^\s*$" | tail -12
@@ -186,7 +186,7 @@ fi
 if [ "$step" = labs ]; then
     # The lab's target LM trained here (not part of "all"), several runs side by side on the one GPU (one
     # run's host-side batch building leaves most of an H100 idle): LAB_RUNS="name:flags;name:flags", the
-    # flags `pcgtts lab lm`'s (e.g. "--size small --steps 4000 --align-weight 2"; batch 64 unless given).
+    # flags `pcgtts train lm`'s (e.g. "--size small --steps 4000 --align-weight 2"; batch 64 unless given).
     # LAB_PACK (default .carry/lab.npz) is `pcgtts.train.lm.pack_codes`'s file, made on a CPU machine and
     # copied with the tree. Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
     # called again on the same machine; its weights come back as float16 parts in $OUT/<name>
@@ -197,7 +197,7 @@ if [ "$step" = labs ]; then
         name=${run%%:*}
         mkdir -p "/tmp/lab/$name" && ln -sf /tmp/lab/codes.npz "/tmp/lab/$name/codes.npz"
         # shellcheck disable=SC2086
-        python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" lab lm --corpus /tmp/lab/corpus \
+        python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" train lm --corpus /tmp/lab/corpus \
             --codec /tmp/lab/codec --out "/tmp/lab/$name" --device cuda --batch-size 64 --checkpoint-minutes 100 \
             --max-minutes "${MINUTES:-8}" ${run#*:} >"/tmp/lab/$name.log" 2>&1 &
     done

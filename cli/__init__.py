@@ -14,7 +14,7 @@ import sys
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Long-running commands whose INFO lines are their progress (the address served, training steps, checkpoints):
 # they log at INFO unless told otherwise; every other command at WARNING.
-INFO_BY_DEFAULT = ("serve", "lab", "draft", "heads")
+INFO_BY_DEFAULT = ("serve", "train", "lab", "draft", "heads")  # lab, draft, heads: the former spellings of train
 LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
@@ -22,7 +22,7 @@ def _add_logging_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more log lines: -v INFO (what loads, calibration, other libraries' warnings), -vv DEBUG")
     parser.add_argument("--log-level", type=str.upper, choices=LEVELS,
-                        help="log level (default WARNING; INFO for serve, lab, draft and heads)")
+                        help="log level (default WARNING; INFO for serve and train)")
     parser.add_argument("--debug", action="store_true", help="DEBUG logging, and a traceback with each error")
 
 
@@ -32,19 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     # Each module exposes register(sub) and sets `func` on its parsers.
-    from pcgtts.cli import commands, export, groups, heads, prepare
+    from pcgtts.cli import bench, commands, export, groups, prepare, train, voice
     from pcgtts.cli import evaluate as quality_cli
     from pcgtts.cli import serve as serve_cli
-    from pcgtts.train import cli as lab_cli
 
-    commands.register(sub)
+    commands.register(sub)  # pcgtts models | speak
+    voice.register(sub)  # pcgtts voice add
+    bench.register(sub)  # pcgtts bench
     groups.register(sub)
     export.register(sub)
-    heads.register(sub)  # pcgtts heads train | transitions
     prepare.register(sub)  # pcgtts prepare
     quality_cli.register(sub)  # pcgtts eval
     serve_cli.register(sub)  # pcgtts serve
-    lab_cli.register(sub)  # pcgtts lab
+    train.register(sub)  # pcgtts train, and the former lab | draft | heads (hidden)
+    shown = [name for name in sub.choices if name not in train.DEPRECATED]
+    sub.metavar = "{" + ",".join(shown) + "}"
     return parser
 
 
@@ -121,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         print("pcgtts: interrupted", file=sys.stderr)
         return 130
     configure_logging(log_level(args))
+    from pcgtts.cli.train import deprecation_notice
+
+    notice = deprecation_notice(args)
+    if notice:
+        logging.getLogger("pcgtts.cli").warning(notice)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

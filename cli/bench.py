@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(bench, policy=False)
     bench.add_argument("--policy", type=_policies, default=DEFAULT_POLICIES,
                        help=f"comma list (default: {','.join(DEFAULT_POLICIES)}; the mtp-* policies need the "
-                            "target's heads, `pcgtts heads train`, the eagle-* ones its EAGLE draft, `pcgtts heads eagle`)")
+                            "target's heads, `pcgtts train heads`, the eagle-* ones its EAGLE draft, `pcgtts train eagle`)")
     add_sweep_options(bench)
     bench.add_argument("--draft-length", type=comma_list(flags.draft_length), default=[3],
                        help="comma list of draft lengths L, each 1 to 16")

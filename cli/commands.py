@@ -1,4 +1,4 @@
-"""Sub-commands of the runtime: `models demo`, `models scale`, `draft init`, `draft train`, `speak`.
+"""Sub-commands of the runtime: `models demo`, `models scale`, `speak`.
 
 Handlers import the heavy machinery lazily so `pcgtts --help` stays instant.
 """
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pcgtts.cli import flags
-from pcgtts.cli.flags import deprecated_alias, positive
+from pcgtts.cli.flags import deprecated_alias
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
 from pcgtts.runtime.config import (BACKENDS, DTYPES, EAGLE_POLICIES, MTP_POLICIES, PCG_POLICIES, POLICIES, QUANTIZE,
                                    check_compute_device)
@@ -35,42 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     scale.add_argument("--out", required=True, help="a new folder: target/ (with its EAGLE draft), draft/, "
                                                     "draft-subset/, codec/, groups.pcg")
     scale.set_defaults(func=_models_scale)
-
-    draft = sub.add_parser("draft", help="draft models").add_subparsers(dest="draft_cmd", required=True)
-    init = draft.add_parser("init", help="make a draft from a subset of the target's layers")
-    init.add_argument("--target", required=True, help="target checkpoint directory")
-    init.add_argument("--layers", required=True, help="a count (spread over the depth) or indices like 0,7,15")
-    init.add_argument("--out", required=True)
-    init.add_argument("--used-codes", help=".npz/.npy of speech code sequences (e.g. the lab's codes.npz): give the draft "
-                                           "a head over only the codes that occur (cheaper steps; still exact)")
-    init.set_defaults(func=_draft_init)
-    train = draft.add_parser("train", help="distil a draft towards the target on the target's own samples "
-                                           "(resumes from --out)")
-    train.add_argument("--target", required=True, help="target checkpoint directory")
-    train.add_argument("--draft", required=True, help="draft checkpoint directory to start from (e.g. `draft init`)")
-    train.add_argument("--out", required=True, help="output directory: sequences, checkpoint, log, export/")
-    train.add_argument("--groups", help="the target's group table (.pcg): needed by --loss tv+group; "
-                                        "adds PCG's expected acceptance to the summary")
-    train.add_argument("--sentences", help="training sentences, one per line (default: the lab corpus's "
-                                           "template sentences; never the quality test set)")
-    train.add_argument("--steps", type=positive(int), default=500, help="optimizer steps (default 500)")
-    train.add_argument("--sequences", type=positive(int), default=64,
-                       help="training sequences the target generates (default 64)")
-    train.add_argument("--heldout", type=positive(int), default=8,
-                       help="held-out sequences the acceptance is measured on (default 8)")
-    train.add_argument("--loss", choices=("tv", "kl", "tv+group"), default="tv",
-                       help="tv: total variation (= 1 - SD acceptance, default); kl: KL(target || draft); "
-                            "tv+group: tv + the group-level TV PCG accepts on (needs --groups)")
-    train.add_argument("--max-tokens", type=flags.max_tokens, default=500,
-                       help="speech tokens per generated sequence at most (50 per s; default 500)")
-    train.add_argument("--temperature", type=flags.setting(positive(float), "temperature"), default=0.8,
-                       help="sampling temperature of the target and of the matched distributions (default 0.8)")
-    train.add_argument("--seed", type=flags.seed, default=0)
-    train.add_argument("--lr", type=positive(float), default=1e-4, help="AdamW peak learning rate (default 1e-4)")
-    train.add_argument("--batch-size", type=positive(int), default=4, help="sequences per step (default 4)")
-    train.add_argument("--compute-device", default="cpu", help="cpu (default), cuda or cuda:N")
-    train.add_argument("--threads", type=flags.cpu_threads(1), help="CPU threads (default: torch's)")
-    train.set_defaults(func=_draft_train)
 
     speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write an audio file)")
     speak.add_argument("text")
@@ -97,11 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     speak.add_argument("--max-tokens", type=flags.max_tokens,
                        help="speech tokens per sentence at most, 1 to 60000 (50 per s; default 2000)")
     speak.set_defaults(func=_speak)
-
-    from pcgtts.cli import bench as bench_cli, voice as voice_cli
-
-    voice_cli.register(sub)
-    bench_cli.register(sub)
 
 
 def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None:
@@ -188,77 +147,6 @@ def _models_demo(args) -> int:
         print(f"  {name:7s} {path}")
     print(json.dumps({k: str(v) for k, v in paths.items()}))
     return 0
-
-
-def _draft_init(args) -> int:
-    from pcgtts.runtime.files import check_output_dir
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
-
-    check_output_dir(args.out)
-    if args.used_codes is not None and not Path(args.used_codes).is_file():
-        raise ValueError(f"--used-codes {args.used_codes}: file not found")
-    spec = args.layers.strip()
-    layers = [int(x) for x in spec.split(",")] if "," in spec else int(spec)
-    out = make_layer_subset_draft(args.target, args.out, layers)
-    report = {"draft": str(out), "layers": json.loads((out / "config.json").read_text())["pcgtts_draft"]["layers"]}
-    if args.used_codes is not None:
-        import numpy as np
-
-        from pcgtts.runtime.lm.checkpoint import load_tokenizer, write_head_codes
-        from pcgtts.runtime.text.vocab import SpeechVocab
-
-        codes = np.concatenate(read_code_sequences([args.used_codes]))
-        num_speech = SpeechVocab.from_tokenizer(load_tokenizer(out)).num_speech
-        report["head_rows"] = int(np.load(write_head_codes(out, codes, num_speech)).size)
-    print(json.dumps(report))
-    return 0
-
-
-def _draft_train(args) -> int:
-    from pcgtts.runtime.files import check_output_dir
-
-    # Everything checkable is checked before a model loads (the library checks the numbers again).
-    for flag, path in (("--target", args.target), ("--draft", args.draft)):
-        if not Path(path).is_dir():
-            raise ValueError(f"{flag} {path}: directory not found")
-        if not (Path(path) / "config.json").is_file():
-            raise ValueError(f"{flag} {path} is not a checkpoint directory: no config.json")
-    if args.loss == "tv+group" and args.groups is None:
-        raise ValueError("--loss tv+group needs the target's group table: give --groups")
-    if args.groups is not None and not Path(args.groups).is_file():
-        raise ValueError(f"--groups {args.groups}: group table not found")
-    check_output_dir(args.out)
-    check_compute_device(args.compute_device)
-    from pcgtts.train.distill import DistillConfig, read_sentences, train_distill
-    from pcgtts.train.cli import _Bar
-
-    if args.sentences is not None:
-        read_sentences(Path(args.sentences))  # exists, readable, every line speakable
-    cfg = DistillConfig(target=args.target, draft=args.draft, out_dir=args.out, groups=args.groups,
-                        sentences=args.sentences, steps=args.steps, sequences=args.sequences, heldout=args.heldout,
-                        loss=args.loss, max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
-                        lr=args.lr, batch_size=args.batch_size, compute_device=args.compute_device,
-                        threads=args.threads)
-    summary = train_distill(cfg, progress=_Bar("distill", "step"), generation_progress=_Bar("sequences", "seq"))
-    _print_distill_summary(summary)
-    return 0
-
-
-def _print_distill_summary(summary: dict) -> None:
-    """Before/after acceptance first, then every other field; then the whole summary as one JSON line."""
-    rows = [("expected SD acceptance (1 - TV)", "acceptance"), ("TV", "tv")]
-    if "group_tv_before" in summary:
-        rows += [("expected PCG acceptance (1 - group TV)", "pcg_acceptance"), ("group TV", "group_tv")]
-    width = max(len(r[0]) for r in rows)
-    print(f"held-out ({summary['heldout_sequences']} sequences, {summary['heldout_tokens']} tokens)"
-          .ljust(width) + f"  {'before':>8}  {'after':>8}")
-    for label, key in rows:
-        print(f"{label:<{width}}  {summary[key + '_before']:8.4f}  {summary[key + '_after']:8.4f}")
-    rest = {k: v for k, v in summary.items() if not k.endswith(("_before", "_after"))}
-    width = max(len(k) for k in rest)
-    for key, value in rest.items():
-        print(f"{key:<{width}}  {f'{value:.4f}' if isinstance(value, float) else value}")
-    print(json.dumps(summary, default=str))
 
 
 def _speak(args) -> int:

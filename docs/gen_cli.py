@@ -19,11 +19,13 @@ WIDTH = "100"  # argparse wraps help at $COLUMNS: fixed, so the page is the same
 
 
 def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.ArgumentParser]]:
-    """The parser's sub-commands in the order they were registered."""
+    """The parser's sub-commands in the order they were registered, less those its --help leaves out
+    (added without help=: the former spellings kept as deprecated aliases)."""
     found = []
     for action in parser._actions:  # argparse keeps sub-parsers only here
         if isinstance(action, argparse._SubParsersAction):
-            found += list(action.choices.items())
+            listed = {choice.dest for choice in action._choices_actions}
+            found += [(name, child) for name, child in action.choices.items() if name in listed]
     return found
 
 

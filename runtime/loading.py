@@ -139,13 +139,13 @@ def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transit
     if policy in EAGLE_POLICIES:
         if not eagle:
             raise ValueError(f"policy {policy!r} needs the target's EAGLE draft "
-                             f"(train it with `pcgtts heads eagle`, or give --eagle)")
+                             f"(train it with `pcgtts train eagle`, or give --eagle)")
     elif policy in STATE_POLICIES:
         if not heads:
             raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
-                             f"(train them with `pcgtts heads train`, or give --heads)")
+                             f"(train them with `pcgtts train heads`, or give --heads)")
         if policy == "mtp-viterbi" and not transitions:
-            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts heads transitions`)")
+            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts train transitions`)")
     elif policy != "ar" and not draft:
         raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
     if policy in PCG_POLICIES and not groups and not greedy:
@@ -175,7 +175,7 @@ def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path |
 
 def load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm):
     """The target's multi-token heads (with the transition table when there is one), or None."""
-    from pcgtts.groups.transitions import TransitionTable
+    from pcgtts.runtime.decode.transitions import TransitionTable
     from pcgtts.runtime.decode.proposers import HeadProposer
 
     transitions = TransitionTable.load(transitions_file) if transitions_file is not None else None

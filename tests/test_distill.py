@@ -1,4 +1,4 @@
-"""Distilled draft (train/distill.py, `pcgtts draft train`): on the tiny demo pair a short, seeded
+"""Distilled draft (train/distill.py, `pcgtts train draft distill`): on the tiny demo pair a short, seeded
 distillation run lowers the held-out TV between draft and target (measured through the runtime on
 the draft as given and on the export), a rerun resumes from the checkpoint without generating again,
 the export is a draft the runtime loads, and bad arguments are one line before any model loads."""
@@ -108,11 +108,11 @@ def test_the_export_is_a_draft_the_runtime_loads(distilled, tiny_lms):
 
 
 def test_the_cli_prints_a_table_then_one_json_line(distilled, tiny_lms, capsys):
-    """`pcgtts draft train` on the finished run: resumes at its last step, reuses everything, reports."""
+    """`pcgtts train draft distill` on the finished run: resumes at its last step, reuses everything, reports."""
     from pcgtts.cli import main
 
     cfg, _, second, _ = distilled
-    argv = ["draft", "train", "--target", str(tiny_lms["target"]), "--draft", str(tiny_lms["draft"]),
+    argv = ["train", "draft", "distill", "--target", str(tiny_lms["target"]), "--draft", str(tiny_lms["draft"]),
             "--out", str(cfg.out_dir), "--steps", str(STEPS), "--sequences", "6", "--heldout", "2",
             "--max-tokens", "40", "--threads", "1"]
     assert main(argv) == 0
@@ -159,7 +159,7 @@ def test_bad_arguments_are_one_line_before_models_load(extra, message, tiny_lms,
 
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "bad.txt").write_text("A fine sentence.\n  ...  \n")
-    argv = ["draft", "train", "--target", str(tiny_lms["target"]), "--draft", str(tiny_lms["draft"]),
+    argv = ["train", "draft", "distill", "--target", str(tiny_lms["target"]), "--draft", str(tiny_lms["draft"]),
             "--out", str(tmp_path / "out")] + [a.replace("{tmp}", str(tmp_path)) for a in extra]
     try:
         code = main(argv)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from pcgtts.runtime.lm.draft import make_layer_subset_draft, spread_layers
+from pcgtts.train.subset_draft import make_layer_subset_draft, spread_layers
 from pcgtts.runtime.lm.torch_lm import TorchLM
 
 
@@ -54,7 +54,7 @@ def test_used_codes_head_gives_zero_probability_elsewhere_and_stays_exact(tiny_l
 
     used = np.arange(0, 1024, 3)  # a third of the tiny vocabulary
     np.savez(tmp_path / "codes.npz", a=used[:200], b=used[150:])
-    assert main(["draft", "init", "--target", str(tiny_lms["target"]), "--layers", "2", "--out",
+    assert main(["train", "draft", "init", "--target", str(tiny_lms["target"]), "--layers", "2", "--out",
                  str(tmp_path / "draft"), "--used-codes", str(tmp_path / "codes.npz")]) == 0
     target = TorchLM.load(tiny_lms["target"], max_length=512)
     draft = TorchLM.load(tmp_path / "draft", max_length=512, tokenizer=target.tokenizer)

@@ -59,7 +59,7 @@ def test_eagle_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a readable"):
         EagleDraft.load(tmp_path / "bad.safetensors", target.model)
-    with pytest.raises(FileNotFoundError, match="pcgtts heads eagle"):
+    with pytest.raises(FileNotFoundError, match="pcgtts train eagle"):
         EagleDraft.load(tmp_path / "missing.safetensors", target.model)
     mlp = random_draft(target, seed=1, block="mlp")
     loaded = EagleDraft.load(mlp.save(tmp_path / "m.safetensors", dtype=torch.float32), target.model)
@@ -348,7 +348,7 @@ def test_eagle_policies_need_their_draft(tiny_models, tmp_path, target, prompt):
 
 @pytest.mark.slow
 def test_eagle_cli_end_to_end(tiny_models, tiny_groups_file, tmp_path):
-    """`pcgtts heads eagle` writes the draft next to the target (here attention-free, two passes);
+    """`pcgtts train eagle` writes the draft next to the target (here attention-free, two passes);
     `pcgtts speak --policy eagle-sd` uses it. The resumed run trains on PCG's loss (tv+group)."""
     import json
     import shutil
@@ -361,9 +361,9 @@ def test_eagle_cli_end_to_end(tiny_models, tiny_groups_file, tmp_path):
     shutil.copytree(tiny_models["target"], folder)
     cli = [sys.executable, "-c", "import sys; from pcgtts.cli import main; sys.exit(main())"]
     run_cli = lambda *a: subprocess.run(cli + list(a), capture_output=True, text=True, timeout=600)  # noqa: E731
-    bad = run_cli("heads", "eagle", "--target", str(tmp_path / "nope"))
+    bad = run_cli("train", "eagle", "--target", str(tmp_path / "nope"))
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "no target checkpoint" in bad.stderr
-    done = run_cli("heads", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--steps", "20",
+    done = run_cli("train", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--steps", "20",
                    "--max-tokens", "60", "--block", "mlp", "--passes", "2")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -374,7 +374,7 @@ def test_eagle_cli_end_to_end(tiny_models, tiny_groups_file, tmp_path):
         assert f.metadata()["block"] == "mlp" and f.metadata()["temperature_scales"]  # fitted after training
     assert summary["temperature_fit"]["temperatures"] == [0.2, 0.5, 0.8, 1.0]
     # a trained draft's temperatures fitted again on sequences sampled for it; its weights are kept
-    refit = ["heads", "eagle-temperatures", "--target", str(folder), "--heldout", "2", "--max-tokens", "60"]
+    refit = ["train", "eagle-temperatures", "--target", str(folder), "--heldout", "2", "--max-tokens", "60"]
     missing = run_cli(*refit, "--eagle", str(tmp_path / "none.safetensors"))
     assert missing.returncode == 2 and "no draft file" in missing.stderr and missing.stderr.strip().count("\n") == 0
     refitted = run_cli(*refit, "--eagle", str(folder / "eagle_draft.safetensors"), "--out", str(tmp_path / "t.st"))
@@ -384,7 +384,7 @@ def test_eagle_cli_end_to_end(tiny_models, tiny_groups_file, tmp_path):
         assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys()) and b.metadata()["temperature_scales"]
     # --init-from: a second run starts where the first ended (its held-out figures before training are the
     # first's after, to float16's rounding of the saved draft); a draft of another shape is refused
-    again = ["heads", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--max-tokens", "60",
+    again = ["train", "eagle", "--target", str(folder), "--sequences", "4", "--heldout", "2", "--max-tokens", "60",
              "--passes", "2", "--init-from", str(folder / "eagle_draft.safetensors"), "--out", str(tmp_path / "2.st")]
     assert "no draft file" in run_cli(*again[:-3], str(tmp_path / "none"), *again[-2:]).stderr
     wrong = run_cli(*again, "--steps", "1", "--block", "attention")

@@ -219,7 +219,8 @@ def test_a_draft_with_the_targets_tokenizer_files_is_not_tokenized_twice(tiny_lm
     import shutil
 
     from pcgtts.runtime.lm import draft as draft_module
-    from pcgtts.runtime.lm.draft import check_draft_layout, make_layer_subset_draft
+    from pcgtts.runtime.lm.draft import check_draft_layout
+    from pcgtts.train.subset_draft import make_layer_subset_draft
 
     target = tiny_lm_factory()
     tokenizer = load_tokenizer(target)

@@ -50,7 +50,7 @@ def test_heads_file_round_trips_and_is_tied_to_its_target(target, tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="not a readable"):
         MTPHeads.load(tmp_path / "bad.safetensors")
-    with pytest.raises(FileNotFoundError, match="pcgtts heads train"):
+    with pytest.raises(FileNotFoundError, match="pcgtts train heads"):
         MTPHeads.load(tmp_path / "missing.safetensors")
 
 
@@ -206,8 +206,8 @@ def test_synthesizer_finds_heads_next_to_the_target(tiny_models, tmp_path, targe
 @pytest.fixture(scope="module")
 def viterbi_proposer(target, proposer, prompt, tmp_path_factory):
     """The random heads with a transition table built from the target's own codes (through
-    `pcgtts heads transitions`'s file format)."""
-    from pcgtts.groups.transitions import TransitionTable
+    `pcgtts train transitions`'s file format)."""
+    from pcgtts.runtime.decode.transitions import TransitionTable
 
     sequences = [np.array(run(target, proposer, prompt, "ar", SamplingConfig(), tokens=60, seed=s)[0]) for s in range(6)]
     table = TransitionTable.build(sequences, vocab_size=target.vocab.restricted_size, top_k=16)
@@ -229,7 +229,7 @@ def test_viterbi_heads_verified_strictly_equal_greedy(target, viterbi_proposer, 
 
 @pytest.mark.slow
 def test_heads_cli_end_to_end(tiny_models, tmp_path):
-    """`pcgtts heads train` writes heads next to the target, `heads transitions` the .pct, and
+    """`pcgtts train heads` writes heads next to the target, `train transitions` the .pct, and
     `pcgtts speak` then decodes with mtp-sd and mtp-viterbi into WAV files."""
     import json
     import shutil
@@ -242,16 +242,16 @@ def test_heads_cli_end_to_end(tiny_models, tmp_path):
     shutil.copytree(tiny_models["target"], folder)
     cli = [sys.executable, "-c", "import sys; from pcgtts.cli import main; sys.exit(main())"]
     run_cli = lambda *a: subprocess.run(cli + list(a), capture_output=True, text=True, timeout=600)  # noqa: E731
-    bad = run_cli("heads", "train", "--target", str(tmp_path / "nope"))
+    bad = run_cli("train", "heads", "--target", str(tmp_path / "nope"))
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "no target checkpoint" in bad.stderr
-    done = run_cli("heads", "train", "--target", str(folder), "--num-heads", "2", "--sequences", "4", "--heldout", "2",
+    done = run_cli("train", "heads", "--target", str(folder), "--num-heads", "2", "--sequences", "4", "--heldout", "2",
                    "--steps", "30", "--max-tokens", "60")
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(summary["accept_after"]) == 2 and (folder / "mtp_heads.safetensors").is_file()
     seqs = np.load(folder / "mtp_heads.safetensors.work" / "sequences.npz")
     np.savez(tmp_path / "codes.npz", a=seqs["train_generated"])
-    done = run_cli("heads", "transitions", "--codes", str(tmp_path / "codes.npz"), "--num-speech", "1024",
+    done = run_cli("train", "transitions", "--codes", str(tmp_path / "codes.npz"), "--num-speech", "1024",
                    "--out", str(folder / "transitions.pct"))
     assert done.returncode == 0, done.stderr[-2000:]
     for policy in ("mtp-sd", "mtp-viterbi"):

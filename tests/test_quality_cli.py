@@ -78,8 +78,8 @@ def test_source_mode_end_to_end(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_lm_factory, demo_codec_dir, tmp_path_factory):
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
     from pcgtts.export.group_table import build_groups_for_model
+    from pcgtts.train.subset_draft import make_layer_subset_draft
 
     target = tiny_lm_factory()
     folder = tmp_path_factory.mktemp("tiny-eval")

@@ -121,7 +121,7 @@ def test_groups_carry_over_with_the_new_fingerprint(voice, scaled):
 
 
 def test_the_subset_draft_is_the_scaled_targets_layers_where_the_voices_draft_layers_stand(voice, scaled, tmp_path):
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+    from pcgtts.train.subset_draft import make_layer_subset_draft
 
     began = json.loads((voice / "draft" / "config.json").read_text())["pcgtts_draft"]["layers"]
     at = json.loads((scaled / "SCALED.json").read_text())["source_layers_at"]

@@ -1,4 +1,4 @@
-"""Viterbi proposals (runtime/decode/viterbi.py) and the code-transition table (groups/transitions.py)."""
+"""Viterbi proposals (runtime/decode/viterbi.py) and the code-transition table (runtime/decode/transitions.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pcgtts.groups.transitions import MAGIC, TransitionTable
+from pcgtts.runtime.decode.transitions import MAGIC, TransitionTable
 from pcgtts.runtime.decode.viterbi import candidate_set, viterbi, viterbi_propose
 
 

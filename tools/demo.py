@@ -139,7 +139,7 @@ def confuse_draft_head(draft_dir: Path, share: float, num_speech: int, seed: int
 def write_demo(out_dir: str | Path, seed: int = 0, config: DemoLMConfig = DemoLMConfig(),
                with_codec: bool = True) -> dict[str, Path]:
     """Write `out_dir/target`, `out_dir/draft` (layer subset of the target) and `out_dir/codec`."""
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+    from pcgtts.train.subset_draft import make_layer_subset_draft
 
     out_dir = Path(out_dir)
     paths = {"target": write_demo_lm(out_dir / "target", config, seed)}

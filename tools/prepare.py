@@ -258,7 +258,7 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
         table.save(staging / LAYOUT["groups"])
 
     def draft(staging: Path) -> None:
-        from pcgtts.runtime.lm.draft import make_layer_subset_draft
+        from pcgtts.train.subset_draft import make_layer_subset_draft
 
         make_layer_subset_draft(target, staging / LAYOUT["draft"], draft_layers)
 

@@ -24,7 +24,7 @@ Beside the target (`target/`, with the scaled EAGLE draft in it): `draft/` is th
 draft unchanged (same tokenizer, so it drafts for the scaled target as it does for the voice);
 `draft-subset/` is the paper's layer-subset draft of the scaled target, its layers where the voice's
 draft's layers stand (the built-in voice's draft began as its target's layers 0, 2, 5: at the 1B
-shape layers 0, 6, 15), so it is the untrained subset draft `pcgtts draft init` makes from the voice,
+shape layers 0, 6, 15), so it is the untrained subset draft `pcgtts train draft init` makes from the voice,
 at the new width and with the dense head; `codec/` is a copy; `groups.pcg` the voice's groups with the
 new target's embedding fingerprint; `SCALED.json` says what the folder is and where the layers stand.
 """
@@ -321,8 +321,8 @@ def write_eagle(src: Path, out: Path, scaler: Scaler, fingerprint: str) -> None:
 def subset_layers(draft: Path, scaler: Scaler) -> list[int]:
     """The layers of the paper's layer-subset draft at the new shape: the scaled target's layers where
     the voice's draft's layers stand. The voice's draft records which of its target's layers it began
-    as (`pcgtts draft init`); one that does not is taken as its depth spread over the target's."""
-    from pcgtts.runtime.lm.draft import spread_layers
+    as (`pcgtts train draft init`); one that does not is taken as its depth spread over the target's."""
+    from pcgtts.train.subset_draft import spread_layers
 
     config = json.loads((draft / "config.json").read_text())
     began = config.get("pcgtts_draft", {}).get("layers")
@@ -332,8 +332,8 @@ def subset_layers(draft: Path, scaler: Scaler) -> list[int]:
 
 
 def write_subset_draft(target: Path, out: Path, layers: list[int]) -> None:
-    """`pcgtts draft init --layers …` on the scaled target, naming it by its place in the output folder."""
-    from pcgtts.runtime.lm.draft import make_layer_subset_draft
+    """`pcgtts train draft init --layers …` on the scaled target, naming it by its place in the output folder."""
+    from pcgtts.train.subset_draft import make_layer_subset_draft
 
     make_layer_subset_draft(target, out, layers)
     config = json.loads((out / "config.json").read_text())

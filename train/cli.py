@@ -1,8 +1,8 @@
-"""`pcgtts lab ...`: the speech lab's command line (corpus, codec, lm, draft, all).
+"""The speech lab's training commands (corpus, codec, lm, draft fine-tune, package, all), as
+parsers added to a group by `add_command`: `pcgtts train ...` (cli/train.py) holds them.
 
-Each sub-command validates its arguments before any heavy work, resumes from its last
+Each command validates its arguments before any heavy work, resumes from its last
 checkpoint in --out, shows progress, prints a readable summary and then one JSON line.
-The lead wires `register(subparsers)` into the `pcgtts` CLI.
 """
 
 from __future__ import annotations
@@ -30,11 +30,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def register(subparsers) -> argparse.ArgumentParser:
-    lab = subparsers.add_parser("lab", help="speech lab: train the built-in voice (corpus, codec, lm, draft)")
-    sub = lab.add_subparsers(dest="lab_command", required=True)
+LAB_JOBS = ("corpus", "codec", "lm", "draft", "package", "all")
 
-    p = sub.add_parser("corpus", help="render the sentence corpus with packaged TTS voices (resumable)")
+
+def add_command(cmds, job: str, name: str | None = None) -> argparse.ArgumentParser:
+    """Add the lab command `job` (one of LAB_JOBS; "draft": the layer-subset draft fine-tuned on the
+    lab's codes) to the sub-command group `cmds`, as `name` (default: `job`)."""
+    p = _BUILDERS[job](cmds, name or job)
+    p.set_defaults(func=run, lab_command=job, lab_prog=p.prog)
+    return p
+
+
+def _add_corpus(cmds, name: str) -> argparse.ArgumentParser:
+    p = cmds.add_parser(name, help="render the sentence corpus with packaged TTS voices (resumable)")
     p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "corpus")
     p.add_argument("--per-speaker", type=_positive_int, default=260)
     p.add_argument("--heldout-sentences", type=int, default=24)
@@ -46,8 +54,11 @@ def register(subparsers) -> argparse.ArgumentParser:
                    help="add 20 festival voices of other languages for the codec alone (split codec_only)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(lab_func=_cmd_corpus)
+    return p
 
-    p = sub.add_parser("codec", help="train the small X-codec2 (semonly recipe; resumes from --out)")
+
+def _add_codec(cmds, name: str) -> argparse.ArgumentParser:
+    p = cmds.add_parser(name, help="train the small X-codec2 (semonly recipe; resumes from --out)")
     p.add_argument("--corpus", type=Path, default=DEFAULT_ROOT / "corpus")
     p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "codec")
     p.add_argument("--steps", type=_positive_int, default=20000)
@@ -68,8 +79,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-minutes", type=_positive_float, default=None,
                    help="stop after this many minutes, checkpointed (run again to go on): a time budget")
     p.set_defaults(lab_func=_cmd_codec)
+    return p
 
-    p = sub.add_parser("lm", help="train the LLaSA-format target LM on codec codes (resumes from --out)")
+
+def _add_lm(cmds, name: str) -> argparse.ArgumentParser:
+    p = cmds.add_parser(name, help="train the LLaSA-format target LM on codec codes (resumes from --out)")
     p.add_argument("--corpus", type=Path, default=DEFAULT_ROOT / "corpus")
     p.add_argument("--codec", type=Path, default=DEFAULT_ROOT / "codec" / "export")
     p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "lm")
@@ -92,8 +106,12 @@ def register(subparsers) -> argparse.ArgumentParser:
                         "diagonal); 0 (default): off")
     p.add_argument("--align-heads", type=_positive_int, default=1, help="heads a watched layer (the middle two layers)")
     p.set_defaults(lab_func=_cmd_lm)
+    return p
 
-    p = sub.add_parser("draft", help="3-layer draft from the target's layers + brief fine-tune")
+
+def _add_draft(cmds, name: str) -> argparse.ArgumentParser:
+    p = cmds.add_parser(name, help="the lab's draft: a 3-layer subset of the target, briefly fine-tuned on the "
+                                   "lab's training codes")
     p.add_argument("--target", type=Path, default=DEFAULT_ROOT / "lm" / "export")
     p.add_argument("--lm-dir", type=Path, default=DEFAULT_ROOT / "lm", help="the target's training folder (codes)")
     p.add_argument("--out", type=Path, default=DEFAULT_ROOT / "draft")
@@ -101,8 +119,11 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_positive_int, default=1000)
     p.add_argument("--threads", type=_positive_int, default=1)
     p.set_defaults(lab_func=_cmd_draft)
+    return p
 
-    p = sub.add_parser("package", help="the compact committed form of the trained voice (fp16, factorised)")
+
+def _add_package(cmds, name: str) -> argparse.ArgumentParser:
+    p = cmds.add_parser(name, help="the compact committed form of the trained voice (fp16, factorised)")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="lab folder holding lm/, draft/, codec/export")
     p.add_argument("--out", type=Path, default=None, help="voice folder (default: the package's pcgtts/voice)")
     p.add_argument("--name", required=True, help="version name recorded in voice.json, e.g. lab-v1")
@@ -113,13 +134,19 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="the temperature the voice is played at when the user gives "
                                                      "none (recorded in voice.json; default: the runtime's)")
     p.set_defaults(lab_func=_cmd_package)
+    return p
 
-    p = sub.add_parser("all", help="corpus, codec, lm and draft in order, each resumed where it stopped")
+
+def _add_all(cmds, name: str) -> argparse.ArgumentParser:
+    p = cmds.add_parser(name, help="corpus, codec, lm and the draft fine-tune in order, each resumed where it stopped")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     p.add_argument("--threads", type=_positive_int, default=1)
     p.set_defaults(lab_func=_cmd_all)
-    lab.set_defaults(func=run)
-    return lab
+    return p
+
+
+_BUILDERS = {"corpus": _add_corpus, "codec": _add_codec, "lm": _add_lm, "draft": _add_draft, "package": _add_package,
+             "all": _add_all}
 
 
 def run(args) -> int:
@@ -127,7 +154,7 @@ def run(args) -> int:
     try:
         summary = args.lab_func(args)
     except (ValueError, FileNotFoundError, RuntimeError) as err:
-        raise SystemExit(f"pcgtts lab {args.lab_command}: {err}") from None
+        raise SystemExit(f"{args.lab_prog}: {err}") from None
     width = max(len(k) for k in summary)
     for key, value in summary.items():
         print(f"{key:<{width}}  {value}")
@@ -135,7 +162,7 @@ def run(args) -> int:
     return 0
 
 
-class _Bar:
+class ProgressBar:
     """tqdm progress bar fed by the training loops' progress callbacks."""
 
     def __init__(self, desc: str, unit: str):
@@ -170,7 +197,7 @@ def _cmd_corpus(args) -> dict:
     cfg = CorpusConfig(out_dir=args.out, per_speaker=args.per_speaker, heldout_sentences=args.heldout_sentences,
                        max_sentences=args.max_sentences, markov_sentences=args.markov_sentences, seed=args.seed, speakers=speakers,
                        heldout_speakers=heldout)
-    summary = build_corpus(cfg, progress=_Bar("corpus", "utt"))
+    summary = build_corpus(cfg, progress=ProgressBar("corpus", "utt"))
     summary["out"] = str(args.out)
     return summary
 
@@ -179,7 +206,7 @@ def _cmd_codec(args) -> dict:
     from pcgtts.train.codec import CodecModelConfig, CodecTrainConfig, evaluate_codec, train_codec
 
     if not (args.corpus / "manifest.jsonl").is_file():
-        raise FileNotFoundError(f"no corpus at {args.corpus} (run `pcgtts lab corpus` first)")
+        raise FileNotFoundError(f"no corpus at {args.corpus} (run `pcgtts train corpus` first)")
     if args.eval:
         return evaluate_codec(args.out / "export", args.corpus)
     model = CodecModelConfig(hidden_size=64, intermediate_size=128, num_layers=1, num_heads=2, semantic_hidden=32,
@@ -189,7 +216,7 @@ def _cmd_codec(args) -> dict:
                            batch_size=args.batch_size, lr=args.lr, threads=args.threads,
                            checkpoint_minutes=args.checkpoint_minutes, freeze_encoder=args.freeze_encoder,
                            init_from=args.init_from, device=args.device, max_minutes=args.max_minutes)
-    return train_codec(cfg, progress=_Bar("codec", "step"))
+    return train_codec(cfg, progress=ProgressBar("codec", "step"))
 
 
 def _cmd_lm(args) -> dict:
@@ -204,17 +231,17 @@ def _cmd_lm(args) -> dict:
                         checkpoint_minutes=args.checkpoint_minutes, voice_prompt_prob=args.voice_prompt_prob,
                         init_from=args.init_from, device=args.device, lr=args.lr,
                         max_minutes=args.max_minutes, align_weight=args.align_weight, align_heads=args.align_heads)
-    return train_lm(cfg, progress=_Bar("lm", "step"))
+    return train_lm(cfg, progress=ProgressBar("lm", "step"))
 
 
 def _cmd_draft(args) -> dict:
     from pcgtts.train.draft import DraftTrainConfig, train_draft
 
     if not (args.target / "config.json").is_file():
-        raise FileNotFoundError(f"no target LM export at {args.target} (run `pcgtts lab lm` first)")
+        raise FileNotFoundError(f"no target LM export at {args.target} (run `pcgtts train lm` first)")
     cfg = DraftTrainConfig(target=args.target, lm_dir=args.lm_dir, out_dir=args.out, layers=args.layers,
                            steps=args.steps, threads=args.threads)
-    return train_draft(cfg, progress=_Bar("draft", "step"))
+    return train_draft(cfg, progress=ProgressBar("draft", "step"))
 
 
 def _cmd_package(args) -> dict:
@@ -237,12 +264,14 @@ def _cmd_package(args) -> dict:
 
 def _cmd_all(args) -> dict:
     """Each step parsed from its own command line, so every option has the value its command defaults to."""
-    parser = argparse.ArgumentParser(prog="pcgtts")
-    register(parser.add_subparsers(dest="command", required=True))
+    parser = argparse.ArgumentParser(prog="pcgtts train")
+    cmds = parser.add_subparsers(dest="train_cmd", required=True)
+    for job in ("corpus", "codec", "lm", "draft"):
+        add_command(cmds, job)
     root, threads = args.root, ["--threads", str(args.threads)]
 
     def step(*argv):
-        return parser.parse_args(["lab", *map(str, argv)])
+        return parser.parse_args(list(map(str, argv)))
 
     out = {}
     out["corpus"] = _cmd_corpus(step("corpus", "--out", root / "corpus"))["hours"]
@@ -252,15 +281,3 @@ def _cmd_all(args) -> dict:
     out["draft"] = _cmd_draft(step("draft", "--target", root / "lm" / "export", "--lm-dir", root / "lm",
                                    "--out", root / "draft", *threads))["export"]
     return out
-
-
-def main(argv=None) -> int:
-    """Stand-alone entry (`python -m pcgtts.train.cli lab ...`) until the lead wires it in."""
-    parser = argparse.ArgumentParser(prog="pcgtts")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,7 +7,7 @@ trained path is the runtime's own semantic front end (`pcgtts.runtime.audio.feat
 Kaldi fbank, 160 dims at 50 Hz) -> small w2v-bert -> adapter -> fc_encoder -> FSQ (8 x 4 levels =
 65,536 codes, straight-through) -> Vocos-style decoder with the ISTFT head. The stock `encode` runs
 the semantic encoder under no_grad, so training uses its own forward through the same submodules
-in the same order. `CodecModelConfig(acoustic=True)` (`lab codec --acoustic`) trains the acoustic
+in the same order. `CodecModelConfig(acoustic=True)` (`train codec --acoustic`) trains the acoustic
 (waveform) encoder too, as the released codec does: the per-utterance normalised fbank features remove an
 utterance's long-term spectrum, so a semonly codec's codes carry little of a voice's timbre, and held-out
 voices come back as voices it was trained on (QUALITY.md). About 5x slower a step on a CPU.

@@ -415,7 +415,7 @@ def read_manifest(path: str | Path) -> list[dict]:
     if path.is_dir():
         path = path / "manifest.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"corpus manifest not found: {path} (run `pcgtts lab corpus` first)")
+        raise FileNotFoundError(f"corpus manifest not found: {path} (run `pcgtts train corpus` first)")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 

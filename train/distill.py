@@ -1,7 +1,7 @@
 """Distilled draft: train a draft to match its target's next-token distributions, on-policy.
 
-`pcgtts draft train` starts from any draft checkpoint in the runtime's format (a plain
-LlamaForCausalLM folder, e.g. from `pcgtts draft init`) and pulls it towards the target where the
+`pcgtts train draft distill` starts from any draft checkpoint in the runtime's format (a plain
+LlamaForCausalLM folder, e.g. from `pcgtts train draft init`) and pulls it towards the target where the
 target actually goes when it speaks. Acceptance of a speculative proposal depends only on how
 close the draft's distribution is to the target's at that position, so that closeness, measured
 on the target's own sequences, is what is trained and what is reported.
@@ -364,7 +364,7 @@ def on_policy_sequences(target, prompts: dict[str, list[torch.Tensor]], counts: 
                         progress=None, batch: int = 1) -> SequenceCache:
     """The target's own samples for each split (`counts`, in order), cached at `path` and tied to
     the target, the sampling settings and the sentences; a rerun makes only the missing ones.
-    Used by `draft train` (distillation) and `heads train` (multi-token heads). The returned
+    Used by `train draft distill` (distillation) and `train heads` (multi-token heads). The returned
     cache's `made` says how many were generated in this call. `batch` > 1 samples that many at once
     (other draws than one at a time: the cache records it)."""
     meta = {"format": _CACHE_FORMAT, "target_fingerprint": target.fingerprint,

@@ -1,8 +1,8 @@
 """Speech-lab draft: a 3-layer draft initialised from the target's layers, briefly fine-tuned.
 
 Last training step of the lab (corpus -> codec -> LM -> **draft**). The paper's recipe: the
-runtime's `make_layer_subset_draft` writes the layer-subset checkpoint (`<out>/init`, a plain
-LlamaForCausalLM, what `pcgtts draft init` makes); the fine-tune then starts from the target's
+`subset_draft.make_layer_subset_draft` writes the layer-subset checkpoint (`<out>/init`, a plain
+LlamaForCausalLM, what `pcgtts train draft init` makes); the fine-tune then starts from the target's
 factorised weights (text rows + FSQ digit rows, from the target's training checkpoint) with the
 body replaced by those layers, trains on the same examples (codes cached by lm.py) and exports
 a materialised LlamaForCausalLM to `<out>/export`.
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from pcgtts.runtime.lm.checkpoint import read_state_dict
-from pcgtts.runtime.lm.draft import make_layer_subset_draft
-from pcgtts.train.lm import (ExampleBuilder, FactorisedLM, LMModelConfig, LMTrainConfig, _split_records,
+from pcgtts.train.subset_draft import make_layer_subset_draft
+from pcgtts.train.lm import (ExampleBuilder, FactorisedLM, LMModelConfig, LMTrainConfig, split_records,
                              load_factorised, train_loop)
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def init_draft(cfg: DraftTrainConfig) -> tuple[FactorisedLM, object, list[int], 
 def train_draft(cfg: DraftTrainConfig, progress=None, stop_after: int | None = None) -> dict:
     codes_path = cfg.lm_dir / "codes.npz"
     if not codes_path.is_file():
-        raise FileNotFoundError(f"no cached codes at {codes_path} (run `pcgtts lab lm` first)")
+        raise FileNotFoundError(f"no cached codes at {codes_path} (run `pcgtts train lm` first)")
     lm_cfg = json.loads((cfg.lm_dir / "train_config.json").read_text())
     draft, tokenizer, layers, model_config = init_draft(cfg)
     codes = dict(np.load(codes_path))
@@ -78,7 +78,7 @@ def train_draft(cfg: DraftTrainConfig, progress=None, stop_after: int | None = N
                               checkpoint_minutes=cfg.checkpoint_minutes, log_every=cfg.log_every, seed=cfg.seed,
                               threads=cfg.threads, max_tokens=lm_cfg["max_tokens"],
                               voice_prompt_prob=lm_cfg["voice_prompt_prob"])
-    train, held = _split_records(Path(lm_cfg["corpus"]))
+    train, held = split_records(Path(lm_cfg["corpus"]))
     builder = ExampleBuilder(tokenizer, train, codes, train_cfg)
     held = [r for r in held if r["id"] in codes]
     heldout = ExampleBuilder(tokenizer, held, codes, train_cfg) if held else None

@@ -1,4 +1,4 @@
-"""Train an EAGLE-style feature draft on a frozen target (`pcgtts heads eagle`; runtime/lm/eagle.py).
+"""Train an EAGLE-style feature draft on a frozen target (`pcgtts train eagle`; runtime/lm/eagle.py).
 
 Data flow, as for the multi-token heads (train/heads.py): training sentences -> prompts -> the
 target samples speech itself (on-policy, cached with train/distill.py's sequence cache) -> one
@@ -22,7 +22,7 @@ held-out sequences, before and after: the SD acceptance 1 - TV(p, q) at temperat
 agreement, per pass. Then the draft's own temperature is fitted on the same held-out rows
 (`fit_temperature_scales`): at each of a few sampling temperatures T, the factor f whose draft at
 T * f is accepted most (1 - TV against the target at T, over the passes), stored with the draft
-(`eagle.proposal_temperature`). `pcgtts heads eagle-temperatures` fits them for a trained draft.
+(`eagle.proposal_temperature`). `pcgtts train eagle-temperatures` fits them for a trained draft.
 """
 
 from __future__ import annotations

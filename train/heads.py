@@ -1,4 +1,4 @@
-"""Train multi-token heads on a frozen target (`pcgtts heads train`), and its code transitions.
+"""Train multi-token heads on a frozen target (`pcgtts train heads`), and its code transitions.
 
 Data flow: training sentences -> prompts -> the target itself samples speech (on-policy, plain AR
 through the runtime's decode loop) -> one target pass per sequence caches the final hidden states
@@ -13,7 +13,7 @@ distributions are recomputed from the cached states (one matmul with its head), 
 size 65,536 per position is stored. Reported per head, on held-out sequences, before and after:
 top-1 agreement with the target and the SD acceptance 1 - TV(p, q) of its proposals.
 
-`pcgtts heads transitions` estimates the code transition table (groups/transitions.py) that
+`pcgtts train transitions` estimates the code transition table (runtime/decode/transitions.py) that
 mtp-viterbi searches with, from the same on-policy sequences or from code files.
 """
 

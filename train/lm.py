@@ -234,9 +234,9 @@ def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
                extra: Sequence[tuple[Path, Path]] = ()) -> Path:
     """An LM run's inputs as one compact file, for a machine with neither the audio nor the codec (small
     enough to copy with the repository): the manifest rows with codes, each utterance's codes as uint16 (half
-    of codes.npz's int32) and the codec's config.json. `unpack_codes` rebuilds what `lab lm` reads.
+    of codes.npz's int32) and the codec's config.json. `unpack_codes` rebuilds what `train lm` reads.
 
-    `extra`: further (corpus, codes) pairs encoded with the same codec, e.g. another `lab corpus --seed`
+    `extra`: further (corpus, codes) pairs encoded with the same codec, e.g. another `train corpus --seed`
     rendered for more distinct text. Their train utterances join under ids prefixed "<corpus dir name>/";
     one whose text an earlier corpus already has is left out, so the first corpus's held-out sentences
     stay held out (and no sentence is counted twice)."""
@@ -267,7 +267,7 @@ def pack_codes(corpus: Path, codec_dir: Path, codes_path: Path, out: Path,
 
 def unpack_codes(packed: Path, root: Path) -> dict[str, Path]:
     """`pack_codes`'s file as `root`/corpus/manifest.jsonl, `root`/codec/config.json and `root`/codes.npz:
-    `lab lm --corpus root/corpus --codec root/codec` then trains without encoding (link codes.npz into --out)."""
+    `train lm --corpus root/corpus --codec root/codec` then trains without encoding (link codes.npz into --out)."""
     import gzip
 
     with np.load(packed) as npz:
@@ -406,7 +406,7 @@ def lm_loss(model: FactorisedLM, ids: torch.Tensor, mask: torch.Tensor, attn: to
     return -model.target_logprob(hidden[sel], ids[:, 1:][sel]).mean()
 
 
-def _split_records(corpus: Path) -> tuple[list[dict], list[dict]]:
+def split_records(corpus: Path) -> tuple[list[dict], list[dict]]:
     records = read_manifest(corpus)
     return ([r for r in records if r["split"] == "train"],
             [r for r in records if r["split"] not in ("train", "codec_only")])
@@ -538,7 +538,7 @@ def train_lm(cfg: LMTrainConfig, progress=None, stop_after: int | None = None, c
     elif not (out / "codes.npz").is_file():  # given codes (tests, GPU-made): cache them for draft.py
         np.savez(out / "codes.npz", **codes)
     tokenizer = lab_tokenizer()
-    train, held = _split_records(cfg.corpus)
+    train, held = split_records(cfg.corpus)
     builder = ExampleBuilder(tokenizer, train, codes, cfg)
     held_recs = [r for r in held if r["id"] in codes]
     heldout = ExampleBuilder(tokenizer, held_recs, codes, cfg) if held_recs else None

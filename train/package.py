@@ -102,7 +102,7 @@ def _draft_head_codes(draft_dir: Path) -> Path | None:
 def replace_lm(pack_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path) -> list[str]:
     """Put a retrained target and its draft (the lab's `lm` and `draft` folders) into a committed voice,
     keeping its codec, settings and group size. The target must have been trained on this codec's codes
-    (`pcgtts lab lm --init-from VOICE` on codes its encoder made). The files trained on the old target's
+    (`pcgtts train lm --init-from VOICE` on codes its encoder made). The files trained on the old target's
     hidden states (EAGLE draft, multi-token heads) no longer fit it and are removed: train them again and
     `add_to_voice`. Everything is written beside the voice before anything in it is replaced. Returns the
     names removed."""
@@ -149,7 +149,7 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
 
     Only a codec whose encoder side (everything up to and including the quantizer) is bit-identical
     to the voice's is accepted: the target was trained on that encoder's codes, so a decoder
-    fine-tuned with the encoder frozen (`pcgtts lab codec --init-from VOICE --freeze-encoder`)
+    fine-tuned with the encoder frozen (`pcgtts train codec --init-from VOICE --freeze-encoder`)
     fits, and anything else is refused before the voice is touched."""
     from safetensors.torch import load_file
 

@@ -7,5 +7,6 @@
 share; `device_loop.py` whole steps on the device (CUDA graphs); `sampling.py` turns logits into
 probabilities and draws; `cost_model.py` predicts tokens/s per draft length and picks L
 (`adaptive_draft`); `calibrate.py` measures the costs it plans with; `planning.py` measures them
-and the starting acceptance before the first utterance; `viterbi.py` the Viterbi proposal.
+and the starting acceptance before the first utterance; `viterbi.py` the Viterbi proposal over the
+code Markov table of `transitions.py` (.pct).
 """

@@ -238,7 +238,7 @@ class EagleProposer:
         from pcgtts.runtime.lm.eagle import EagleDraft
 
         if eagle_file is None:
-            raise ValueError("an EAGLE draft file is needed (`pcgtts heads eagle`)")
+            raise ValueError("an EAGLE draft file is needed (`pcgtts train eagle`)")
         model = _state_model(target, "an EAGLE draft")
         return cls.from_draft(EagleDraft.load(eagle_file, model, fingerprint=target.fingerprint), target)
 

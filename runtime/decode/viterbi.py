@@ -4,7 +4,7 @@ Setting (seed 004, "MTP with Viterbi speculative decoding", Algorithm 1): n head
 target pass, log-distributions S_1..S_n over the V codes of the next n positions. Heads beyond
 the first never saw the tokens before their own position, so their per-position argmaxes can
 disagree with each other. A first-order Markov model of codes, log Q(i, j) from
-groups/transitions.py, ties neighbouring positions together, and the proposal is the path that
+runtime/decode/transitions.py, ties neighbouring positions together, and the proposal is the path that
 maximises
 
     score(x_1..x_n) = init(x_1) + S_1(x_1) + sum_{t=2..n} [ log Q(x_{t-1}, x_t) + S_t(x_t) ]
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from pcgtts.groups.transitions import TransitionTable
+from pcgtts.runtime.decode.transitions import TransitionTable
 
 
 def candidate_set(head_logprobs: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -198,14 +198,14 @@ class EagleDraft(nn.Module):
     @staticmethod
     def stored_shape(path: str | Path) -> tuple[str, int | None, tuple[int, ...]]:
         """(block, MLP width or None for the target's, target layers read) of a saved draft, without a target."""
-        _, meta = read_tagged_safetensors(path, FORMAT, VERSION, "EAGLE draft", "train one with `pcgtts heads eagle`")
+        _, meta = read_tagged_safetensors(path, FORMAT, VERSION, "EAGLE draft", "train one with `pcgtts train eagle`")
         return _stored_shape(meta, path)
 
     @classmethod
     def load(cls, path: str | Path, target: Llama, fingerprint: str | None = None) -> "EagleDraft":
         """Load a draft for `target` (its `Llama`); `fingerprint` (the target's) is checked when given."""
         tensors, meta = read_tagged_safetensors(path, FORMAT, VERSION, "EAGLE draft",
-                                                "train one with `pcgtts heads eagle`")
+                                                "train one with `pcgtts train eagle`")
         stored = meta.get("target_fingerprint", "")
         if fingerprint is not None and stored and stored != fingerprint:
             raise ValueError(f"{path}: this draft was trained for another target "

@@ -29,7 +29,7 @@ from torch import nn
 from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
 HEADS_FILE = "mtp_heads.safetensors"
-TRANSITIONS_FILE = "transitions.pct"  # the code transition table (groups/transitions.py) for mtp-viterbi
+TRANSITIONS_FILE = "transitions.pct"  # the code transition table (runtime/decode/transitions.py) for mtp-viterbi
 FORMAT = "pcgtts-mtp-heads"
 VERSION = "1"
 
@@ -77,7 +77,7 @@ class MTPHeads(nn.Module):
              device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "MTPHeads":
         """Load a heads file; `fingerprint`/`hidden_size` (the target's) are checked when given."""
         tensors, meta = read_tagged_safetensors(path, FORMAT, VERSION, "multi-token heads file",
-                                                "train them with `pcgtts heads train`")
+                                                "train them with `pcgtts train heads`")
         k, d = int(meta["num_heads"]), int(meta["hidden_size"])
         if hidden_size is not None and d != hidden_size:
             raise ValueError(f"{path}: heads of hidden size {d} do not fit a target of hidden size {hidden_size}")
