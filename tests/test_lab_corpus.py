@@ -123,7 +123,7 @@ def test_the_voice_bank_feeds_the_codec_and_nothing_else(tmp_path):
     from pcgtts.quality.cloning import cloning_plan
     from pcgtts.train.codec import CropSampler
     from pcgtts.train.corpus import write_manifest
-    from pcgtts.train.lm import _split_records
+    from pcgtts.train.lm import split_records
 
     rows = []
     for n, (speaker, split) in enumerate((("a", "train"), ("a", "heldout_sentences"), ("b", "train"),
@@ -136,6 +136,6 @@ def test_the_voice_bank_feeds_the_codec_and_nothing_else(tmp_path):
                          "seconds": 4.0, "path": rel})
     write_manifest(tmp_path, rows)
     assert {r["speaker"] for r in CropSampler(tmp_path, crop_frames=10).records} == {"a", "b", "bank"}
-    train, held = _split_records(tmp_path)
+    train, held = split_records(tmp_path)
     assert {r["split"] for r in train} == {"train"} and "codec_only" not in {r["split"] for r in held}
     assert "bank" not in cloning_plan(rows, refs=1, per_speaker=1).centroid_rows

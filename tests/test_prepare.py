@@ -65,7 +65,7 @@ def test_prepare_is_idempotent_and_resumes_after_a_stage_is_removed_or_interrupt
     assert _prepare(tiny_models, out) == {"codec": "skipped", "target": "skipped", "groups": "skipped",
                                           "draft": "made"}
 
-    import pcgtts.runtime.lm.draft as draft
+    import pcgtts.train.subset_draft as draft
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
