@@ -1,6 +1,6 @@
 """`pcgtts train ...`: every training command in one group.
 
-    train corpus | codec | lm                  the speech lab's voice, step by step (train/cli.py)
+    train corpus | codec | lm                  the speech lab's voice, step by step (cli/lab.py)
     train draft init | distill | finetune      drafts: layers of the target; distilled on the target's
                                                own samples; the lab's fine-tune on its training codes
     train eagle | eagle-temperatures           an EAGLE draft for the eagle-* policies (train/eagle.py)
@@ -24,7 +24,7 @@ from pcgtts.cli import flags
 from pcgtts.cli.commands import print_report, read_code_sequences
 from pcgtts.cli.flags import positive
 from pcgtts.runtime.config import check_compute_device
-from pcgtts.train import cli as lab
+from pcgtts.cli import lab
 
 # The former command groups, each {old sub-command: the new spelling after `pcgtts train`}.
 DEPRECATED = {

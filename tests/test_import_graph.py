@@ -92,3 +92,24 @@ def test_no_private_name_is_imported_across_modules():
                for module, taken in imported(path, known)
                if taken is not None and taken.startswith("_") and module != name]
     assert not private, "\n".join(private)
+
+
+# The layers, bottom up: a module imports only from its own layer or the ones below.
+LAYERS = ("groups", "runtime", "pcgtts", "export", "train", "tools", "quality", "serve", "cli")
+# The one reach upward: `Synthesizer.from_pretrained()` with no target asks the built-in voice where it
+# is, and the built-in voice prepares itself with the tools on first use (tests/test_prepare.py: once
+# prepared, none of them is imported).
+FIRST_USE = {("pcgtts.runtime.synthesizer", "pcgtts.builtin"), ("pcgtts.builtin", "pcgtts.tools.prepare"),
+             ("pcgtts.builtin", "pcgtts.tools.demo"), ("pcgtts.builtin", "pcgtts.export.noise")}
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 and parts[1] in LAYERS else "pcgtts")
+
+
+def test_imports_point_down_the_layers():
+    known = modules()
+    upward = sorted({(name, module) for name, path in known.items() for module, _ in imported(path, known)
+                     if layer(module) > layer(name)} - FIRST_USE)
+    assert not upward, "\n".join(f"{a} -> {b}" for a, b in upward)

@@ -38,7 +38,7 @@ def test_missing_inputs_fail_before_work(tmp_path, capsys):
 
 def test_all_runs_each_step_with_its_commands_defaults(tmp_path, monkeypatch):
     """`train all` hands every step a namespace its own command would parse (no missing option)."""
-    from pcgtts.train import cli
+    from pcgtts.cli import lab as cli
 
     seen = {}
 

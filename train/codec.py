@@ -427,37 +427,5 @@ def train_codec(cfg: CodecTrainConfig, progress=None, stop_after: int | None = N
             "encoder_frozen": bool(frozen)}
 
 
-def evaluate_codec(codec_dir: Path, corpus: Path, split: str = "heldout_speakers", limit: int = 24) -> dict:
-    """The issue's codec bar on held-out utterances, through the runtime's `Codec` (stock encode /
-    decode): STOI (pystoi) of resynthesis vs source, and PocketSphinx WER of the source and of the
-    resynthesis against the transcript (quality/metrics.py), with the number of distinct codes.
-    Utterances are spread over the split's speakers (sorted by id, every k-th)."""
-    import soundfile as sf
-    from pystoi import stoi
-
-    from pcgtts.quality.metrics import error_rates, recognizer
-    from pcgtts.runtime.audio.codec import Codec
-
-    codec = Codec.from_pretrained(codec_dir, decode_only=False)
-    records = sorted((r for r in read_manifest(corpus) if r["split"] == split), key=lambda r: r["id"])
-    if not records:
-        raise ValueError(f"{corpus}: no {split} utterances")
-    records = records[::max(1, len(records) // limit)][:limit]
-    asr = recognizer()
-    scores, wer_source, wer_resyn, codes_seen = [], [], [], set()
-    for rec in records:
-        audio, _ = sf.read(str(Path(corpus) / rec["path"]), dtype="float32")
-        codes = codec.encode(audio)
-        codes_seen.update(codes.tolist())
-        resyn = codec.decode(codes)[:audio.size]
-        scores.append(float(stoi(audio[:resyn.size], resyn, SAMPLE_RATE, extended=False)))
-        wer_source.append(error_rates(rec["text"], asr.transcribe(audio))[0])
-        wer_resyn.append(error_rates(rec["text"], asr.transcribe(resyn))[0])
-    return {"split": split, "utterances": len(records), "speakers": len({r["speaker"] for r in records}),
-            "stoi_mean": float(np.mean(scores)), "stoi_min": float(np.min(scores)),
-            "wer_source": float(np.mean(wer_source)), "wer_resynthesis": float(np.mean(wer_resyn)),
-            "distinct_codes": len(codes_seen)}
-
-
 __all__ = ["CodecModelConfig", "CodecTrainConfig", "new_codec", "codec_forward", "semantic_codes", "ReconstructionLoss",
-           "train_codec", "export_codec", "evaluate_codec", "CropSampler", "utterance_codes", "decode_codes"]
+           "train_codec", "export_codec", "CropSampler", "utterance_codes", "decode_codes"]

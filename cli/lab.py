@@ -203,7 +203,8 @@ def _cmd_corpus(args) -> dict:
 
 
 def _cmd_codec(args) -> dict:
-    from pcgtts.train.codec import CodecModelConfig, CodecTrainConfig, evaluate_codec, train_codec
+    from pcgtts.quality.codec_eval import evaluate_codec
+    from pcgtts.train.codec import CodecModelConfig, CodecTrainConfig, train_codec
 
     if not (args.corpus / "manifest.jsonl").is_file():
         raise FileNotFoundError(f"no corpus at {args.corpus} (run `pcgtts train corpus` first)")
