@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pcgtts.runtime.config import ModelPaths, Settings
 from pcgtts.runtime.voicepack import check_voice_settings
-from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, is_prepared, runs_int8_graphs
+from pcgtts.runtime.config import runs_int8_graphs
+from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, is_prepared
 
 log = logging.getLogger(__name__)
 

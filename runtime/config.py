@@ -23,11 +23,13 @@ keys. Change a resolved setting with `dataclasses.replace`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from pcgtts.runtime import prepared
 from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
 
 # A decode policy is two typed settings: who proposes and which rule verifies (runtime/decode/loop.py).
@@ -422,9 +424,50 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
     settings = _apply(base or Settings(), updates)
     if settings.models.prepared is None:
         return settings
-    from pcgtts.runtime.prepared import prepared_settings
-
     return prepared_settings(settings)
+
+
+def runs_int8_graphs(device: DeviceConfig) -> bool:
+    """Whether `device` is where the int8 onnxruntime graphs are the fastest route: a CPU, float32,
+    no torch int8 layers, no torch.compile (BENCHMARKS.md)."""
+    return (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
+            and not device.compile)
+
+
+def prepared_settings(settings: Settings) -> Settings:
+    """`settings` with `models.prepared` (a folder `pcgtts prepare` made) turned into its model paths:
+    on a CPU with the backend at "auto" (or "onnxruntime") its onnxruntime exports when it has them,
+    else its checkpoints. A ValueError, before anything loads, for a folder that is not complete or
+    a prepared folder given together with model paths."""
+    models = settings.models
+    if models.prepared is None:
+        return settings
+    given = [name for name in ("target", "draft", "codec", "groups", "heads", "transitions", "eagle")
+             if getattr(models, name) is not None]
+    if given:
+        raise ValueError(f"a prepared folder names its own models: give either prepared or "
+                         f"{', '.join(given)}, not both")
+    folder = Path(models.prepared)
+    if not folder.is_dir():
+        raise ValueError(f"prepared folder not found: {folder}")
+    manifest = prepared.read_manifest(folder)
+    if manifest is None:
+        raise ValueError(f"{folder} is not a prepared folder (no {prepared.MANIFEST}); make one with `pcgtts prepare`")
+    missing = [name for name in manifest.get("plan", []) if not prepared.stage_done(folder, manifest, name)]
+    if missing:
+        raise ValueError(f"{folder} is not fully prepared (stages not done: {', '.join(missing)}); "
+                         "run `pcgtts prepare` again to finish it")
+    paths, device = prepared.checkpoint_paths(folder), settings.device
+    exported = prepared.stage_done(folder, manifest, prepared.ONNX_STAGE)
+    if device.backend == "onnxruntime":
+        if not exported:
+            raise ValueError(f"{folder} has no onnxruntime exports (prepared with --no-onnx); "
+                             "leave the backend at auto or torch")
+        paths = prepared.onnx_paths(folder, paths)
+    elif (device.backend == "auto" and exported and runs_int8_graphs(device)
+          and importlib.util.find_spec("onnxruntime") is not None):
+        paths, device = prepared.onnx_paths(folder, paths), dataclasses.replace(device, backend="onnxruntime")
+    return dataclasses.replace(settings, models=ModelPaths(**paths), device=device)
 
 
 def check_compute_device(name: str) -> None:
@@ -453,4 +496,4 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
 
 
 __all__ = ["POLICIES", "POLICY_PAIRS", "PROPOSERS", "DECODE_RULES", "policy_name", "policy_proposer", "policy_rule", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
-           "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict"]
+           "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict", "prepared_settings", "runs_int8_graphs"]
