@@ -37,6 +37,7 @@ import torch
 
 from pcgtts.runtime.config import MAX_DRAFT_LENGTH
 from pcgtts.runtime import aot
+from pcgtts.runtime.decode.acceptance import coarse
 from pcgtts.runtime.decode.acceptance.coarse import coarse_view, group_members, pick_group
 from pcgtts.runtime.decode.acceptance.host import recover
 from pcgtts.runtime.decode.rows import DigitRows
@@ -187,7 +188,8 @@ def load_rule(groups, digits: int, trials: int, cache_dir: str | Path | None = N
 
 
 def _load_or_build(digits: int, trials: int, cache_dir: Path):
-    path = cache_dir / aot.package_name(f"pcg-d{digits}-t{trials}", (Path(__file__),), "")
+    sources = (Path(__file__), Path(coarse.__file__))  # the graph's code: a change rebuilds the package
+    path = cache_dir / aot.package_name(f"pcg-d{digits}-t{trials}", sources, "")
     run = aot.load_or_build(path, lambda: export_rule(digits, trials), _OPTIONS, "the rule")
     return lambda *args: run(*args)[0]
 
