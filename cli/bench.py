@@ -98,7 +98,8 @@ def check_state_policies(policies, args) -> None:
         return
     from pcgtts.runtime.config import ModelPaths
     from pcgtts.cli.commands import resolve_settings_from_flags
-    from pcgtts.runtime.loading import check_policy, check_proposers
+    from pcgtts.runtime.config import check_policy
+    from pcgtts.runtime.loading import check_proposers
 
     from pcgtts.runtime.lm.loader import concrete_backend
 

@@ -81,6 +81,27 @@ def policy_name(proposer: str, rule: str) -> str:
     pairs = ", ".join(f"{a}+{b}" for a, b in POLICY_PAIRS.values())
     raise ValueError(f"no policy pairs proposer {proposer!r} with rule {rule!r}; the pairs: {pairs}")
 
+def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
+                 greedy: bool = False) -> None:
+    """The models a policy needs, given which are there (greedy decoding never consults a group table):
+    the one check of the command line, the loading, `Synthesizer.stream` and the decode loop."""
+    proposer, rule = POLICY_PAIRS[policy]
+    if proposer == "eagle":
+        if not eagle:
+            raise ValueError(f"policy {policy!r} needs the target's EAGLE draft "
+                             f"(train it with `pcgtts train eagle`, or give --eagle)")
+    elif proposer in ("heads", "viterbi"):
+        if not heads:
+            raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
+                             f"(train them with `pcgtts train heads`, or give --heads)")
+        if proposer == "viterbi" and not transitions:
+            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts train transitions`)")
+    elif policy != "ar" and not draft:
+        raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
+    if rule == "pcg" and not groups and not greedy:
+        raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
+
+
 # auto: the backend an export folder was made for (onnxruntime / tensorrt), torch for a checkpoint;
 # the built-in voice on a CPU runs on onnxruntime, exported once on first use (pcgtts/builtin.py)
 BACKENDS = ("auto", "torch", "onnxruntime", "tensorrt")
@@ -495,5 +516,5 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
     return out
 
 
-__all__ = ["POLICIES", "POLICY_PAIRS", "PROPOSERS", "DECODE_RULES", "policy_name", "policy_proposer", "policy_rule", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
+__all__ = ["POLICIES", "POLICY_PAIRS", "PROPOSERS", "DECODE_RULES", "check_policy", "policy_name", "policy_proposer", "policy_rule", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
            "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict", "prepared_settings", "runs_int8_graphs"]

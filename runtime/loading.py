@@ -16,8 +16,8 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (EAGLE_POLICIES, PCG_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths,
-                                   SynthesisConfig, check_compute_device, cpu_threads)
+from pcgtts.runtime.config import (EAGLE_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths,
+                                   SynthesisConfig, check_compute_device, check_policy, cpu_threads)
 from pcgtts.runtime.lm.protocol import LM, StatesLM
 
 log = logging.getLogger(__name__)
@@ -131,25 +131,6 @@ def check_proposers(models: ModelPaths, policy: str, backend: str) -> tuple:
         raise ValueError(f"policy {policy!r} runs on the torch and onnxruntime backends only "
                          f"(it reads the target's hidden states)")
     return heads, transitions, eagle
-
-
-def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
-                 greedy: bool = False) -> None:
-    """The models a policy needs (greedy decoding never consults a group table)."""
-    if policy in EAGLE_POLICIES:
-        if not eagle:
-            raise ValueError(f"policy {policy!r} needs the target's EAGLE draft "
-                             f"(train it with `pcgtts train eagle`, or give --eagle)")
-    elif policy in STATE_POLICIES:
-        if not heads:
-            raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
-                             f"(train them with `pcgtts train heads`, or give --heads)")
-        if policy == "mtp-viterbi" and not transitions:
-            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts train transitions`)")
-    elif policy != "ar" and not draft:
-        raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
-    if policy in PCG_POLICIES and not groups and not greedy:
-        raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
 
 
 def exported_proposers(target_dir: str | Path) -> dict[str, str]:

@@ -34,8 +34,9 @@ from pcgtts.runtime.audio.codec import SpeechCodec
 from pcgtts.runtime.audio.voice import Voice
 from pcgtts.runtime.checks import (call_config, check_scripts, check_stream_arguments, check_voice_fits,
                                    voice_scripts)
-from pcgtts.runtime.config import DeviceConfig, ModelPaths, Settings, SynthesisConfig, resolve_settings
-from pcgtts.runtime.loading import check_policy, load_models
+from pcgtts.runtime.config import (DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_policy,
+                                   resolve_settings)
+from pcgtts.runtime.loading import load_models
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.planner import DraftLengthPlanner
 from pcgtts.runtime.stream_worker import StreamJob, StreamStats, SynthesisStream

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from pcgtts.groups.device import DeviceGroupTable
-from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.config import DecodeConfig, check_policy
 from pcgtts.runtime.decode.acceptance import EXACT_RULES, RuleParams, judge_for
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts, starting_counter
@@ -68,17 +68,11 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
 
 
 def check_decode(config: DecodeConfig, draft, groups, proposer) -> None:
-    """What a policy needs: a proposer on the target's states, a draft model, a group table."""
-    if config.proposer in ("heads", "viterbi", "eagle"):
-        if proposer is None:
-            raise ValueError(f"policy {config.policy!r} needs a proposer on the target's states (multi-token heads "
-                             "for mtp-*, an EAGLE draft for eagle-*)")
-        if config.proposer == "viterbi" and proposer.transitions is None:
-            raise ValueError("policy 'mtp-viterbi' needs a transition table (`pcgtts train transitions`)")
-    elif config.policy != "ar" and draft is None:
-        raise ValueError(f"policy {config.policy!r} needs a draft model")
-    if config.rule == "pcg" and groups is None:
-        raise ValueError(f"policy {config.policy!r} needs a group table")
+    """What a policy needs, of the models handed to `decode` (`config.check_policy`)."""
+    states = config.proposer in ("heads", "viterbi", "eagle") and proposer is not None
+    check_policy(config.policy, draft=draft is not None, groups=groups is not None, heads=states, eagle=states,
+                 transitions=states and config.proposer == "viterbi" and proposer.transitions is not None,
+                 greedy=config.sampling.greedy)
 
 
 def loop_judge(target: LM, proposer, config: DecodeConfig, groups: DeviceGroupTable | None):
