@@ -62,7 +62,7 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
         lm = draft if config.decodes_with_draft else target
         return _loop(lm, None, prompt_ids, config, generator, groups, stats, Timer(stats, sync), None, None)
     if config.proposer == "draft":
-        proposer = DraftModel(draft, prompt_ids, prefill_now=not config.adaptive_draft)
+        proposer = DraftModel(draft)
     return _loop(target, proposer, prompt_ids, config, generator, groups, stats, Timer(stats, sync), costs,
                  acceptance)
 
@@ -120,7 +120,7 @@ def _loop(target: LM, proposer, prompt_ids: torch.Tensor, config: DecodeConfig, 
             stats.costs = costs.as_dict()
     start_sequence(target, prompt_ids)
     if proposer is not None:
-        proposer.start(target.length, config)
+        proposer.start(target.length, config, prompt_ids)
     last = prompt_ids[-1:].to(device)  # the newest token; the target's cache holds everything before it
     while True:
         if stats.emitted >= config.max_new_tokens:

@@ -38,13 +38,13 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
     if config.proposer == "none" or (config.proposer == "draft" and draft is None):
         return None
     if config.proposer == "draft":
-        proposer = DraftModel(draft, torch.zeros(1, dtype=torch.long), prefill_now=False)
+        proposer = DraftModel(draft)
     elif proposer is None:
         return None
     else:
         proposer.warm_up(config)
+        proposer.start(0, config)  # how it draws proposals under `config`: the rows the judge reads
     if config.rule != "pcg" or groups is not None:
-        proposer.start(0, config)
         loop_judge(target, proposer, config, groups)  # a compiled rule's package is built or loaded now
     if not plans_draft_length(config):
         return None

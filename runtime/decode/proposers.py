@@ -2,7 +2,7 @@
 
 Every proposer offers the loop (runtime/decode/loop.py) the same steps:
 
-  start(first_slot, config)   a new utterance (the draft LM prefills here, or on first use)
+  start(first_slot, config, prompt_ids)   a new utterance (the draft LM prefills here, or on first use)
   ready()                     whether it can propose now (a state proposer needs a verified row)
   has_room(L)                 whether L more proposals fit its cache
   propose(L, last, sampling, generator) -> (proposals [L], their rows or None for argmax proposals)
@@ -52,19 +52,23 @@ class DraftModel:
     counts_draft_forwards = True
     acceptance = None  # the adaptive draft length's default prior
 
-    def __init__(self, lm: LM, prompt_ids: torch.Tensor, prefill_now: bool):
+    def __init__(self, lm: LM):
         self.lm = lm
-        self.started = prefill_now
-        if prefill_now:
-            start_sequence(lm, prompt_ids)
-            self.pending = prompt_ids[-1:].to(lm.device)  # tokens it has not been fed, ending with `last`
-        else:
-            self.pending = prompt_ids.to(lm.device)
+        self.started = False  # whether its cache holds the utterance (prefilled)
+        self.pending: torch.Tensor | None = None  # tokens it has not been fed, ending with `last`
         self.skipped: list[int] = []  # plain steps' tokens (restricted indices): no tensor ops while off
         self.catchup_tokens = 0
 
-    def start(self, first_slot: int, config=None) -> None:
-        """Nothing more: the constructor placed the prompt."""
+    def start(self, first_slot: int, config, prompt_ids: torch.Tensor) -> None:
+        """A new utterance: the draft is prefilled with `prompt_ids` now at a fixed draft length, at its
+        first speculative step with an adaptive one."""
+        self.started = not config.adaptive_draft
+        if self.started:
+            start_sequence(self.lm, prompt_ids)
+            self.pending = prompt_ids[-1:].to(self.lm.device)
+        else:
+            self.pending = prompt_ids.to(self.lm.device)
+        self.skipped, self.catchup_tokens = [], 0
 
     def ready(self) -> bool:
         return True
@@ -142,7 +146,7 @@ class HeadProposer:
     def max_proposals(self) -> int:
         return self.step.num_heads
 
-    def start(self, first_slot: int, config=None) -> None:
+    def start(self, first_slot: int, config=None, prompt_ids=None) -> None:
         """A new utterance: the heads keep no state but how `config`'s policy draws proposals."""
         self.hidden, self.last_token = None, None
         if config is not None:
@@ -258,7 +262,8 @@ class EagleProposer:
         chain = CompiledEagleChain(draft, model, target.vocab) if chained else None
         return cls(HostEagleStep(draft, model, target.vocab, target.max_length), chain)
 
-    def start(self, first_slot: int, config=None) -> None:
+    def start(self, first_slot: int, config=None, prompt_ids=None) -> None:
+        """A new utterance whose prompt's last token is at target slot `first_slot`."""
         self.first_slot, self.length = first_slot, 0
         self.pending_states, self.pending_tokens = [], []
         self.latest_slot, self.latest_rows = first_slot, 0
