@@ -92,8 +92,12 @@ def test_the_range_ends_are_accepted():
 
 def test_top_p_reaches_the_synthesis_settings(tmp_path, capsys, monkeypatch):
     from pcgtts.runtime import synthesizer
+    from pcgtts.runtime.config import ModelPaths
 
     seen = {}
+    # the settings are the point: the built-in voice's place stands in for making its demo models
+    folder = str(tmp_path)
+    monkeypatch.setattr("pcgtts.builtin.builtin_models", lambda: ModelPaths(target=folder, draft=folder, codec=folder))
 
     def record(cls, models, device, synthesis, **kwargs):
         seen["sampling"] = synthesis.decode.sampling
