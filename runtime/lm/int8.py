@@ -1,23 +1,30 @@
-"""Dynamic int8 linear layers for the LM on a CPU (fbgemm), batch-invariant.
+"""Dynamic int8 linear layers for the LM on a CPU, batch-invariant.
 
 `quantize_int8(model)` swaps every `nn.Linear` of the decoder blocks, and a full speech head (a
 digit head is 34 rows: left as is), for `Int8Linear`: weights stored int8 per output channel
 (4x less memory to stream per step than float32), activations quantized to int8 on each call.
 
-fbgemm's dynamic linear quantizes its input with one range for the whole call, so a token's result
-would depend on the other tokens in the pass (a 4-token verify vs a 1-token step: ~4 % apart), and
-greedy speculation would no longer equal greedy decoding. `Int8Linear` scales each row to
-max |x| = 1 and appends two constant columns (+1, -1, against zero weights) that pin every call's
-range to [-1, 1]: each row is quantized the same way whatever else is in the pass, its integer
-product is exact, and the row's scale is multiplied back after. Layers that read the same input
-(q/k/v, gate/up) share one int8 call (`_SharedInput`): fewer, larger calls, one normalisation.
-The speculative rules stay exact
-with respect to the quantized model; what quantization costs in quality is measured by the
-quality harness (QUALITY.md).
+Each input row is scaled to max |x| = 1 and quantized on its own fixed grid (127 steps a side), so
+a row's integer product is exact and does not depend on the other rows of the pass: a 4-token
+verify computes each token as a 1-token step would, and greedy speculation equals greedy decoding.
+The row's scale is multiplied back after. Two kernels compute the product:
+
+- oneDNN's static int8 matmul (`torch.ops.onednn.qlinear_pointwise`), where this build of torch has
+  it: on a CPU with AMX or AVX-512 VNNI a 4- or 8-row pass costs about what one row costs, which
+  makes a speculative verify pass nearly free at the sizes where the weights dominate a step;
+- fbgemm's dynamic linear otherwise. It quantizes a call with one range for all its rows, so the
+  layer appends two constant columns (+1, -1, against zero weights) that pin every call's range to
+  [-1, 1]; a pass of several rows costs more than one row (1.3x for 4 rows at 2,048 wide).
+
+Layers that read the same input (q/k/v, gate/up) share one int8 call (`_SharedInput`): fewer,
+larger calls, one normalisation. The speculative rules stay exact with respect to the quantized
+model; what quantization costs in quality is measured by the quality harness (QUALITY.md).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import warnings
 
 import torch
@@ -25,22 +32,55 @@ from torch import nn
 
 from pcgtts.runtime.lm.llama import Llama
 
+log = logging.getLogger(__name__)
+
+LEVELS = 127  # int8 steps on each side of zero for a row scaled to max |x| = 1 (oneDNN kernel)
+
+
+@functools.cache
+def onednn_int8() -> bool:
+    """Whether oneDNN's static int8 matmul runs here (torch built with it, on an x86 CPU)."""
+    try:
+        weight = torch.ones(8, 8, dtype=torch.int8)
+        packed = torch.ops.onednn.qlinear_prepack(weight, None)
+        x = torch.full((1, 8), LEVELS + 1, dtype=torch.uint8)
+        out = torch.ops.onednn.qlinear_pointwise(x, 1.0, LEVELS + 1, packed, torch.ones(8), torch.zeros(8, dtype=torch.int32),
+                                                 None, 1.0, 0, torch.float32, "none", [], "")
+        return bool((out == 0).all())
+    except (AttributeError, RuntimeError, NotImplementedError) as err:
+        log.info("oneDNN int8 matmul unavailable (%s): int8 layers run on fbgemm", err)
+        return False
+
 
 class Int8Linear(nn.Module):
     """`linear` (float weights, no bias) as a batch-invariant dynamic int8 layer: [..., in] -> [..., out] float32
-    (one row [in] -> [out] too)."""
+    (one row [in] -> [out] too). `kernel`: "onednn" or "fbgemm" (default: oneDNN where it runs)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, kernel: str | None = None):
         super().__init__()
         if linear.bias is not None:
             raise ValueError("Int8Linear takes linear layers without a bias (LLaMA's)")
+        kernel = kernel or ("onednn" if onednn_int8() else "fbgemm")
+        if kernel not in ("onednn", "fbgemm"):
+            raise ValueError(f"kernel must be 'onednn' or 'fbgemm', got {kernel!r}")
+        self.kernel = kernel
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float().cpu()
+        if kernel == "onednn":
+            scales = weight.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / LEVELS
+            codes = torch.round(weight / scales[:, None]).clamp(-LEVELS, LEVELS).to(torch.int8)
+            self.packed = torch.ops.onednn.qlinear_prepack(codes, None)  # oneDNN's blocked layout
+            # the kernel returns the integer products as they are (unit scales): its own rescaling
+            # rounds differently for one row and for several, the elementwise product below never does
+            self.register_buffer("weight_scales", scales / LEVELS, persistent=False)
+            self.register_buffer("unit_scales", torch.ones(self.out_features), persistent=False)
+            self.register_buffer("zero_points", torch.zeros(self.out_features, dtype=torch.int32), persistent=False)
+            return
         from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
         from torch.ao.quantization import per_channel_dynamic_qconfig
 
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         padded = nn.Linear(self.in_features + 2, self.out_features, bias=False)
         with torch.no_grad():
-            weight = linear.weight.detach().float().cpu()
             padded.weight.copy_(torch.cat([weight, weight.new_zeros(self.out_features, 2)], dim=1))
         padded.qconfig = per_channel_dynamic_qconfig
         with warnings.catch_warnings():  # torch.ao's eager quantization warns that it moves to torchao
@@ -49,11 +89,17 @@ class Int8Linear(nn.Module):
         self.register_buffer("pins", torch.tensor([1.0, -1.0]), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 1:  # one row (an EAGLE proposal's state): the quantized kernel wants a batch
+        if x.dim() == 1:  # one row (an EAGLE proposal's state): the kernels want a batch
             return self.forward(x[None])[0]
         scale = x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
-        pinned = torch.cat([x / scale, self.pins.expand(*x.shape[:-1], 2)], dim=-1)
-        return self.inner(pinned) * scale
+        if self.kernel == "fbgemm":
+            pinned = torch.cat([x / scale, self.pins.expand(*x.shape[:-1], 2)], dim=-1)
+            return self.inner(pinned) * scale
+        codes = torch.round(x * (LEVELS / scale)).add_(LEVELS + 1).to(torch.uint8)  # zero point 128
+        products = torch.ops.onednn.qlinear_pointwise(codes.reshape(-1, self.in_features), 1.0, LEVELS + 1,
+                                                      self.packed, self.unit_scales, self.zero_points, None, 1.0, 0,
+                                                      torch.float32, "none", [], "")
+        return products.view(*x.shape[:-1], self.out_features) * self.weight_scales * scale
 
 
 class _SharedInput:
@@ -106,4 +152,4 @@ def quantize_int8(model: Llama) -> Llama:
     return model
 
 
-__all__ = ["Int8Linear", "quantize_int8"]
+__all__ = ["Int8Linear", "onednn_int8", "quantize_int8"]
