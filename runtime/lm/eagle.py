@@ -66,6 +66,7 @@ from pcgtts.runtime import aot
 from pcgtts.runtime.files import atomic_output, read_tagged_safetensors
 
 from pcgtts.runtime.lm.digit_head import sample_digit_codes
+from pcgtts.runtime.lm.proposal_head import proposal_head_for
 from pcgtts.runtime.lm.llama import MLP, Block, Llama, LlamaArgs, RMSNorm, rope_cos_sin, rope_inv_freq
 from pcgtts.runtime.lm.torch_lm import compile_for_cpu
 
@@ -155,17 +156,17 @@ class EagleDraft(nn.Module):
         x = self.fc(torch.cat([states, token_embeds.to(states.dtype)], dim=-1))
         if not self.attention:
             return self.norm(self.block(x))
-        cos, sin = rope if rope is not None else rope_cos_sin(self.inv_freq, positions, self.fc.weight.dtype)
+        cos, sin = rope if rope is not None else rope_cos_sin(self.inv_freq, positions, self.norm.weight.dtype)
         return self.norm(self.block(x, cos, sin, positions if cached else None, mask, end))
 
     def fused(self, states: torch.Tensor) -> torch.Tensor:
         """A target's rows [..., (k + 1) D] -> the draft's input states [..., D] (rows of width D pass)."""
-        return states if self.fuse is None or states.shape[-1] == self.fc.weight.shape[0] else self.fuse(states)
+        return states if self.fuse is None or states.shape[-1] == self.norm.weight.shape[0] else self.fuse(states)
 
     @property
     def state_size(self) -> int:
         """The width of the target's rows this draft reads: (k + 1) D."""
-        return (len(self.feature_layers) + 1) * self.fc.weight.shape[0]
+        return (len(self.feature_layers) + 1) * self.norm.weight.shape[0]
 
     @property
     def block_kind(self) -> str:
@@ -251,13 +252,14 @@ class TorchEagleStep:
     def __init__(self, draft: EagleDraft, target: Llama, vocab, max_length: int):
         self.draft, self.model, self.vocab, self.max_length = draft, target, vocab, max_length
         self.acceptance, self.temperature_scales = draft.acceptance, draft.temperature_scales
-        self.dtype, self.device = draft.fc.weight.dtype, draft.fc.weight.device
+        self.dtype, self.device = draft.norm.weight.dtype, draft.norm.weight.device  # its linears may be int8
         self.hidden_size = draft.state_size  # the width of the target's rows it reads
         self.digits = target.digits if target.samples_digits else 0  # > 0: scores can be drawn digit by digit
+        self.head = proposal_head_for(target) or target.head_scores  # a large dense head: its cheap stand-in
         if draft.attention:
             attn, shape = draft.block.self_attn, (1, draft.args.num_kv_heads, max_length, draft.args.head_dim)
-            attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
-            attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=draft.fc.weight.device)
+            attn.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            attn.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
@@ -272,7 +274,7 @@ class TorchEagleStep:
                                     rope=model.rope(positions))[0, -1]
         else:
             f = self.draft.features(states, embeds, None, None, None, cached=False)[-1]
-        return f, model.head_scores(f.to(model.dtype))
+        return f, self.head(f.to(model.dtype))
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
         return self.model.scores_to_logits(scores)
@@ -305,6 +307,7 @@ class HostEagleStep:
         self.biases = [view(mlp.gate_proj.bias), view(mlp.up_proj.bias), view(mlp.down_proj.bias)]
         self.norms = [(view(n.weight), n.eps) for n in (draft.block.post_attention_layernorm, draft.norm)]
         self.embed, self.head = view(target.embed_tokens.weight), view(target.head.weight)
+        self.proposal_head = proposal_head_for(target)  # a large dense head: its cheap stand-in
 
     @staticmethod
     def suits(draft: EagleDraft, target: Llama) -> bool:
@@ -327,8 +330,10 @@ class HostEagleStep:
         h = _rms_norm(x, *self.norms[0])
         gate, up = _linear(self.gate, h, self.biases[0]), _linear(self.up, h, self.biases[1])
         x = x + _linear(self.down, gate / (1.0 + np.exp(-gate)) * up, self.biases[2])
-        f = _rms_norm(x, *self.norms[1]).astype(np.float32, copy=False)
-        return torch.from_numpy(f), torch.from_numpy((self.head @ f).astype(np.float32, copy=False))
+        f = torch.from_numpy(_rms_norm(x, *self.norms[1]).astype(np.float32, copy=False))
+        if self.proposal_head is not None:
+            return f, self.proposal_head(f)
+        return f, torch.from_numpy((self.head @ f.numpy()).astype(np.float32, copy=False))
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
         return self.model.scores_to_logits(scores)

@@ -54,9 +54,11 @@ def onednn_int8() -> bool:
 
 class Int8Linear(nn.Module):
     """`linear` (float weights, no bias) as a batch-invariant dynamic int8 layer: [..., in] -> [..., out] float32
-    (one row [in] -> [out] too). `kernel`: "onednn" or "fbgemm" (default: oneDNN where it runs)."""
+    (one row [in] -> [out] too). `kernel`: "onednn" or "fbgemm" (default: oneDNN where it runs).
+    `keep_rows`: also keep the int8 codes and per-row scales as `rows`, `row_scales` (a speech head's,
+    which a draft's cheap proposal head reads: `proposal_head.ProposalHead`)."""
 
-    def __init__(self, linear: nn.Linear, kernel: str | None = None):
+    def __init__(self, linear: nn.Linear, kernel: str | None = None, keep_rows: bool = False):
         super().__init__()
         if linear.bias is not None:
             raise ValueError("Int8Linear takes linear layers without a bias (LLaMA's)")
@@ -66,9 +68,10 @@ class Int8Linear(nn.Module):
         self.kernel = kernel
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float().cpu()
+        scales = weight.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / LEVELS
+        codes = torch.round(weight / scales[:, None]).clamp(-LEVELS, LEVELS).to(torch.int8)
+        self.rows, self.row_scales = (codes, scales) if keep_rows else (None, None)
         if kernel == "onednn":
-            scales = weight.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / LEVELS
-            codes = torch.round(weight / scales[:, None]).clamp(-LEVELS, LEVELS).to(torch.int8)
             self.packed = torch.ops.onednn.qlinear_prepack(codes, None)  # oneDNN's blocked layout
             # the kernel returns the integer products as they are (unit scales): its own rescaling
             # rounds differently for one row and for several, the elementwise product below never does
@@ -136,20 +139,38 @@ class _Part(nn.Module):
         return self.shared.output(x, self.hi == self.shared.last)[..., self.lo:self.hi]
 
 
+def is_quantized(module: nn.Module) -> bool:
+    """Whether `module` holds int8 layers (`quantize_int8`, `quantize_linears`)."""
+    return any(isinstance(m, (Int8Linear, _Part)) for m in module.modules())
+
+
+SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # LLaMA's layers that read one input
+
+
 def quantize_int8(model: Llama) -> Llama:
     """Swap the decoder blocks' linear layers (and a full head) for int8 ones, in place."""
     if model.embed_tokens.weight.dtype != torch.float32 or model.embed_tokens.weight.device.type != "cpu":
         raise ValueError("int8 runs on a CPU model in float32 (compute_device='cpu', dtype='float32')")
-    for block in model.layers:
-        attn, mlp = block.self_attn, block.mlp
-        for owner, names in ((attn, ("q_proj", "k_proj", "v_proj")), (mlp, ("gate_proj", "up_proj"))):
-            shared = _SharedInput([getattr(owner, name) for name in names])
-            for name, part in zip(names, shared.parts):
-                setattr(owner, name, part)
-        attn.o_proj, mlp.down_proj = Int8Linear(attn.o_proj), Int8Linear(mlp.down_proj)
+    quantize_linears(model.layers)
     if not model.digits:  # the full 65,537-row head: the largest matrix of a small model
-        model.head = Int8Linear(model.head)
+        model.head = Int8Linear(model.head, keep_rows=True)
     return model
 
 
-__all__ = ["Int8Linear", "onednn_int8", "quantize_int8"]
+def quantize_linears(module: nn.Module) -> nn.Module:
+    """Swap every bias-free `nn.Linear` inside `module` for an `Int8Linear`, in place (the decoder
+    blocks; an EAGLE draft on an int8 target, whose proposals then stream int8 weights too). Layers
+    that read one input share one call: an attention's q, k, v; an MLP's gate and up."""
+    for owner in list(module.modules()):
+        for names in SHARED_INPUTS:
+            linears = [getattr(owner, n, None) for n in names]
+            if all(isinstance(lin, nn.Linear) and lin.bias is None for lin in linears):
+                for name, part in zip(names, _SharedInput(linears).parts):
+                    setattr(owner, name, part)
+        for name, child in list(owner.named_children()):
+            if isinstance(child, nn.Linear) and child.bias is None:
+                setattr(owner, name, Int8Linear(child))
+    return module
+
+
+__all__ = ["Int8Linear", "onednn_int8", "is_quantized", "quantize_int8", "quantize_linears"]

@@ -1,0 +1,96 @@
+"""A cheap speech head for a draft's proposals on a target whose head is large and dense.
+
+A released LLaSA's speech head is a dense [65,536, D] matrix: on a CPU, reading it costs a tenth of
+a 1B target's step, and an EAGLE draft that reads it for every proposal spends more on the head than
+on its own block. Any draft distribution keeps the speculative rules exact (they read the
+distribution each proposal was drawn from), so a draft may propose from a cheaper one:
+
+    preview = U (Vᵀ f)           a rank-r factor of the head (W ≈ U Vᵀ, a truncated SVD of W)
+    C       = top-c of preview   the candidate tokens
+    scores  = W[C] f on C        the head's own rows for the candidates; -inf everywhere else
+
+The low-rank preview only has to find the tokens that matter; their scores are the head's exact
+ones (SVD-softmax, Shim et al., NeurIPS 2017). On the 1B-shape stand-in (rank 64, 2,048
+candidates) the proposals' distribution keeps ~99 % of its overlap with the full head's, Σ min(p, q),
+for an eighth of the head's bytes. The factor is computed from the weights alone when a proposer is
+built (a seeded randomised SVD: the same factor on every load), so it needs no data and no file.
+
+The rows are the head's own: float32, or the int8 codes and per-row scales of an int8 head
+(`int8.Int8Linear` keeps them for this).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+
+import torch
+from torch import nn
+
+from pcgtts.runtime.lm.int8 import Int8Linear
+from pcgtts.runtime.lm.llama import Llama
+
+log = logging.getLogger(__name__)
+
+RANK = 64  # the preview's rank
+CANDIDATES = 2048  # tokens scored exactly per proposal
+MIN_HEAD_SIZE = 1 << 25  # rows x width from which a dense head is worth replacing (65,536 x 512)
+
+
+class ProposalHead:
+    """`head(f [D]) -> scores [rows]` (float32, -inf outside the candidates) for a dense head's
+    `rows` [rows, D] (float32, or int8 with `row_scales` [rows])."""
+
+    def __init__(self, rows: torch.Tensor, row_scales: torch.Tensor | None = None, rank: int = RANK,
+                 candidates: int = CANDIDATES, seed: int = 0):
+        if rows.dim() != 2 or (rows.dtype == torch.int8) != (row_scales is not None):
+            raise ValueError("a proposal head takes float rows, or int8 rows with their scales")
+        self.rows, self.row_scales = rows, row_scales
+        self.candidates = min(candidates, len(rows))
+        weight = rows.float() * row_scales[:, None] if row_scales is not None else rows.float()
+        rank = min(rank, *weight.shape)
+        with torch.random.fork_rng(devices=[]):  # a seeded factor: the same proposals on every load
+            torch.manual_seed(seed)
+            u, s, v = torch.svd_lowrank(weight, q=rank, niter=2)
+        self.down = v.T.contiguous()  # [r, D]
+        self.up = (u * s).contiguous()  # [rows, r]
+
+    @staticmethod
+    def worth_it(rows: int, width: int) -> bool:
+        """Whether a dense head of this size costs enough per proposal to replace."""
+        return rows * width >= MIN_HEAD_SIZE
+
+    def __call__(self, f: torch.Tensor) -> torch.Tensor:
+        f = f.float()
+        preview = self.up @ (self.down @ f)
+        chosen = preview.topk(self.candidates, sorted=False).indices
+        exact = self.rows[chosen].float() @ f
+        if self.row_scales is not None:
+            exact = exact * self.row_scales[chosen]
+        return preview.new_full(preview.shape, float("-inf")).index_copy_(0, chosen, exact)
+
+
+_MADE: "weakref.WeakKeyDictionary[Llama, ProposalHead]" = weakref.WeakKeyDictionary()  # one per loaded target
+
+
+def proposal_head_for(model: Llama) -> ProposalHead | None:
+    """The cheap proposal head of `model`'s speech head (made once per model), or None where the
+    head is a digit table or small enough to read whole."""
+    head = model.head
+    if model.digits or not ProposalHead.worth_it(head.out_features, head.in_features):
+        return None
+    if model not in _MADE:
+        start = time.perf_counter()
+        if isinstance(head, Int8Linear):
+            _MADE[model] = ProposalHead(head.rows, head.row_scales, RANK, CANDIDATES)
+        elif isinstance(head, nn.Linear) and head.bias is None:
+            _MADE[model] = ProposalHead(head.weight.detach(), None, RANK, CANDIDATES)
+        else:
+            return None
+        log.info("proposal head for a %d x %d speech head: rank %d, %d candidates (%.1f s)", head.out_features,
+                 head.in_features, RANK, CANDIDATES, time.perf_counter() - start)
+    return _MADE[model]
+
+
+__all__ = ["ProposalHead", "RANK", "CANDIDATES", "proposal_head_for"]
