@@ -33,16 +33,18 @@ def test_candidates_carry_the_head_s_own_scores_and_the_rest_are_impossible(form
         linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
         linear.weight.data.copy_(weight)
         layer = Int8Linear(linear, keep_rows=True)
-        head = ProposalHead(layer.rows, layer.row_scales, candidates=256)
-        full_rows = layer.rows.float() * layer.row_scales[:, None]
+        head, full_head = ProposalHead(layer.rows, layer.row_scales, candidates=256), layer  # scored as the layer does
     else:
-        head, full_rows = ProposalHead(weight, candidates=256), weight
+        head, full_head = ProposalHead(weight, candidates=256), lambda f: weight @ f
     states = torch.randn(20, weight.shape[1], generator=torch.Generator().manual_seed(1))
     for f in states:
-        scores, full = head(f), full_rows @ f
+        with torch.inference_mode():
+            scores, full = head(f), full_head(f)
         kept = torch.isfinite(scores)
         assert int(kept.sum()) == 256 and bool((scores[~kept] == float("-inf")).all())
-        torch.testing.assert_close(scores[kept], full[kept])
+        exact = form == "float" or full_head.kernel == "onednn"  # fbgemm's own grid differs from the head's
+        tolerance = {} if exact else {"rtol": 0.05, "atol": 0.05 * float(full.abs().max())}
+        torch.testing.assert_close(scores[kept], full[kept], **tolerance)
         assert int(scores.argmax()) == int(full.argmax())  # the preview finds the head's best token
 
 

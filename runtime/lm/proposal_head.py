@@ -16,7 +16,8 @@ for an eighth of the head's bytes. The factor is computed from the weights alone
 built (a seeded randomised SVD: the same factor on every load), so it needs no data and no file.
 
 The rows are the head's own: float32, or the int8 codes and per-row scales of an int8 head
-(`int8.Int8Linear` keeps them for this).
+(`int8.Int8Linear` keeps them for this), whose candidates are scored as that head scores them
+(the state on a 127-step grid, integer products).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import weakref
 import torch
 from torch import nn
 
-from pcgtts.runtime.lm.int8 import Int8Linear
+from pcgtts.runtime.lm.int8 import LEVELS, Int8Linear
 from pcgtts.runtime.lm.llama import Llama
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,14 @@ class ProposalHead:
         f = f.float()
         preview = self.up @ (self.down @ f)
         chosen = preview.topk(self.candidates, sorted=False).indices
-        exact = self.rows[chosen].float() @ f
-        if self.row_scales is not None:
-            exact = exact * self.row_scales[chosen]
+        rows = self.rows.index_select(0, chosen)  # index_select: ~7x faster than rows[chosen]
+        if self.row_scales is None:
+            exact = rows @ f
+        else:  # as an int8 head computes them: f on a 127-step grid, integer products (`int8.Int8Linear`)
+            scale = f.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
+            codes = torch.round(f * (LEVELS / scale)).to(torch.int8)
+            products = torch._int_mm(rows, codes[:, None].expand(-1, 8).contiguous())[:, 0]  # 8 columns: its minimum
+            exact = products.float() * self.row_scales.index_select(0, chosen) * (scale / LEVELS)
         return preview.new_full(preview.shape, float("-inf")).index_copy_(0, chosen, exact)
 
 
