@@ -14,6 +14,11 @@ matmul within 0.4 %).
     # CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF"
     python benchmarks/bench_llama_cpp.py --model demo                  # the random demo target
     python benchmarks/bench_llama_cpp.py --target LAB/v1/target        # a trained one
+    python benchmarks/bench_llama_cpp.py --target S/target --draft S/draft --types F16,Q8_0   # a scaled voice
+
+With `--draft`, llama.cpp also decodes with its own speculation (llama-cpp-python's `draft_model`
+hook): the draft GGUF proposes `--draft-length` tokens greedily, the target samples each position and
+keeps a proposal while its sample equals it.
 """
 
 from __future__ import annotations
@@ -145,6 +150,28 @@ def check_logits(llm, target: TorchLM, prompt: torch.Tensor) -> float:
     return float(np.abs(theirs - ours).max() / np.abs(ours).max())
 
 
+class GgufDraft:
+    """llama-cpp-python's draft-model hook over a draft GGUF with its own context: `count` greedy
+    proposals after the ids so far (the prefix it already holds is kept)."""
+
+    def __init__(self, llm, count: int):
+        self.llm, self.count = llm, count
+
+    def __call__(self, input_ids: np.ndarray, **_) -> np.ndarray:
+        llm, ids = self.llm, input_ids.tolist()
+        held = llm.input_ids[:llm.n_tokens].tolist()
+        keep = next((i for i, (a, b) in enumerate(zip(held, ids)) if a != b), min(len(held), len(ids)))
+        llm.n_tokens = min(keep, len(ids) - 1)  # at least the last id is evaluated: its logits are read
+        llm.eval(ids[llm.n_tokens:])
+        proposals = []
+        for _ in range(self.count):
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+            proposals.append(int(logits.argmax()))
+            llm.eval(proposals[-1:])
+        llm.n_tokens -= self.count  # the proposals leave its context (the next call re-evaluates kept ones)
+        return np.array(proposals, dtype=np.intc)
+
+
 def run_llama_cpp(llm, prompt: torch.Tensor, tokens: int, seed: int) -> tuple[int, float]:
     llm.reset()
     llm.set_seed(seed)
@@ -165,6 +192,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--draft", help="a draft checkpoint: also time llama.cpp's own speculation with it (Q8_0 and F16)")
+    ap.add_argument("--draft-length", type=int, default=3, help="proposals per step for --draft (default 3)")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "pcgtts-bench-models"))
     args = ap.parse_args()
     types = args.types.split(",")
@@ -203,6 +232,15 @@ def main() -> int:
             print(f"  llama.cpp {kind}: logits within {checks[kind]:.1e} of ours (relative)", file=sys.stderr)
             timed(kind.lower(), "llama.cpp", lambda n, s: run_llama_cpp(llm, prompt, n, s))
             del llm
+            if args.draft and kind != "F32":
+                draft_path = write_gguf(Path(args.draft), Path(tmp) / f"{name}-draft-{kind}.gguf", kind)
+                drafter = Llama(model_path=str(draft_path), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+                                verbose=False)
+                llm = Llama(model_path=str(path), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+                            logits_all=True, verbose=False, draft_model=GgufDraft(drafter, args.draft_length))
+                timed(kind.lower(), f"llama.cpp+draft L={args.draft_length}",
+                      lambda n, s: run_llama_cpp(llm, prompt, n, s))
+                del llm, drafter
     if not args.no_hf:
         from transformers import LlamaForCausalLM
 
@@ -211,10 +249,10 @@ def main() -> int:
 
     ours = rows[0]["tokens_per_s"]  # torch float32: the reference
     print(f"\n{name}, CPU, {threads} threads, {args.tokens} tokens x {args.runs} runs, plain AR at temperature 0.8")
-    print(f"{'impl':16s} {'weights':8s} {'tok/s':>8s} {'x ours':>7s} {'logits vs ours':>15s}")
+    print(f"{'impl':22s} {'weights':8s} {'tok/s':>8s} {'x ours':>7s} {'logits vs ours':>15s}")
     for r in rows:
-        check = checks.get(r["weights"].upper()) if r["impl"] == "llama.cpp" else None
-        print(f"{r['impl']:16s} {r['weights']:8s} {r['tokens_per_s']:8.1f} {r['tokens_per_s'] / ours:7.2f} "
+        check = checks.get(r["weights"].upper()) if r["impl"].startswith("llama.cpp") else None
+        print(f"{r['impl']:22s} {r['weights']:8s} {r['tokens_per_s']:8.1f} {r['tokens_per_s'] / ours:7.2f} "
               f"{format(check, '15.1e') if check is not None else '-':>15s}")
     print(json.dumps({"model": name, "threads": threads, "tokens": args.tokens, "runs": args.runs,
                       "logit_checks": checks, "rows": rows}))

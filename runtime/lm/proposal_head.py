@@ -68,7 +68,7 @@ class ProposalHead:
         chosen = preview.topk(self.candidates, sorted=False).indices
         rows = self.rows.index_select(0, chosen)  # index_select: ~7x faster than rows[chosen]
         if self.row_scales is None:
-            exact = rows @ f
+            exact = (rows @ f.to(rows.dtype)).float()
         else:  # as an int8 head computes them: f on a 127-step grid, integer products (`int8.Int8Linear`)
             scale = f.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
             codes = torch.round(f * (LEVELS / scale)).to(torch.int8)
@@ -82,9 +82,11 @@ _MADE: "weakref.WeakKeyDictionary[Llama, ProposalHead]" = weakref.WeakKeyDiction
 
 def proposal_head_for(model: Llama) -> ProposalHead | None:
     """The cheap proposal head of `model`'s speech head (made once per model), or None where the
-    head is a digit table or small enough to read whole."""
+    head is a digit table, small enough to read whole, or on a GPU (which reads a 1B head in tens
+    of microseconds: nothing to save)."""
     head = model.head
-    if model.digits or not ProposalHead.worth_it(head.out_features, head.in_features):
+    if model.digits or model.embed_tokens.weight.device.type != "cpu" or not ProposalHead.worth_it(
+            head.out_features, head.in_features):
         return None
     if model not in _MADE:
         start = time.perf_counter()
