@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-run the CPU tables of BENCHMARKS.md on this machine, each with the command its rows name.
 #
-#   bash benchmarks/run_all.sh            # about an hour on 2 cores; the compiled rows need g++
+#   bash benchmarks/run_all.sh            # about 80 minutes on 2 cores; the compiled rows need g++
 #   bash benchmarks/run_all.sh --help
 #
 # Output in bench_out/: NAME.log for every command; NAME.json for every `pcgtts bench` (its --json
@@ -44,6 +44,20 @@ bench eager            cpu-builtin-eager    $EAGLE --policy ar,eagle-pcg,eagle-s
 run   lm_builtin       env OMP_NUM_THREADS=1 python benchmarks/bench_lm.py --target "$V/target" --draft "$V/draft" --groups "$V/groups.pcg" \
                            --eagle pcgtts/voice/eagle_draft.safetensors --policies ar,eagle-pcg,eagle-sd --backends torch-compiled --tokens 150 --runs 3 --no-hf
 run   sampling         python benchmarks/bench_sampling.py "$V/target" --batch 128 --rounds 2
+
+# The built-in voice at LLaSA-1B cost (a stand-in for released weights; 6.6 GB in bench_out/S, ~20 min).
+run   scale_1b   pcgtts models scale --shape llasa-1b --out bench_out/S
+printf '%s\n' "The birch canoe slid on the smooth planks." "Glue the sheet to the dark blue background." \
+    "It's easy to tell the depth of a well." "These days a chicken leg is a rare dish." \
+    "Rice is often served in round bowls." "The juice of lemons makes fine punch." > bench_out/harvard6.txt
+S=bench_out/S
+bench scaled_1b cpu-llasa1b-scaled --target $S/target --draft $S/draft --groups $S/groups.pcg --codec $S/codec --quantize int8 \
+    --policy ar,sd,pcg,eagle-sd,eagle-pcg --draft-length 3 --adaptive --runs 1 --warmup 1 --max-tokens 80 \
+    --texts bench_out/harvard6.txt --temperature 0.8
+if python -c "import llama_cpp, gguf" 2>/dev/null; then
+    run llama_cpp_1b python benchmarks/bench_llama_cpp.py --target $S/target --draft $S/draft --types F16,Q8_0 \
+        --ours torch,torch-int8,onnxruntime-int8 --no-hf --tokens 100 --runs 2
+fi
 
 # The demo shape (random weights), next to Hugging Face and llama.cpp.
 run hf_demo       python benchmarks/bench_lm.py --model demo --backends torch,torch-compiled --policies ar,sd,pcg --adaptive --runs 2 --tokens 200
