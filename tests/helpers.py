@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.steps import DecodeStats
 
@@ -57,3 +58,31 @@ def propose_after(proposer, hidden, tokens, slot, count, config, generator):
         return None, None
     proposals, rows = proposer.propose(count, None, config.sampling, generator)
     return proposals, rows.probs if isinstance(rows, DenseRows) else rows
+
+
+def third_codes(target, proposer, prompt, policy, seed, runs=1500, temperature=0.5):
+    """The 3rd generated code of `runs` decodes of `prompt` with `policy` (one generator seeded `seed`),
+    the first one a proposer proposes after a proposal of its own; runs that sampled the stop token
+    early are left out (on both sides of a comparison alike)."""
+    gen = torch.Generator().manual_seed(seed)
+    config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, adaptive_draft=False,
+                          sampling=SamplingConfig(temperature=temperature))
+    out = []
+    for _ in range(runs):
+        codes = [t for b in decode(target, None, prompt, config, gen, proposer=proposer) for t in b]
+        if len(codes) == 3:
+            out.append(codes[2])
+    return np.array(out)
+
+
+def assert_same_marginal(a, b, top=8, significance=1e-3):
+    """Two-sample chi-square test of two samples of codes over their `top` most frequent codes + the rest
+    pooled, at `significance` (its false-alarm rate; the callers' seeds are fixed, so it is deterministic)."""
+    from scipy.stats import chi2_contingency
+
+    values, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    frequent = values[np.argsort(-counts, kind="stable")[:top]]
+    table = np.array([[np.sum(x == c) for c in frequent] + [np.sum(~np.isin(x, frequent))] for x in (a, b)])
+    assert table.min() >= 5  # the chi-square approximation holds
+    _, p_value, _, _ = chi2_contingency(table)
+    assert p_value > significance, (p_value, table)

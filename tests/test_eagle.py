@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import random
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,7 +16,7 @@ from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.lm.eagle import EagleDraft
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import decode_codes as run, propose_after, random_draft, random_heads
+from helpers import assert_same_marginal, decode_codes as run, propose_after, random_draft, random_heads, third_codes
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -206,8 +205,6 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, mlp_proposer,
     significance 1e-3: false-alarm rate 0.1 % per case (seeds fixed: deterministic). "digits": a
     digit-factorised target, whose proposals are sampled digit by digit; "mlp": an attention-free draft;
     "cooler": a digit-head draft that proposes at its own temperature (0.3 where the target samples at 0.5)."""
-    from scipy.stats import chi2_contingency
-
     from pcgtts.runtime.lm.torch_lm import TorchLM
 
     if head in ("digits", "cooler"):
@@ -221,25 +218,7 @@ def test_eagle_sd_is_exact_in_distribution(head, target, proposer, mlp_proposer,
     if head == "mlp":
         proposer = mlp_proposer
     short = prompt[-6:]
-
-    def third(policy):
-        gen = torch.Generator().manual_seed(21 if policy == "ar" else 22)
-        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, adaptive_draft=False,
-                              sampling=SamplingConfig(temperature=0.5))
-        out = []
-        for _ in range(1500):
-            codes = [t for b in decode(target, None, short, config, gen, proposer=proposer) for t in b]
-            if len(codes) == 3:
-                out.append(codes[2])
-        return np.array(out)
-
-    ar, eagle = third("ar"), third("eagle-sd")
-    values, counts = np.unique(np.concatenate([ar, eagle]), return_counts=True)
-    top = values[np.argsort(-counts)[:8]]
-    table = np.array([[np.sum(x == c) for c in top] + [np.sum(~np.isin(x, top))] for x in (ar, eagle)])
-    assert table.min() >= 5
-    _, p_value, _, _ = chi2_contingency(table)
-    assert p_value > 1e-3, (p_value, table)
+    assert_same_marginal(third_codes(target, proposer, short, "ar", 21), third_codes(target, proposer, short, "eagle-sd", 22))
 
 
 def test_state_sequences_keep_each_sequence_s_rows(target, prompt):

@@ -97,3 +97,9 @@ def test_cpu_threads_one_stage_per_core_unless_the_user_chose():
     assert cpu_threads(DeviceConfig(compute_device="cuda"), codec_thread=True, environ={}) is None
     with pytest.raises(ValueError, match="threads must be >= 0"):
         DeviceConfig(threads=-1)
+
+
+def test_small_layers_run_on_fbgemm_and_large_ones_on_onednn_where_it_runs():
+    """oneDNN's call costs more than fbgemm's; it pays only where a layer's weights dominate."""
+    assert Int8Linear(nn.Linear(256, 1024, bias=False)).kernel == "fbgemm"
+    assert Int8Linear(nn.Linear(2048, 2048, bias=False)).kernel == ("onednn" if onednn_int8() else "fbgemm")

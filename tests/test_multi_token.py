@@ -14,7 +14,7 @@ from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.lm.heads import MTPHeads
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import random_heads, decode_codes as run
+from helpers import assert_same_marginal, decode_codes as run, random_heads, third_codes
 
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -144,29 +144,8 @@ def test_mtp_sd_is_exact_in_distribution(target, proposer, prompt):
     each (runs that stopped early dropped), at significance 1e-3: the false-alarm rate of this test is 0.1 % (seeds fixed, so it
     is deterministic). The heads are random, so proposals are often rejected and both the
     accept and the residual branch are exercised."""
-    from scipy.stats import chi2_contingency
-
-    runs = 1500
     short = prompt[-6:]  # a short prompt keeps 3,000 decodes cheap; the claim does not depend on it
-
-    def third(policy):
-        gen = torch.Generator().manual_seed(11 if policy == "ar" else 12)
-        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, adaptive_draft=False,
-                              sampling=SamplingConfig(temperature=0.5))
-        out = []
-        for _ in range(runs):
-            codes = [t for b in decode(target, None, short, config, gen, proposer=proposer) for t in b]
-            if len(codes) == 3:  # runs that sampled the stop token early are left out on both sides alike
-                out.append(codes[2])
-        return np.array(out)
-
-    ar, mtp = third("ar"), third("mtp-sd")
-    top = [c for c, _ in sorted(((c, n) for c, n in zip(*np.unique(np.concatenate([ar, mtp]), return_counts=True))),
-                                key=lambda x: -x[1])[:8]]
-    table = np.array([[np.sum(x == c) for c in top] + [np.sum(~np.isin(x, top))] for x in (ar, mtp)])
-    assert table.min() >= 5  # the chi-square approximation holds
-    _, p_value, _, _ = chi2_contingency(table)
-    assert p_value > 1e-3, (p_value, table)
+    assert_same_marginal(third_codes(target, proposer, short, "ar", 11), third_codes(target, proposer, short, "mtp-sd", 12))
 
 
 def test_policies_need_their_parts(target, prompt, proposer):

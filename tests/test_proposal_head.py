@@ -4,7 +4,6 @@ an int8 target keeps greedy speculation equal to greedy decoding and sampling ex
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,7 +15,7 @@ from pcgtts.runtime.lm.proposal_head import ProposalHead
 from pcgtts.runtime.lm.torch_lm import TorchLM
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import decode_codes as run, random_draft
+from helpers import assert_same_marginal, decode_codes as run, random_draft, third_codes
 
 
 def _head(rows=4096, width=96, rank=12, seed=0):
@@ -89,29 +88,7 @@ def test_eagle_sd_through_the_cheap_head_is_exact_in_distribution(int8_target):
     """The 3rd generated code's marginal under eagle-sd (two proposals from a 16-candidate head) equals
     plain AR sampling's: two-sample chi-square over the 8 most frequent codes + the rest pooled, 1,500
     runs each, significance 1e-3 (false-alarm rate 0.1 %; seeds fixed: deterministic)."""
-    from scipy.stats import chi2_contingency
-
-    from pcgtts.runtime.config import DecodeConfig
-    from pcgtts.runtime.decode.loop import decode
-
     proposer = _proposer(int8_target)
     short = build_prompt(int8_target.tokenizer, int8_target.vocab, "A cheap head test sentence.")[-6:]
-
-    def third(policy):
-        gen = torch.Generator().manual_seed(31 if policy == "ar" else 32)
-        config = DecodeConfig(policy=policy, max_new_tokens=3, draft_length=3, adaptive_draft=False,
-                              sampling=SamplingConfig(temperature=0.5))
-        out = []
-        for _ in range(1500):
-            codes = [t for b in decode(int8_target, None, short, config, gen, proposer=proposer) for t in b]
-            if len(codes) == 3:
-                out.append(codes[2])
-        return np.array(out)
-
-    ar, eagle = third("ar"), third("eagle-sd")
-    values, counts = np.unique(np.concatenate([ar, eagle]), return_counts=True)
-    top = values[np.argsort(-counts)[:8]]
-    table = np.array([[np.sum(x == c) for c in top] + [np.sum(~np.isin(x, top))] for x in (ar, eagle)])
-    assert table.min() >= 5
-    _, p_value, _, _ = chi2_contingency(table)
-    assert p_value > 1e-3, (p_value, table)
+    ar = third_codes(int8_target, proposer, short, "ar", 31)
+    assert_same_marginal(ar, third_codes(int8_target, proposer, short, "eagle-sd", 32))

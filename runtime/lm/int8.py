@@ -9,12 +9,14 @@ a row's integer product is exact and does not depend on the other rows of the pa
 verify computes each token as a 1-token step would, and greedy speculation equals greedy decoding.
 The row's scale is multiplied back after. Two kernels compute the product:
 
-- oneDNN's static int8 matmul (`torch.ops.onednn.qlinear_pointwise`), where this build of torch has
-  it: on a CPU with AMX or AVX-512 VNNI a 4- or 8-row pass costs about what one row costs, which
-  makes a speculative verify pass nearly free at the sizes where the weights dominate a step;
-- fbgemm's dynamic linear otherwise. It quantizes a call with one range for all its rows, so the
-  layer appends two constant columns (+1, -1, against zero weights) that pin every call's range to
-  [-1, 1]; a pass of several rows costs more than one row (1.3x for 4 rows at 2,048 wide).
+- oneDNN's static int8 matmul (`torch.ops.onednn.qlinear_pointwise`), for large layers where this
+  build of torch has it: on a CPU with AMX or AVX-512 VNNI a 4- or 8-row pass costs about what one
+  row costs, which makes a speculative verify pass nearly free at the sizes where the weights
+  dominate a step (a 1B target's);
+- fbgemm's dynamic linear otherwise (cheaper to call: the built-in voice's small layers). It
+  quantizes a call with one range for all its rows, so the layer appends two constant columns (+1,
+  -1, against zero weights) that pin every call's range to [-1, 1]; a pass of several rows costs
+  more than one row (1.3x for 4 rows at 2,048 wide).
 
 Layers that read the same input (q/k/v, gate/up) share one int8 call (`_SharedInput`): fewer,
 larger calls, one normalisation. The speculative rules stay exact with respect to the quantized
@@ -35,6 +37,9 @@ from pcgtts.runtime.lm.llama import Llama
 log = logging.getLogger(__name__)
 
 LEVELS = 127  # int8 steps on each side of zero for a row scaled to max |x| = 1 (oneDNN kernel)
+# oneDNN from this many weights: its call costs ~20 µs more than fbgemm's, which a small layer (the
+# built-in voice's, 256 wide) feels in every step, while a large one gains a verify pass almost free
+ONEDNN_MIN_WEIGHTS = 1 << 22
 
 
 @functools.cache
@@ -54,7 +59,8 @@ def onednn_int8() -> bool:
 
 class Int8Linear(nn.Module):
     """`linear` (float weights, no bias) as a batch-invariant dynamic int8 layer: [..., in] -> [..., out] float32
-    (one row [in] -> [out] too). `kernel`: "onednn" or "fbgemm" (default: oneDNN where it runs).
+    (one row [in] -> [out] too). `kernel`: "onednn" or "fbgemm" (default: oneDNN where it runs, for a
+    layer of at least `ONEDNN_MIN_WEIGHTS` weights).
     `keep_rows`: also keep the int8 codes and per-row scales as `rows`, `row_scales` (a speech head's,
     which a draft's cheap proposal head reads: `proposal_head.ProposalHead`)."""
 
@@ -62,7 +68,8 @@ class Int8Linear(nn.Module):
         super().__init__()
         if linear.bias is not None:
             raise ValueError("Int8Linear takes linear layers without a bias (LLaMA's)")
-        kernel = kernel or ("onednn" if onednn_int8() else "fbgemm")
+        large = linear.in_features * linear.out_features >= ONEDNN_MIN_WEIGHTS
+        kernel = kernel or ("onednn" if large and onednn_int8() else "fbgemm")
         if kernel not in ("onednn", "fbgemm"):
             raise ValueError(f"kernel must be 'onednn' or 'fbgemm', got {kernel!r}")
         self.kernel = kernel
