@@ -9,7 +9,7 @@ import torch
 
 from pcgtts.runtime.config import SamplingConfig
 from pcgtts.runtime.decode.proposers import EagleProposer
-from pcgtts.runtime.lm import proposal_head
+from pcgtts.runtime.lm import int8, proposal_head
 from pcgtts.runtime.lm.int8 import Int8Linear, is_quantized
 from pcgtts.runtime.lm.proposal_head import ProposalHead
 from pcgtts.runtime.lm.torch_lm import TorchLM
@@ -56,8 +56,10 @@ def test_the_factor_is_the_same_on_every_load_and_small_heads_are_read_whole():
 
 @pytest.fixture()
 def int8_target(tiny_lms, monkeypatch):
-    """The tiny dense-head target in int8, with a proposal head that keeps only 16 candidates (a fresh
-    load: the proposal head is made once per model)."""
+    """The tiny dense-head target in int8, its layers (and its EAGLE draft's) all int8 on the large-layer
+    kernel, with a proposal head that keeps only 16 candidates (a fresh load: the proposal head is made
+    once per model)."""
+    monkeypatch.setattr(int8, "ONEDNN_MIN_WEIGHTS", 0)
     monkeypatch.setattr(proposal_head, "MIN_HEAD_SIZE", 0)
     monkeypatch.setattr(proposal_head, "CANDIDATES", 16)
     target = TorchLM.load(tiny_lms["target"], max_length=256, quantize="int8")

@@ -252,13 +252,13 @@ class EagleProposer:
         NumPy: `eagle.HostEagleStep`, half the cost of a proposal; on a compiled target with a digit
         head its proposals are chained in one compiled call: `eagle.CompiledEagleChain`). A large
         dense head is read through its cheap stand-in (`proposal_head.ProposalHead`). On an int8
-        target the draft's linear layers are made int8 too, in place."""
+        target the draft's large linear layers (a 1B target's `fc` and `fuse`) are made int8 too, in place."""
         from pcgtts.runtime.lm.eagle import CompiledEagleChain, HostEagleStep, TorchEagleStep
-        from pcgtts.runtime.lm.int8 import is_quantized, quantize_linears
+        from pcgtts.runtime.lm.int8 import ONEDNN_MIN_WEIGHTS, is_quantized, quantize_linears
 
         model = _state_model(target, "an EAGLE draft")
-        if is_quantized(model) and not is_quantized(draft):  # its proposals then stream int8 weights too
-            quantize_linears(draft)
+        if is_quantized(model) and not is_quantized(draft):  # its large maps then stream int8 weights too
+            quantize_linears(draft, ONEDNN_MIN_WEIGHTS)
         if draft.feature_layers:
             target.tap_layers(draft.feature_layers)
         if not HostEagleStep.suits(draft, model):

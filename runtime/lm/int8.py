@@ -164,18 +164,22 @@ def quantize_int8(model: Llama) -> Llama:
     return model
 
 
-def quantize_linears(module: nn.Module) -> nn.Module:
-    """Swap every bias-free `nn.Linear` inside `module` for an `Int8Linear`, in place (the decoder
-    blocks; an EAGLE draft on an int8 target, whose proposals then stream int8 weights too). Layers
-    that read one input share one call: an attention's q, k, v; an MLP's gate and up."""
+def quantize_linears(module: nn.Module, min_weights: int = 0) -> nn.Module:
+    """Swap every bias-free `nn.Linear` inside `module` of at least `min_weights` weights for an
+    `Int8Linear`, in place (the decoder blocks; an EAGLE draft on an int8 target, whose large maps then
+    stream int8 weights too). Layers that read one input share one call: an attention's q, k, v; an
+    MLP's gate and up."""
+    def plain(lin) -> bool:
+        return isinstance(lin, nn.Linear) and lin.bias is None
+
     for owner in list(module.modules()):
         for names in SHARED_INPUTS:
             linears = [getattr(owner, n, None) for n in names]
-            if all(isinstance(lin, nn.Linear) and lin.bias is None for lin in linears):
+            if all(map(plain, linears)) and linears[0].in_features * sum(lin.out_features for lin in linears) >= min_weights:
                 for name, part in zip(names, _SharedInput(linears).parts):
                     setattr(owner, name, part)
         for name, child in list(owner.named_children()):
-            if isinstance(child, nn.Linear) and child.bias is None:
+            if plain(child) and child.in_features * child.out_features >= min_weights:
                 setattr(owner, name, Int8Linear(child))
     return module
 
