@@ -74,6 +74,22 @@ def _proposer(target, block="attention"):
     return proposer
 
 
+def test_a_float_target_s_host_eagle_step_proposes_through_the_cheap_head_too(tiny_lms, tiny_groups, monkeypatch):
+    """An attention-free draft on a float32 CPU target steps in NumPy (`HostEagleStep`); greedy
+    speculation through the cheap head still equals greedy decoding."""
+    from pcgtts.runtime.lm.eagle import HostEagleStep
+
+    monkeypatch.setattr(proposal_head, "MIN_HEAD_SIZE", 0)
+    monkeypatch.setattr(proposal_head, "CANDIDATES", 16)
+    target = TorchLM.load(tiny_lms["target"], max_length=256)
+    proposer = EagleProposer.from_draft(random_draft(target, block="mlp"), target)
+    assert isinstance(proposer.step, HostEagleStep) and isinstance(proposer.step.proposal_head, ProposalHead)
+    prompt = build_prompt(target.tokenizer, target.vocab, "A cheap head test sentence.")
+    reference, _ = run(target, proposer, prompt, "ar", SamplingConfig(temperature=0.0))
+    output, stats = run(target, proposer, prompt, "eagle-pcg", SamplingConfig(temperature=0.0), groups=tiny_groups)
+    assert output == reference and stats.drafted > 0
+
+
 @pytest.mark.parametrize("block", ["attention", "mlp"])
 def test_greedy_eagle_through_the_cheap_head_equals_plain_greedy(int8_target, tiny_groups, block):
     proposer = _proposer(int8_target, block)
