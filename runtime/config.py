@@ -81,6 +81,7 @@ def policy_name(proposer: str, rule: str) -> str:
     pairs = ", ".join(f"{a}+{b}" for a, b in POLICY_PAIRS.values())
     raise ValueError(f"no policy pairs proposer {proposer!r} with rule {rule!r}; the pairs: {pairs}")
 
+
 def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
                  greedy: bool = False) -> None:
     """The models a policy needs, given which are there (greedy decoding never consults a group table):

@@ -42,6 +42,23 @@ LEVELS = 127  # int8 steps on each side of zero for a row scaled to max |x| = 1 
 ONEDNN_MIN_WEIGHTS = 1 << 22
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [n, k] float -> (int8 codes [n, k], scales [n]): each row on its own 127-step grid,
+    weight ~ codes * scales."""
+    scales = weight.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / LEVELS
+    return torch.round(weight / scales[:, None]).clamp(-LEVELS, LEVELS).to(torch.int8), scales
+
+
+def row_maxima(x: torch.Tensor) -> torch.Tensor:
+    """max |x| of each row of x [..., k] (never 0): [..., 1]."""
+    return x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+
+
+def on_grid(x: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """x [..., k] with its `row_maxima` on the 127-step grid: rounded values in [-127, 127] (float)."""
+    return torch.round(x * (LEVELS / maxima))
+
+
 @functools.cache
 def onednn_int8() -> bool:
     """Whether oneDNN's static int8 matmul runs here (torch built with it, on an x86 CPU)."""
@@ -75,8 +92,7 @@ class Int8Linear(nn.Module):
         self.kernel = kernel
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().float().cpu()
-        scales = weight.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / LEVELS
-        codes = torch.round(weight / scales[:, None]).clamp(-LEVELS, LEVELS).to(torch.int8)
+        codes, scales = quantize_rows(weight)
         self.rows, self.row_scales = (codes, scales) if keep_rows else (None, None)
         if kernel == "onednn":
             self.packed = torch.ops.onednn.qlinear_prepack(codes, None)  # oneDNN's blocked layout
@@ -101,11 +117,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 1:  # one row (an EAGLE proposal's state): the kernels want a batch
             return self.forward(x[None])[0]
-        scale = x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)
+        scale = row_maxima(x)
         if self.kernel == "fbgemm":
             pinned = torch.cat([x / scale, self.pins.expand(*x.shape[:-1], 2)], dim=-1)
             return self.inner(pinned) * scale
-        codes = torch.round(x * (LEVELS / scale)).add_(LEVELS + 1).to(torch.uint8)  # zero point 128
+        codes = on_grid(x, scale).add_(LEVELS + 1).to(torch.uint8)  # zero point 128
         products = torch.ops.onednn.qlinear_pointwise(codes.reshape(-1, self.in_features), 1.0, LEVELS + 1,
                                                       self.packed, self.unit_scales, self.zero_points, None, 1.0, 0,
                                                       torch.float32, "none", [], "")
@@ -184,4 +200,4 @@ def quantize_linears(module: nn.Module, min_weights: int = 0) -> nn.Module:
     return module
 
 
-__all__ = ["Int8Linear", "onednn_int8", "is_quantized", "quantize_int8", "quantize_linears"]
+__all__ = ["LEVELS", "Int8Linear", "onednn_int8", "on_grid", "quantize_rows", "row_maxima", "is_quantized", "quantize_int8", "quantize_linears"]

@@ -29,7 +29,7 @@ import weakref
 import torch
 from torch import nn
 
-from pcgtts.runtime.lm.int8 import LEVELS, Int8Linear
+from pcgtts.runtime.lm.int8 import LEVELS, Int8Linear, on_grid, quantize_rows, row_maxima
 from pcgtts.runtime.lm.llama import Llama
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,7 @@ class ProposalHead:
             torch.manual_seed(seed)
             u, s, v = torch.svd_lowrank(weight, q=rank, niter=2)
         self.down = v.T.contiguous()  # [r, D]
-        up = u * s  # [rows, r]: read as int8 (a quarter of the bytes; it only ranks)
-        self.up_scales = up.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / LEVELS
-        self.up = torch.round(up / self.up_scales[:, None]).to(torch.int8)
+        self.up, self.up_scales = quantize_rows(u * s)  # [rows, r] read as int8: a quarter of the bytes; it only ranks
 
     @staticmethod
     def worth_it(rows: int, width: int) -> bool:
@@ -66,22 +64,22 @@ class ProposalHead:
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
         f = f.float()
-        preview = _int8_products(self.up, self.down @ f).float() * self.up_scales
+        preview = _int8_products(self.up, self.down @ f)[0].float() * self.up_scales
         chosen = preview.topk(self.candidates, sorted=False).indices
         rows = self.rows.index_select(0, chosen)  # index_select: ~7x faster than rows[chosen]
         if self.row_scales is None:
             exact = (rows @ f.to(rows.dtype)).float()
         else:  # as an int8 head computes them: f on a 127-step grid, integer products (`int8.Int8Linear`)
-            scale = f.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
-            exact = _int8_products(rows, f).float() * self.row_scales.index_select(0, chosen) * (scale / LEVELS)
+            products, maximum = _int8_products(rows, f)
+            exact = products.float() * self.row_scales.index_select(0, chosen) * (maximum / LEVELS)
         return preview.new_full(preview.shape, float("-inf")).index_copy_(0, chosen, exact)
 
 
-def _int8_products(rows: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """rows [n, k] int8 times x [k] put on a 127-step grid (max |x| -> 127) -> int32 [n]."""
-    scale = x.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
-    codes = torch.round(x * (LEVELS / scale)).to(torch.int8)
-    return torch._int_mm(rows, codes[:, None].expand(-1, 8).contiguous())[:, 0]  # 8 columns: its minimum
+def _int8_products(rows: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows [n, k] int8 times x [k] put on a 127-step grid (`int8.on_grid`) -> (int32 [n], max |x| [1])."""
+    maximum = row_maxima(x)
+    codes = on_grid(x, maximum).to(torch.int8)
+    return torch._int_mm(rows, codes[:, None].expand(-1, 8).contiguous())[:, 0], maximum  # 8 columns: its minimum
 
 
 _MADE: "weakref.WeakKeyDictionary[Llama, ProposalHead]" = weakref.WeakKeyDictionary()  # one per loaded target
