@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write an audio file)")
     speak.add_argument("text")
     voice = speak.add_mutually_exclusive_group()
-    voice.add_argument("--voice", help="a voice file made by `pcgtts voice add`")
+    voice.add_argument("--voice", help="a preset voice's name (`pcgtts voices` lists them) or a voice file made by "
+                                       "`pcgtts voice add`")
     voice.add_argument("--ref-audio", help="reference recording to clone (needs --ref-text)")
     speak.add_argument("--ref-text", help="transcript of --ref-audio")
     add_model_args(speak)
@@ -75,6 +76,8 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
     parser.add_argument("--heads", help="multi-token heads for the mtp-* policies (default: <target>/mtp_heads.safetensors)")
     parser.add_argument("--transitions", help="code transitions (.pct) for mtp-viterbi (default: <target>/transitions.pct)")
     parser.add_argument("--eagle", help="EAGLE draft for the eagle-* policies (default: <target>/eagle_draft.safetensors)")
+    parser.add_argument("--presets", help="folder of preset voices, voices.json + .voice files (default: <target>/voices; "
+                                          "the built-in voice's own)")
     if policy:
         parser.add_argument("--policy", choices=POLICIES, help="decoding rule (default: pcg)")
     parser.add_argument("--backend", choices=BACKENDS,
@@ -100,7 +103,7 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
-    names = ("target", "prepared", "draft", "codec", "groups", "heads", "transitions", "eagle", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
+    names = ("target", "prepared", "draft", "codec", "groups", "heads", "transitions", "eagle", "presets", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
              "temperature", "top_p", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)
@@ -200,9 +203,7 @@ def check_speak_args(args) -> None:
         check_text(args.ref_text)
         load_audio(args.ref_audio)  # readable, long enough, not silent
     if args.voice is not None:
-        from pcgtts.runtime.audio.voice import Voice
-
-        Voice.load(args.voice)
+        check_voice_arg(args.voice, resolve_settings_from_flags(args).models)
     if args.out is not None:
         if args.audio_device is not None:
             raise ValueError("give either --out (write a file) or --audio-device (play), not both")
@@ -218,6 +219,19 @@ def check_speak_args(args) -> None:
     settings = resolve_settings_from_flags(args)
     check_flags_apply(args, settings.synthesis.decode.policy)
     check_compute_device(settings.device.compute_device)
+
+
+def check_voice_arg(voice: str, models) -> None:
+    """--voice: an existing path is a voice file (read and checked), anything else a preset's name of the
+    models `models` name (the built-in voice's without a target); a one-line error otherwise."""
+    if Path(voice).exists():
+        from pcgtts.runtime.audio.voice import Voice
+
+        Voice.load(voice)
+    else:
+        from pcgtts.builtin import named_presets
+
+        named_presets(models).resolve(voice)
 
 
 # The flags that only some policies read: (argparse dest, the policies that read it).

@@ -28,7 +28,7 @@ from pcgtts.cli.flags import comma_list, quiet_logger
 
 log = logging.getLogger(__name__)
 
-MODES = ("source", "codec", "synth", "swap", "melgroups", "cloning")
+MODES = ("source", "codec", "synth", "swap", "melgroups", "cloning", "voices")
 NOT_SPEECH = "random-weight demo models: their audio is not speech, so near-100 % WER is expected"
 
 
@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=MODES, default="synth",
                    help="source: score the reference voices; codec: resynthesis; synth: Table 1 and sweeps; "
                         "swap: Table 2; melgroups: Table 3; cloning: held-out speakers cloned and identified "
-                        "(needs --corpus) (default synth)")
+                        "(needs --corpus); voices: every preset voice's WER/CER and whether its syntheses are "
+                        "identified as itself (default synth)")
     p.add_argument("--policies", type=_names, default=list(DEFAULT_POLICIES),
                    help=f"comma list of rules (default {','.join(DEFAULT_POLICIES)}; mtp-* need the target's heads); "
                         "ar is always run as the baseline")
@@ -56,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--draft-length", type=comma_list(int), default=[3], help="comma list of draft lengths L (default 3)")
     p.add_argument("--seeds", type=comma_list(int), default=[0, 1, 2], help="comma list of seeds (default 0,1,2)")
     p.add_argument("--sentences", type=positive(int), help="use the first N test sentences (default: all)")
-    p.add_argument("--voices", type=_names, help="test-set voices for source/codec modes (default: all)")
+    p.add_argument("--voices", type=_names, help="test-set voices for source/codec modes, preset voices for voices "
+                                                 "mode (default: all)")
     p.add_argument("--voice", help="test-set voice to clone and judge similarity against (default: the first)")
     p.add_argument("--no-clone", action="store_true", help="do not prompt with the reference voice (Sim still vs it)")
     p.add_argument("--aa", action="store_true",
@@ -147,6 +149,17 @@ def check_args(args: argparse.Namespace):
             raise ValueError("--oracle scores real utterances; it takes no LM (a --codec resynthesises them)")
         args.cloning_plan = cloning_plan(read_manifest(args.corpus), refs=args.refs)
         voices = []
+    elif args.mode == "voices":
+        from pcgtts.builtin import named_presets
+        from pcgtts.cli.commands import resolve_settings_from_flags
+
+        presets = named_presets(resolve_settings_from_flags(args).models)
+        args.preset_names = [presets.resolve(n) for n in args.voices] if args.voices else list(presets.names)
+        if len(args.preset_names) < 2 or len(set(args.preset_names)) != len(args.preset_names):
+            raise ValueError("--mode voices compares at least 2 distinct preset voices (`pcgtts voices` lists them)")
+        if len(sentences) < 2:
+            raise ValueError("--mode voices needs at least 2 sentences")
+        voices = []
     elif args.mode in ("source", "codec"):
         voices = [testset.voice(n) for n in args.voices] if args.voices else list(testset.voices)
         if args.mode == "source" and (args.target or args.prepared or args.draft or args.groups or args.codec):
@@ -216,6 +229,8 @@ def run_eval(args: argparse.Namespace) -> int:
         result["codec"] = codec_dir
     elif args.mode == "cloning":
         result, demo = _run_cloning(args, [s.text for s in sentences], progress)
+    elif args.mode == "voices":
+        result, demo = _run_presets(args, [s.text for s in sentences], progress)
     else:
         result, demo = _run_models(args, testset, sentences, voices[0], progress)
     result.update({"testset": testset.tag, "sentences": [s.id for s in sentences], "demo_models": demo,
@@ -266,6 +281,30 @@ def _run_cloning(args, sentences, progress):
     from pcgtts.builtin import runs_demo_models
 
     return result, not args.oracle and runs_demo_models(args.target or args.prepared)
+
+
+def _run_presets(args, sentences, progress):
+    from dataclasses import replace
+
+    from pcgtts.builtin import runs_demo_models
+    from pcgtts.cli.commands import load_synthesizer
+    from pcgtts.quality.harness import synthesize_one
+    from pcgtts.quality.presets import run_presets
+
+    args.policy = "ar"
+    progress("loading models")
+    base, settings = load_synthesizer(args)
+    decode = replace(base.config.decode, sampling=replace(base.config.decode.sampling, temperature=args.temperatures[0]))
+    if args.max_tokens:
+        decode = replace(decode, max_new_tokens=args.max_tokens)
+
+    def speak(text, name, seed):
+        return synthesize_one(base, text, replace(base.config, seed=seed, decode=decode), name)[0]
+
+    result = run_presets(speak, args.preset_names, sentences, args.seeds, progress=progress)
+    result.update({"temperature": args.temperatures[0], "seeds": list(args.seeds),
+                   "models": {k: (str(v) if v else None) for k, v in vars(settings.models).items()}})
+    return result, runs_demo_models(args.target or args.prepared)
 
 
 def _run_models(args, testset, sentences, recipe, progress):
@@ -430,6 +469,16 @@ def render_tables(result: dict) -> str:
         return format_table(["speaker", "nearest centroid is its own", "WER %", "nearest most often"], table,
                             title=f"pcgtts eval: cloning, {what} vs {len(result['pool'])} speakers' centroids")
     note = f"  [{result['notice']}]" if result.get("notice") else ""
+    if mode == "voices":
+        def rate(r):
+            return f"{r['passed']} / {r['n']} = {100 * r['rate']:.0f} % [{100 * r['low']:.0f}, {100 * r['high']:.0f}]"
+
+        table = [[name, v["utterances"], est(v["wer"], **pct), est(v["cer"], **pct), rate(v["identified"]),
+                  ", ".join(f"{k} ({n})" for k, n in v["taken_for"].items())] for name, v in result["per_voice"].items()]
+        table.append(["all presets", len(result["records"]), f"{100 * result['mean_wer_over_voices']:.1f} mean, "
+                      f"{100 * result['worst_voice_wer']:.1f} worst", "", rate(result["identified"]), ""])
+        return format_table(["voice", "n", "WER %", "CER %", "identified as itself", "taken for"], table,
+                            title=f"pcgtts eval: preset voices, T {result['temperature']:g}, seeds {result['seeds']}{note}")
     if mode == "source":
         return format_table(["voice", "n", "WER %", "CER %", "Sim-O", "WER % reversed"],
                             [[s["case"], s["wer"]["n"], est(s["wer"], **pct), est(s["cer"], **pct),

@@ -13,7 +13,10 @@ import logging
 import sys
 from pathlib import Path
 
+from pcgtts.cli.flags import comma_list
+
 DEFAULT_ROOT = Path("/work/lab")
+log = logging.getLogger(__name__)
 
 
 def _positive_int(text: str) -> int:
@@ -30,7 +33,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-LAB_JOBS = ("corpus", "codec", "lm", "draft", "package", "all")
+LAB_JOBS = ("corpus", "codec", "lm", "draft", "package", "presets", "all")
 
 
 def add_command(cmds, job: str, name: str | None = None) -> argparse.ArgumentParser:
@@ -101,6 +104,9 @@ def _add_lm(cmds, name: str) -> argparse.ArgumentParser:
                    help="stop after this many minutes, checkpointed (run again to go on): a time budget")
     p.add_argument("--voice-prompt-prob", type=float, default=0.5,
                    help="share of examples prompted with a same-speaker reference (voice cloning)")
+    p.add_argument("--unprompted-speakers", type=comma_list(str), default=None,
+                   help="comma-separated corpus speakers whose examples may go unprompted: the voice heard when "
+                        "no voice is given; every other speaker is trained behind a voice prompt (default: all)")
     p.add_argument("--align-weight", type=float, default=0.0,
                    help="weight of the alignment prior (train/align.py: watched heads read the text near the "
                         "diagonal); 0 (default): off")
@@ -137,6 +143,21 @@ def _add_package(cmds, name: str) -> argparse.ArgumentParser:
     return p
 
 
+def _add_presets(cmds, name: str) -> argparse.ArgumentParser:
+    p = cmds.add_parser(name, help="preset voices from the lab corpus: a typical 3-5 s utterance of each named "
+                                   "training speaker, as voice files (into a voice folder, or a folder of their own)")
+    p.add_argument("--corpus", type=Path, default=DEFAULT_ROOT / "corpus")
+    p.add_argument("--codes", type=Path, default=DEFAULT_ROOT / "lm" / "codes.npz",
+                   help="the corpus's codes (`train lm` caches them in its --out)")
+    p.add_argument("--spec", type=Path, required=True,
+                   help="JSON naming the presets: default, voices [{name, speaker, description}], aliases")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--voice", type=Path, help="a voice folder (pcgtts/voice) whose presets to replace")
+    target.add_argument("--out", type=Path, help="a folder to write voices.json and the .voice files into")
+    p.set_defaults(lab_func=_cmd_presets)
+    return p
+
+
 def _add_all(cmds, name: str) -> argparse.ArgumentParser:
     p = cmds.add_parser(name, help="corpus, codec, lm and the draft fine-tune in order, each resumed where it stopped")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT)
@@ -146,7 +167,7 @@ def _add_all(cmds, name: str) -> argparse.ArgumentParser:
 
 
 _BUILDERS = {"corpus": _add_corpus, "codec": _add_codec, "lm": _add_lm, "draft": _add_draft, "package": _add_package,
-             "all": _add_all}
+             "presets": _add_presets, "all": _add_all}
 
 
 def run(args) -> int:
@@ -231,7 +252,9 @@ def _cmd_lm(args) -> dict:
                         batch_size=args.batch_size, threads=args.threads,
                         checkpoint_minutes=args.checkpoint_minutes, voice_prompt_prob=args.voice_prompt_prob,
                         init_from=args.init_from, device=args.device, lr=args.lr,
-                        max_minutes=args.max_minutes, align_weight=args.align_weight, align_heads=args.align_heads)
+                        max_minutes=args.max_minutes, align_weight=args.align_weight, align_heads=args.align_heads,
+                        unprompted_speakers=tuple(n.strip() for n in args.unprompted_speakers)
+                        if args.unprompted_speakers else None)
     return train_lm(cfg, progress=ProgressBar("lm", "step"))
 
 
@@ -243,6 +266,32 @@ def _cmd_draft(args) -> dict:
     cfg = DraftTrainConfig(target=args.target, lm_dir=args.lm_dir, out_dir=args.out, layers=args.layers,
                            steps=args.steps, threads=args.threads)
     return train_draft(cfg, progress=ProgressBar("draft", "step"))
+
+
+def _cmd_presets(args) -> dict:
+    import tempfile
+
+    from pcgtts.quality.metrics import speaker_encoder
+    from pcgtts.train.presets import make_presets
+
+    for path, what in ((args.corpus / "manifest.jsonl", "corpus"), (args.codes, "codes file"), (args.spec, "spec")):
+        if not path.is_file():
+            raise FileNotFoundError(f"no {what} at {path}")
+    if args.voice is not None:
+        from pcgtts.train.package import set_presets
+
+        with tempfile.TemporaryDirectory() as tmp:
+            index = make_presets(args.corpus, args.codes, args.spec, Path(tmp) / "voices", speaker_encoder().embed,
+                                 progress=log.info)
+            set_presets(args.voice, index.parent)
+        where = args.voice / "voices"
+    else:
+        where = make_presets(args.corpus, args.codes, args.spec, args.out, speaker_encoder().embed,
+                             progress=log.info).parent
+    from pcgtts.runtime.audio.presets import Presets
+
+    presets = Presets.load(where)
+    return {"presets": ", ".join(presets.names), "aliases": len(presets.aliases), "folder": str(where)}
 
 
 def _cmd_package(args) -> dict:

@@ -55,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_heads(cmds, "heads")
     _add_transitions(cmds, "transitions")
     lab.add_command(cmds, "package")
+    lab.add_command(cmds, "presets")
     lab.add_command(cmds, "all")
     _register_deprecated(sub)
 
@@ -71,7 +72,8 @@ def _register_deprecated(sub: argparse._SubParsersAction) -> None:
         added[group] = cmds
     lab_cmds, draft_cmds, heads_cmds = added["lab"], added["draft"], added["heads"]
     for job in lab.LAB_JOBS:
-        lab.add_command(lab_cmds, job)
+        if job in DEPRECATED["lab"]:
+            lab.add_command(lab_cmds, job)
     _add_draft_init(draft_cmds, "init")
     _add_draft_distill(draft_cmds, "train")
     _add_heads(heads_cmds, "train")

@@ -1,4 +1,5 @@
-"""`pcgtts voice add`: encode a reference recording once into a small voice file."""
+"""`pcgtts voice add`: encode a reference recording once into a small voice file;
+`pcgtts voices`: the preset voices a model ships with (the built-in voice's by default)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,41 @@ def register(sub: argparse._SubParsersAction) -> None:
     add.add_argument("--codec", help="X-codec2 directory (default: the built-in voice's codec)")
     add.add_argument("--out", required=True, help="voice file to write")
     add.set_defaults(func=_add)
+
+    listing = sub.add_parser("voices", help="list the preset voices (`speak --voice NAME`)")
+    listing.add_argument("--target", help="target checkpoint directory whose presets to list (default: the "
+                                          "built-in voice)")
+    listing.add_argument("--presets", help="a folder of preset voices (voices.json + .voice files)")
+    listing.add_argument("--json", action="store_true", help="print only a JSON list of {name, ...} objects")
+    listing.set_defaults(func=_list)
+
+
+def _list(args) -> int:
+    from pcgtts.builtin import named_presets
+    from pcgtts.quality.stats import format_table
+    from pcgtts.runtime.config import ModelPaths
+
+    if args.target is not None and not Path(args.target).is_dir():
+        raise ValueError(f"--target {args.target}: directory not found")
+    if args.presets is not None and not Path(args.presets).is_dir():
+        raise ValueError(f"--presets {args.presets}: directory not found")
+    presets = named_presets(ModelPaths(target=args.target, presets=args.presets))
+    rows = presets.listing()
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    if not rows:
+        print("this model has no preset voices (give a voice file, or --ref-audio and --ref-text)")
+        return 0
+    aliases: dict[str, list[str]] = {}
+    for row in rows:
+        if "alias_of" in row:
+            aliases.setdefault(row["alias_of"], []).append(row["name"])
+    table = [[row["name"] + (" (default)" if row["default"] else ""), f"{row['seconds']:.1f}",
+              ", ".join(aliases.get(row["name"], [])), row["description"]] for row in rows if "alias_of" not in row]
+    print(format_table(["voice", "reference s", "aliases", "description"], table))
+    print(json.dumps(rows))
+    return 0
 
 
 def _add(args) -> int:

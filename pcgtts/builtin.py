@@ -19,7 +19,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from pcgtts.runtime.config import ModelPaths, Settings
+from pcgtts.runtime.config import PRESETS_FOLDER, ModelPaths, Settings, preset_folder
 from pcgtts.runtime.voicepack import check_voice_settings
 from pcgtts.runtime.config import runs_int8_graphs
 from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, is_prepared
@@ -49,7 +49,22 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
                     "`pcgtts prepare` does it ahead)", cache)
         prepare_builtin(cache, pack_dir, onnx=False)
         _note_earlier_expansions(cache)
-    return ModelPaths(**checkpoint_paths(cache))
+    return ModelPaths(**checkpoint_paths(cache), presets=builtin_preset_folder(pack_dir))
+
+
+def builtin_preset_folder(pack_dir: Path | None = None) -> str | None:
+    """The shipped voice's preset voices (read in place from its folder), or None when it has none."""
+    folder = Path(pack_dir if pack_dir is not None else VOICE_DIR) / PRESETS_FOLDER
+    return str(folder) if (folder / "voices.json").is_file() else None
+
+
+def named_presets(models: ModelPaths):
+    """The `Presets` of the models settings name, before anything loads (no target: the built-in voice's)."""
+    from pcgtts.runtime.audio.presets import Presets
+
+    if models.target is None and models.prepared is None:
+        return Presets.load(models.presets or builtin_preset_folder())
+    return Presets.load(preset_folder(models))
 
 
 def voice_cache(pack_dir: Path | None = None, cache_root: Path | None = None) -> Path:
@@ -164,6 +179,8 @@ def with_builtin_models(settings: Settings) -> Settings:
             raise ValueError("the built-in voice on onnxruntime is exported on first use, which needs "
                              "pip install 'pcgtts[onnx]' (or leave --backend at auto / torch)")
     models = builtin_models()
+    if settings.models.presets is not None:  # the user's presets for the built-in voice
+        models = replace(models, presets=settings.models.presets)
     if device.backend not in ("auto", "onnxruntime"):
         return replace(settings, models=models)
     if device.backend == "auto" and not (runs_int8_graphs(device) and onnx_export_available()):

@@ -34,7 +34,7 @@ def check_stream_arguments(text, ref_audio, ref_text, voice, config) -> None:
     if ref_text is not None and ref_audio is None:
         raise ValueError("ref_text is the transcript of ref_audio: give ref_audio too (or a voice=)")
     if voice is not None and not isinstance(voice, (Voice, str, Path)):
-        raise TypeError(f"voice must be a Voice or a voice file path, got {type(voice).__name__}")
+        raise TypeError(f"voice must be a Voice, a voice file path or a preset name, got {type(voice).__name__}")
     if config is not None and not isinstance(config, SynthesisConfig):
         raise TypeError(f"config must be a SynthesisConfig, got {type(config).__name__}")
     check_text(text)  # something to say (before a reference recording is encoded)

@@ -1,7 +1,7 @@
 """Every setting as a frozen, validated dataclass, and the one function that resolves them.
 
     Settings
-      models     ModelPaths       target, draft, codec, groups, heads, transitions
+      models     ModelPaths       target, draft, codec, groups, heads, transitions, eagle, presets
       device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, compile, threads,
                                   prefix_cache
       synthesis  SynthesisConfig  seed, max_sentence_chars, spell_numbers, tokens_per_char, min_tokens,
@@ -295,8 +295,21 @@ class ModelPaths:
     heads: str | None = None  # multi-token heads (mtp-* policies); default <target>/mtp_heads.safetensors
     transitions: str | None = None  # .pct code transitions (mtp-viterbi); default <target>/transitions.pct
     eagle: str | None = None  # EAGLE draft (eagle-* policies); default <target>/eagle_draft.safetensors
+    presets: str | None = None  # preset voices (voices.json + .voice files); default <target>/voices
     # A folder `pcgtts prepare` made: resolved into the paths above (`runtime/prepared.py`), never with them
     prepared: str | None = None
+
+
+PRESETS_FOLDER = "voices"  # a target's preset voices, beside its weights
+
+
+def preset_folder(models: ModelPaths) -> str | None:
+    """The folder of preset voices `models` name: `presets`, else `<target>/voices` when it has an index."""
+    if models.presets is not None:
+        return models.presets
+    if models.target is not None and (Path(models.target) / PRESETS_FOLDER / "voices.json").is_file():
+        return str(Path(models.target) / PRESETS_FOLDER)
+    return None
 
 
 @dataclass(frozen=True)
@@ -480,6 +493,9 @@ def prepared_settings(settings: Settings) -> Settings:
         raise ValueError(f"{folder} is not fully prepared (stages not done: {', '.join(missing)}); "
                          "run `pcgtts prepare` again to finish it")
     paths, device = prepared.checkpoint_paths(folder), settings.device
+    presets = models.presets or preset_folder(ModelPaths(target=paths.get("target")))
+    if presets is not None:  # the checkpoint's presets serve its exports too
+        paths["presets"] = presets
     exported = prepared.stage_done(folder, manifest, prepared.ONNX_STAGE)
     if device.backend == "onnxruntime":
         if not exported:
@@ -518,4 +534,5 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
 
 
 __all__ = ["POLICIES", "POLICY_PAIRS", "PROPOSERS", "DECODE_RULES", "check_policy", "policy_name", "policy_proposer", "policy_rule", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
-           "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict", "prepared_settings", "runs_int8_graphs"]
+           "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict", "prepared_settings", "runs_int8_graphs",
+           "PRESETS_FOLDER", "preset_folder"]

@@ -31,11 +31,12 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.codec import SpeechCodec
+from pcgtts.runtime.audio.presets import Presets
 from pcgtts.runtime.audio.voice import Voice
 from pcgtts.runtime.checks import (call_config, check_scripts, check_stream_arguments, check_voice_fits,
                                    voice_scripts)
 from pcgtts.runtime.config import (DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_policy,
-                                   resolve_settings)
+                                   preset_folder, resolve_settings)
 from pcgtts.runtime.loading import load_models
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.planner import DraftLengthPlanner
@@ -51,18 +52,19 @@ log = logging.getLogger(__name__)
 class Synthesizer:
     def __init__(self, target: LM, draft: LM | None, codec: SpeechCodec, groups: DeviceGroupTable | None = None,
                  config: SynthesisConfig = SynthesisConfig(), heads=None, eagle=None,
-                 scripts: tuple[str, ...] | None = None):
+                 scripts: tuple[str, ...] | None = None, presets: Presets | None = None):
         # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
         # from codec.source_dir); groups on the target's device, or None (pcg then unavailable);
         # heads: the target's multi-token heads (a proposers.HeadProposer) for the mtp-* policies;
         # eagle: its EAGLE draft (a proposers.EagleProposer) for the eagle-* policies;
         # scripts: the writing systems the voice was trained on (("Latin",), ("Latin", "CJK"): the
         # first word of a letter's Unicode name); text mostly in another logs a warning. None: not
-        # known, nothing checked.
+        # known, nothing checked. presets: the named voices shipped with the target (`voice="NAME"`).
         if draft is not None:
             target.vocab.check_same_layout(draft.vocab)
         self.target, self.draft, self.codec, self.groups, self.heads = target, draft, codec, groups, heads
         self.eagle = eagle
+        self.presets = presets if presets is not None else Presets()
         self.scripts = check_scripts(scripts)
         self.tokenizer = target.tokenizer
         self.config = config
@@ -106,12 +108,16 @@ class Synthesizer:
         check_scripts(scripts)
         loaded = load_models(models, device, config, force_export)
         synth = cls(loaded.target, loaded.draft, loaded.codec, loaded.groups, config, loaded.heads, loaded.eagle,
-                    scripts)
+                    scripts, Presets.load(preset_folder(models)))
         synth.planner.plan(config.decode)
         synth.planner.warm_prefix()
         return synth
 
     # -- voices --------------------------------------------------------------------------
+
+    def voices(self) -> list[dict]:
+        """The preset voices (name, description, whether it is the default) and their aliases (`alias_of`)."""
+        return self.presets.listing()
 
     def voice_from_audio(self, path: str | Path, text: str) -> Voice:
         """Encode a reference recording once; later calls with the same file and text reuse it."""
@@ -145,7 +151,9 @@ class Synthesizer:
     def _resolve_voice(self, voice, ref_audio, ref_text) -> Voice | None:
         if voice is not None and ref_audio is not None:
             raise ValueError("give either voice= or ref_audio=, not both")
-        if isinstance(voice, (str, Path)):
+        if isinstance(voice, str) and not Path(voice).exists():  # not a file: a preset's name
+            voice = self.presets.voice(voice)
+        elif isinstance(voice, (str, Path)):
             voice = Voice.load(voice)
         if ref_audio is not None:
             if not ref_text:
@@ -163,8 +171,9 @@ class Synthesizer:
         """Start synthesising `text`; bad input raises here, before any work starts.
 
         `text` must be a `str` with something to say; `ref_audio` (a recording) needs `ref_text` (its
-        transcript), and `ref_text` needs `ref_audio`; `voice` (a `Voice` or a voice file) replaces
-        both. `config` replaces this Synthesizer's settings for the call, and `settings` change single
+        transcript), and `ref_text` needs `ref_audio`; `voice` replaces both: a `Voice`, a voice file, or
+        the name of a preset (`voices()` lists them; an existing path is a file, any other string a
+        name, and an unknown name is a ValueError listing the names). No voice: the target's own voice. `config` replaces this Synthesizer's settings for the call, and `settings` change single
         ones by name (`seed=7`, `temperature=0.6`, `policy="sd"`: any field of `SynthesisConfig`, at
         any depth; None leaves one as it is), each checked by the config dataclasses. A wrong type is
         a TypeError naming the argument, a wrong value a ValueError naming it.

@@ -6,6 +6,7 @@ built-in voice when no target is given). Server limits are enforced by app.py an
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +67,6 @@ class ServerConfig:
 
     def runtime_settings(self) -> dict:
         """Keyword settings for `Synthesizer.from_pretrained` (None = not given)."""
-        return {"target": self.models.target, "draft": self.models.draft, "codec": self.models.codec,
-                "groups": self.models.groups, "heads": self.models.heads, "transitions": self.models.transitions,
-                "eagle": self.models.eagle, "compute_device": self.compute_device, "backend": self.backend,
+        return {**dataclasses.asdict(self.models), "compute_device": self.compute_device, "backend": self.backend,
                 "dtype": self.dtype, "quantize": self.quantize, "compile": self.compile, "threads": self.threads,
                 "policy": self.policy, "max_new_tokens": self.max_new_tokens, "max_length": self.max_length}

@@ -29,7 +29,8 @@ MESSAGE_CHARS = 200  # an error message echoing a huge value is cut to this leng
 class Service:
     def __init__(self, config: ServerConfig, pool: WorkerPool):
         self.config, self.pool = config, pool
-        self.voices = VoiceStore(config.voices_dir, pool.synthesizers[0].reference_encoder)
+        self.voices = VoiceStore(config.voices_dir, pool.synthesizers[0].reference_encoder,
+                                 pool.synthesizers[0].presets)
         self.metrics = Metrics(pool)
 
     def check_key(self, authorization: str | None) -> None:
@@ -54,8 +55,9 @@ class Service:
         try:
             voice_obj = self.voices.get(voice)
         except KeyError:
-            raise APIError(400, f"voice {voice!r} not found; GET /v1/audio/voices lists them", "voice",
-                           "voice_not_found") from None
+            names = ", ".join(("default",) + self.voices.presets.names)
+            raise APIError(400, f"voice {voice!r} not found; built-in voices: {names} (GET /v1/audio/voices lists "
+                           "them with their aliases and the stored ones)", "voice", "voice_not_found") from None
         except ValueError as err:
             raise APIError(400, f"voice: {err}", "voice", "invalid_value") from None
         num_speech = self.pool.synthesizers[0].target.vocab.num_speech

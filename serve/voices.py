@@ -1,11 +1,12 @@
-"""The voice store: named `.voice` files (runtime `Voice`) in one directory, plus the built-in voice.
+"""The voice store: named `.voice` files (runtime `Voice`) in one directory, plus the model's own voice
+("default": no voice prompt) and its preset voices (`runtime/audio/presets.py`).
 
 Names are validated (letters, digits, `_`, `-`; no paths) before touching the disk; a voice is
 written with `Voice.save` (temporary file + os.replace, so a reader never sees half a file).
 Replicas share voices by pointing `voices_dir` at one shared directory (NFS, a mounted bucket):
 each request loads its voice file from there, so a voice added on one replica is seen by all.
-OpenAI's voice names (alloy, echo, ...) are aliases of the built-in voice, so existing clients
-work unchanged; uploads may not take them.
+OpenAI's voice names (alloy, echo, ...) are the presets' aliases where the model names them, else
+aliases of "default", so existing clients work unchanged; uploads may take no built-in name.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
+from pcgtts.runtime.audio.presets import Presets
 from pcgtts.runtime.audio.voice import Voice
 
 log = logging.getLogger(__name__)
@@ -52,25 +54,27 @@ def check_name(name: str) -> str:
 
 
 class VoiceStore:
-    def __init__(self, directory: str | Path, encoder: Callable[[], object] | None):
+    def __init__(self, directory: str | Path, encoder: Callable[[], object] | None, presets: Presets | None = None):
         """encoder: returns the codec that encodes reference recordings, loading it on first use
         (`Synthesizer.reference_encoder`: the same encoder `pcgtts speak --ref-audio` uses);
-        None: this store only serves voices made elsewhere."""
+        None: this store only serves voices made elsewhere. presets: the model's preset voices."""
+        self.presets = presets if presets is not None else Presets()
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._reference_encoder = encoder
         self._encoder_lock = threading.Lock()
         self._cache: dict[str, tuple[int, Voice]] = {}
 
-    @staticmethod
-    def is_builtin(name: str) -> bool:
-        return name == BUILTIN or name in OPENAI_ALIASES
+    def is_builtin(self, name: str) -> bool:
+        return name in (BUILTIN, *OPENAI_ALIASES, *self.presets.names, *self.presets.aliases)
 
     def path(self, name: str) -> Path:
         return self.dir / f"{check_name(name)}{SUFFIX}"
 
     def get(self, name: str) -> Voice | None:
-        """The Voice called `name` (None for the built-in voice); KeyError if there is none."""
+        """The Voice called `name` (None for the model's own voice); KeyError if there is none."""
+        if name in self.presets.names or name in self.presets.aliases:
+            return self.presets.voice(name)
         if self.is_builtin(name):
             return None
         path = self.path(name)
@@ -85,8 +89,12 @@ class VoiceStore:
         return cached[1]
 
     def list(self) -> list[dict]:
-        voices = [{"name": BUILTIN, "builtin": True}]
-        voices += [{"name": a, "builtin": True, "alias_of": BUILTIN} for a in OPENAI_ALIASES]
+        own = {"name": BUILTIN, "builtin": True, "description": "the model's own voice (no voice prompt)"}
+        if self.presets.default is not None:
+            own["sounds_like"] = self.presets.default
+        voices = [own] + [{**row, "builtin": True} for row in self.presets.listing()]
+        voices += [{"name": a, "builtin": True, "alias_of": BUILTIN} for a in OPENAI_ALIASES
+                   if a not in self.presets.aliases and a not in self.presets.names]
         for path in sorted(self.dir.glob(f"*{SUFFIX}")):
             name = path.name[:-len(SUFFIX)]
             if not NAME.fullmatch(name):

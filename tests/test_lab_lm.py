@@ -325,3 +325,31 @@ def test_packed_codes_join_more_text_without_leaking_heldout(tiny_corpus, tmp_pa
     added = got[len(read_manifest(corpus)):]
     assert [(r["id"], r["text"], r["split"]) for r in added] == [("more/a-00001", rows[1]["text"], "train")]
     assert np.array_equal(np.load(paths["codes"])["more/a-00001"], more_codes["a-00001"])
+
+
+def test_only_the_named_speakers_go_unprompted(tiny_corpus):
+    """`unprompted_speakers`: the voice heard without a voice prompt is theirs; every other speaker's
+    examples carry a same-speaker reference, whatever voice_prompt_prob says."""
+    import dataclasses
+    import random
+
+    from pcgtts.train.corpus import read_manifest
+    from pcgtts.train.lm import ExampleBuilder
+
+    corpus, codes = tiny_corpus
+    tok = lab_tokenizer()
+    records = [r for r in read_manifest(corpus) if r["split"] == "train"]
+    cfg = dataclasses.replace(_cfg(corpus, corpus, 1), voice_prompt_prob=0.0, unprompted_speakers=("a",))
+    builder = ExampleBuilder(tok, records, codes, cfg)
+    start = builder.vocab.speech_offset
+    rng = random.Random(0)
+    seen = {"a": set(), "b": set()}
+    for _ in range(40):
+        ids, mask = builder.sample(rng)
+        prompt = ids[~mask]
+        speaker = "a" if any(ids[mask][:5].tolist() == (torch.as_tensor(codes[r["id"]][:5]) + start).tolist()
+                             for r in records if r["speaker"] == "a") else "b"
+        seen[speaker].add(bool((prompt >= start).any()))  # speech tokens before the target: a voice prompt
+    assert seen == {"a": {False}, "b": {True}}
+    with pytest.raises(ValueError, match="no training speaker c"):
+        train_lm(dataclasses.replace(cfg, unprompted_speakers=("c",)), codes=codes)

@@ -77,7 +77,8 @@ def train_draft(cfg: DraftTrainConfig, progress=None, stop_after: int | None = N
                               steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, warmup=min(50, cfg.steps),
                               checkpoint_minutes=cfg.checkpoint_minutes, log_every=cfg.log_every, seed=cfg.seed,
                               threads=cfg.threads, max_tokens=lm_cfg["max_tokens"],
-                              voice_prompt_prob=lm_cfg["voice_prompt_prob"])
+                              voice_prompt_prob=lm_cfg["voice_prompt_prob"],
+                              unprompted_speakers=_speakers(lm_cfg.get("unprompted_speakers")))
     train, held = split_records(Path(lm_cfg["corpus"]))
     builder = ExampleBuilder(tokenizer, train, codes, train_cfg)
     held = [r for r in held if r["id"] in codes]
@@ -97,6 +98,10 @@ def train_draft(cfg: DraftTrainConfig, progress=None, stop_after: int | None = N
         summary["head_rows"] = int(np.load(write_head_codes(cfg.out_dir / "export", used, draft.num_speech)).size)
     summary["layers"] = layers
     return summary
+
+
+def _speakers(names) -> tuple[str, ...] | None:
+    return tuple(names) if names is not None else None
 
 
 __all__ = ["DraftTrainConfig", "init_draft", "train_draft"]

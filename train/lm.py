@@ -302,6 +302,9 @@ class LMTrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     voice_prompt_prob: float = 0.5  # share of examples prompted with a same-speaker reference
+    # Speakers whose examples may go unprompted (None: all). A multi-speaker voice keeps one default speaker
+    # for text without a voice: the others are only ever trained behind a voice prompt.
+    unprompted_speakers: tuple[str, ...] | None = None
     max_ref_seconds: float = 5.0
     max_tokens: int = 1024
     checkpoint_minutes: float = 5.0
@@ -369,10 +372,11 @@ class ExampleBuilder:
         return ids, mask
 
     def sample(self, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+        free = self.cfg.unprompted_speakers
         for _ in range(100):
             rec = self.records[rng.randrange(len(self.records))]
             ref = None
-            if rng.random() < self.cfg.voice_prompt_prob:
+            if rng.random() < self.cfg.voice_prompt_prob or (free is not None and rec["speaker"] not in free):
                 pool = [r for r in self.by_speaker.get(rec["speaker"], []) if r["id"] != rec["id"]]
                 ref = pool[rng.randrange(len(pool))] if pool else None
             ids, mask = self.example(rec, ref)
@@ -532,13 +536,16 @@ def build_model(model_cfg: LMModelConfig, tokenizer, seed: int) -> FactorisedLM:
 def train_lm(cfg: LMTrainConfig, progress=None, stop_after: int | None = None, codes: dict | None = None) -> dict:
     """Encode the corpus (cached), then train (or resume) the factorised target; exports a plain Llama."""
     out = cfg.out_dir
+    train, held = split_records(cfg.corpus)
+    unknown = set(cfg.unprompted_speakers or ()) - {r["speaker"] for r in train}
+    if unknown:
+        raise ValueError(f"--unprompted-speakers: no training speaker {', '.join(sorted(unknown))} in {cfg.corpus}")
     out.mkdir(parents=True, exist_ok=True)
     if codes is None:
         codes = encode_corpus(cfg.corpus, cfg.codec, out / "codes.npz")
     elif not (out / "codes.npz").is_file():  # given codes (tests, GPU-made): cache them for draft.py
         np.savez(out / "codes.npz", **codes)
     tokenizer = lab_tokenizer()
-    train, held = split_records(cfg.corpus)
     builder = ExampleBuilder(tokenizer, train, codes, cfg)
     held_recs = [r for r in held if r["id"] in codes]
     heldout = ExampleBuilder(tokenizer, held_recs, codes, cfg) if held_recs else None

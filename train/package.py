@@ -176,6 +176,29 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
     _write_meta(pack, meta)
 
 
+def set_presets(pack_dir: str | Path, folder: str | Path) -> None:
+    """Replace a committed voice's preset voices (its `voices/` folder) with those in `folder`
+    (voices.json + .voice files, checked first), recording each file's sha256 in voice.json."""
+    from pcgtts.runtime.audio.presets import INDEX, Presets
+
+    pack, folder = Path(pack_dir), Path(folder)
+    meta = read_voice(pack, files=())
+    presets = Presets.load(folder)
+    if not presets.voices:
+        raise ValueError(f"{folder}: no preset voices (no {INDEX})")
+    files = [INDEX] + [p.file for p in presets.voices]
+    staging = pack / "voices.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    for name in files:
+        shutil.copyfile(folder / name, staging / name)
+    shutil.rmtree(pack / "voices", ignore_errors=True)
+    staging.rename(pack / "voices")
+    meta["sha256"] = {k: v for k, v in meta["sha256"].items() if not k.startswith("voices/")}
+    meta["sha256"].update({f"voices/{name}": file_sha256(pack / "voices" / name) for name in files})
+    _write_meta(pack, meta)
+
+
 def set_settings(pack_dir: str | Path, settings: dict) -> None:
     """Record what a committed voice is played at when the user names none (voice.json "settings",
     read by `builtin.voice_settings`), checked first; {} removes them."""
@@ -296,4 +319,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_presets", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "FORMAT", "VERSION"]

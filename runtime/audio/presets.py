@@ -1,0 +1,134 @@
+"""Preset voices: named `.voice` files that ship with a model, in a folder indexed by `voices.json`.
+
+    voices.json  {"format": "pcgtts-presets", "version": 1, "default": "heart",
+                  "voices": [{"name": "heart", "file": "heart.voice", "description": "..."}, ...],
+                  "aliases": {"alloy": "heart", ...}}
+
+A preset is a voice file (reference codes + transcript, `runtime/audio/voice.py`) that the target
+was trained to follow as a voice prompt. `default` names the preset the target speaks as when no
+voice is given (it is then not prompted at all). Aliases (OpenAI's voice names, for example) map
+onto presets. The built-in voice's presets live in its voice folder; any target may carry its
+own in `<target>/voices`.
+
+    presets = Presets.load(folder)
+    presets.voice("nova")            # the Voice of the preset "nova" names (an alias)
+    presets.listing()                # [{"name": ..., "description": ..., "default": ...}, {"name": "alloy", "alias_of": ...}]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pcgtts.runtime.audio.voice import Voice
+
+FORMAT, VERSION, INDEX = "pcgtts-presets", 1, "voices.json"
+NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
+
+class UnknownVoice(ValueError):
+    """A voice name that is neither a preset, an alias nor an existing file."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    file: str  # relative to the presets folder
+    description: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Presets:
+    folder: Path | None = None
+    voices: tuple[Preset, ...] = ()
+    default: str | None = None  # the preset heard when no voice is given
+    aliases: dict[str, str] = field(default_factory=dict)  # alias -> preset name
+    _loaded: dict = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.voices]
+        for name in names + list(self.aliases):
+            if not NAME.fullmatch(name):
+                raise ValueError(f"preset voice name {name!r}: 1-32 lower-case letters, digits, '_' or '-'")
+        if len(set(names)) != len(names) or set(names) & set(self.aliases):
+            raise ValueError("preset voice names and aliases must all be distinct")
+        missing = {a: n for a, n in self.aliases.items() if n not in names}
+        if missing:
+            raise ValueError(f"aliases of no preset: {missing}")
+        if self.default is not None and self.default not in names:
+            raise ValueError(f"the default voice {self.default!r} is not a preset")
+
+    @classmethod
+    def load(cls, folder: str | Path | None) -> "Presets":
+        """The presets indexed in `folder`/voices.json; none when `folder` is None or has no index."""
+        if folder is None or not (Path(folder) / INDEX).is_file():
+            return cls()
+        folder = Path(folder)
+        try:
+            meta = json.loads((folder / INDEX).read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{folder / INDEX}: unreadable ({err})") from None
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise ValueError(f"{folder / INDEX}: format {meta.get('format')!r} version {meta.get('version')!r}, "
+                             f"expected {FORMAT!r} {VERSION}")
+        voices = tuple(Preset(v["name"], v["file"], v.get("description", "")) for v in meta.get("voices", ()))
+        for p in voices:
+            if Path(p.file).name != p.file or not (folder / p.file).is_file():
+                raise ValueError(f"{folder / INDEX}: preset {p.name!r} names a missing file {p.file!r}")
+        return cls(folder, voices, meta.get("default"), dict(meta.get("aliases", {})))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.voices)
+
+    def resolve(self, name: str) -> str:
+        """The preset `name` means (itself or what it is an alias of); UnknownVoice, listing the names, if none."""
+        if name in self.names:
+            return name
+        if name in self.aliases:
+            return self.aliases[name]
+        if not self.voices:
+            raise UnknownVoice(f"voice {name!r} is neither a voice file nor a preset: this model has no preset "
+                               f"voices")
+        raise UnknownVoice(f"voice {name!r} is neither a voice file nor a preset; presets: {', '.join(self.names)}"
+                           + (f" (aliases: {', '.join(self.aliases)})" if self.aliases else ""))
+
+    def voice(self, name: str) -> Voice:
+        """The Voice of preset (or alias) `name`, read once."""
+        name = self.resolve(name)
+        with self._lock:
+            if name not in self._loaded:
+                preset = next(p for p in self.voices if p.name == name)
+                self._loaded[name] = Voice.load(self.folder / preset.file)
+            return self._loaded[name]
+
+    def listing(self) -> list[dict]:
+        """Presets (name, description, seconds of reference, whether it is the default) then aliases (alias_of)."""
+        rows = [{"name": p.name, "description": p.description, "default": p.name == self.default,
+                 "seconds": round(len(self.voice(p.name).codes) / 50, 2)} for p in self.voices]
+        return rows + [{"name": a, "alias_of": n} for a, n in self.aliases.items()]
+
+
+def write_presets(folder: str | Path, voices: dict[str, tuple[Voice, str]], default: str | None,
+                  aliases: dict[str, str]) -> Path:
+    """Write `voices` ({name: (Voice, description)}) as NAME.voice files and their voices.json into
+    `folder` (checked as `Presets` first). Returns the index's path."""
+    folder = Path(folder)
+    presets = Presets(folder, tuple(Preset(n, f"{n}.voice", d) for n, (_, d) in voices.items()), default, aliases)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (voice, _) in voices.items():
+        voice.save(folder / f"{name}.voice")
+    index = {"format": FORMAT, "version": VERSION, "default": presets.default,
+             "voices": [{"name": p.name, "file": p.file, "description": p.description} for p in presets.voices],
+             "aliases": presets.aliases}
+    tmp = folder / f"{INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=2) + "\n")
+    tmp.replace(folder / INDEX)
+    return folder / INDEX
+
+
+__all__ = ["Preset", "Presets", "UnknownVoice", "write_presets", "INDEX"]

@@ -1,0 +1,175 @@
+"""Preset voices: named voice files shipped with a model, picked by name in the API, the CLI and the server.
+
+The shipped voice's presets are read from the package (no expansion); the rest runs on the small
+cloning-capable pair (the released 65,536-code vocabulary at tiny width) with presets made from its
+own codec codes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pcgtts.runtime.audio.presets import Presets, UnknownVoice, write_presets
+from pcgtts.runtime.audio.voice import Voice
+
+SHIPPED = Path(__file__).resolve().parents[1] / "pcgtts" / "voice"
+OPENAI_NAMES = ("alloy", "echo", "fable", "onyx", "nova", "shimmer")
+
+
+def _voice(seed: int, n: int = 60) -> Voice:
+    codes = np.random.default_rng(seed).integers(0, 65536, n)
+    return Voice(codes, f"Reference sentence number {seed}.")
+
+
+@pytest.fixture(scope="module")
+def presets_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("presets")
+    write_presets(folder, {"bright": (_voice(1), "a bright voice"), "dark": (_voice(2, 80), "a dark voice")},
+                  default="bright", aliases={"alloy": "bright", "onyx": "dark"})
+    return folder
+
+
+def test_presets_round_trip_and_aliases_resolve(presets_dir):
+    presets = Presets.load(presets_dir)
+    assert presets.names == ("bright", "dark") and presets.default == "bright"
+    assert presets.resolve("onyx") == "dark"
+    assert np.array_equal(presets.voice("onyx").codes, _voice(2, 80).codes)
+    assert presets.voice("dark") is presets.voice("onyx")  # read once
+    rows = presets.listing()
+    assert rows[0] == {"name": "bright", "description": "a bright voice", "default": True, "seconds": 1.2}
+    assert {"name": "onyx", "alias_of": "dark"} in rows
+
+
+def test_an_unknown_name_is_one_line_that_lists_the_names(presets_dir):
+    with pytest.raises(UnknownVoice) as err:
+        Presets.load(presets_dir).resolve("nobody")
+    message = str(err.value)
+    assert "\n" not in message and "'nobody'" in message
+    assert "bright, dark" in message and "alloy" in message
+
+
+def test_a_damaged_index_is_refused(tmp_path, presets_dir):
+    index = json.loads((presets_dir / "voices.json").read_text())
+    (tmp_path / "voices.json").write_text(json.dumps(index))  # the .voice files are not there
+    with pytest.raises(ValueError, match="missing file"):
+        Presets.load(tmp_path)
+    index["aliases"] = {"nova": "nobody"}
+    with pytest.raises(ValueError, match="aliases of no preset"):
+        Presets(presets_dir, Presets.load(presets_dir).voices, None, index["aliases"])
+    assert Presets.load(tmp_path / "elsewhere").names == ()  # no index: no presets
+
+
+# -- the shipped voice's presets -------------------------------------------------------------------
+
+def test_the_shipped_voice_has_at_least_eight_distinct_presets_with_openai_names():
+    from pcgtts.runtime.voicepack import read_voice
+
+    if not (SHIPPED / "voices" / "voices.json").is_file():
+        pytest.skip("the committed voice ships no presets")
+    meta = read_voice(SHIPPED)  # every preset file's checksum is recorded in voice.json
+    presets = Presets.load(SHIPPED / "voices")
+    assert len(presets.names) >= 8 and presets.default in presets.names
+    assert {f"voices/{p.file}" for p in presets.voices} <= set(meta["sha256"])
+    assert set(OPENAI_NAMES) <= set(presets.aliases)
+    sources = set()
+    for name in presets.names:
+        voice = presets.voice(name)
+        assert 150 <= len(voice.codes) <= 250 and int(voice.codes.max()) < 65536  # a 3-5 s reference
+        sources.add(voice.source)
+    assert len(sources) == len(presets.names)  # every preset its own recording
+
+
+# -- the Python API ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def prompted(cloning_models, presets_dir):
+    from pcgtts import Synthesizer
+
+    return Synthesizer.from_pretrained(target=cloning_models["target"], codec=cloning_models["codec"],
+                                       presets=str(presets_dir), policy="ar", max_new_tokens=20, max_length=1024)
+
+
+def test_a_preset_name_speaks_as_its_voice_file(prompted, presets_dir):
+    by_name = prompted.synthesize("Pick a voice.", voice="onyx", seed=3)
+    by_file = prompted.synthesize("Pick a voice.", voice=str(presets_dir / "dark.voice"), seed=3)
+    other = prompted.synthesize("Pick a voice.", voice="bright", seed=3)
+    assert by_name.size > 0 and np.array_equal(by_name, by_file)
+    assert not np.array_equal(by_name, other)
+    assert [v["name"] for v in prompted.voices()][:2] == ["bright", "dark"]
+
+
+def test_an_unknown_voice_name_is_refused_before_any_work(prompted):
+    with pytest.raises(ValueError, match="presets: bright, dark"):
+        prompted.stream("Hello.", voice="nobody")
+    assert not prompted.stream_lock.locked()
+
+
+# -- the command line --------------------------------------------------------------------------------
+
+def _cli(argv, capsys):
+    from pcgtts.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit:
+        code = exit.code
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip()
+
+
+def test_voices_json_is_only_a_list_of_named_objects(presets_dir, capsys):
+    code, out, _ = _cli(["voices", "--json", "--presets", presets_dir], capsys)
+    rows = json.loads(out)
+    assert code == 0 and isinstance(rows, list) and all("name" in r for r in rows)
+    assert {"name": "alloy", "alias_of": "bright"} in rows
+    code, out, _ = _cli(["voices", "--presets", presets_dir], capsys)
+    assert code == 0 and "bright (default)" in out and "alloy" in out
+
+
+def test_speak_with_an_unknown_voice_is_one_line_before_models_load(cloning_models, presets_dir, tmp_path, capsys):
+    code, _, err = _cli(["speak", "Hello.", "--voice", "nobody", "--target", cloning_models["target"],
+                         "--codec", cloning_models["codec"], "--presets", presets_dir, "--policy", "ar",
+                         "--out", tmp_path / "x.wav"], capsys)
+    assert code != 0 and err.count("\n") == 0 and "presets: bright, dark" in err
+    assert not (tmp_path / "x.wav").exists()
+
+
+def test_speak_with_a_preset_name_writes_its_audio(cloning_models, presets_dir, tmp_path, capsys):
+    code, _, _ = _cli(["speak", "Hello.", "--voice", "onyx", "--target", cloning_models["target"],
+                       "--codec", cloning_models["codec"], "--presets", presets_dir, "--policy", "ar",
+                       "--max-tokens", "20", "--out", tmp_path / "x.wav"], capsys)
+    assert code == 0 and (tmp_path / "x.wav").stat().st_size > 44
+
+
+# -- the server -----------------------------------------------------------------------------------------
+
+def test_the_server_lists_presets_and_maps_openai_names(cloning_models, presets_dir, tmp_path):
+    pytest.importorskip("fastapi")
+    httpx = pytest.importorskip("httpx")
+    from serve_helpers import assert_openai_error, auth, start_server
+
+    from pcgtts.runtime.config import ModelPaths
+
+    models = ModelPaths(target=str(cloning_models["target"]), codec=str(cloning_models["codec"]),
+                        presets=str(presets_dir))
+    server = start_server(None, None, tmp_path, models=models, max_new_tokens=20)
+    try:
+        voices = httpx.get(f"{server.url}/v1/audio/voices", headers=auth()).json()["voices"]
+        by_name = {v["name"]: v for v in voices}
+        assert by_name["bright"]["builtin"] and by_name["dark"]["description"] == "a dark voice"
+        assert by_name["onyx"]["alias_of"] == "dark" and by_name["echo"]["alias_of"] == "default"
+        r = httpx.post(f"{server.url}/v1/audio/speech", headers=auth(), timeout=60,
+                       json={"input": "A preset.", "voice": "onyx", "response_format": "pcm", "seed": 1})
+        assert r.status_code == 200 and len(r.content) > 0
+        error = assert_openai_error(httpx.post(f"{server.url}/v1/audio/speech", headers=auth(), timeout=60,
+                                               json={"input": "Who?", "voice": "nobody"}), 400, "voice")
+        assert "default, bright, dark" in error["message"]
+        upload = httpx.post(f"{server.url}/v1/audio/voices", headers=auth(), data={"name": "dark", "text": "Mine."},
+                            files={"audio": ("r.wav", b"RIFF")})
+        assert_openai_error(upload, 400, "name")
+    finally:
+        server.stop()
