@@ -247,10 +247,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_cloning(args, sentences, progress):
-    from dataclasses import replace
-
     from pcgtts.quality.cloning import run_cloning
-    from pcgtts.quality.harness import synthesize_one
 
     speak = resynthesize = None
     if args.oracle and args.codec:  # the ceiling of syntheses through this codec: real utterances resynthesised
@@ -262,18 +259,10 @@ def _run_cloning(args, sentences, progress):
         def resynthesize(audio):
             return codec.decode(codec.encode(audio))
     if not args.oracle:
-        from pcgtts.cli.commands import load_synthesizer
-
-        args.policy = "ar"
-        progress("loading models")
-        base, _ = load_synthesizer(args)
-        decode = replace(base.config.decode, sampling=replace(base.config.decode.sampling, temperature=args.temperatures[0]))
-        if args.max_tokens:
-            decode = replace(decode, max_new_tokens=args.max_tokens)
+        base, _, speak_as = _voice_speaker(args, progress)
 
         def speak(text, ref_path, ref_text, seed):
-            config = replace(base.config, seed=seed, decode=decode)
-            return synthesize_one(base, text, config, base.voice_from_audio(ref_path, ref_text))[0]
+            return speak_as(text, base.voice_from_audio(ref_path, ref_text), seed)
 
     result = run_cloning(args.cloning_plan, args.corpus, speak, sentences, progress=progress, seed=args.seeds[0],
                          resynthesize=resynthesize)
@@ -283,13 +272,13 @@ def _run_cloning(args, sentences, progress):
     return result, not args.oracle and runs_demo_models(args.target or args.prepared)
 
 
-def _run_presets(args, sentences, progress):
+def _voice_speaker(args, progress):
+    """(Synthesizer, Settings, speak(text, voice, seed) -> audio): plain decoding at the run's temperature
+    and token cap, for the modes that judge voices (cloning, voices)."""
     from dataclasses import replace
 
-    from pcgtts.builtin import runs_demo_models
     from pcgtts.cli.commands import load_synthesizer
     from pcgtts.quality.harness import synthesize_one
-    from pcgtts.quality.presets import run_presets
 
     args.policy = "ar"
     progress("loading models")
@@ -298,9 +287,17 @@ def _run_presets(args, sentences, progress):
     if args.max_tokens:
         decode = replace(decode, max_new_tokens=args.max_tokens)
 
-    def speak(text, name, seed):
-        return synthesize_one(base, text, replace(base.config, seed=seed, decode=decode), name)[0]
+    def speak(text, voice, seed):
+        return synthesize_one(base, text, replace(base.config, seed=seed, decode=decode), voice)[0]
 
+    return base, settings, speak
+
+
+def _run_presets(args, sentences, progress):
+    from pcgtts.builtin import runs_demo_models
+    from pcgtts.quality.presets import run_presets
+
+    _, settings, speak = _voice_speaker(args, progress)
     result = run_presets(speak, args.preset_names, sentences, args.seeds, progress=progress)
     result.update({"temperature": args.temperatures[0], "seeds": list(args.seeds),
                    "models": {k: (str(v) if v else None) for k, v in vars(settings.models).items()}})

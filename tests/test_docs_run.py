@@ -17,7 +17,7 @@ Where it runs: a fresh working directory holding the files the documents may nam
 
 Anything else a block reads it must make itself; what it writes stays in that directory. The built-in
 voice is the `cloning_models` pair of tests/conftest.py (random weights, the released 65,536-code
-speech vocabulary at tiny width), so a block runs in seconds through the same code as the real voice,
+speech vocabulary at tiny width) with the shipped voice's preset voice files, so a block runs in seconds through the same code as the real voice,
 reference recordings included; its own settings (what a voice.json may set) cap a sentence at 60
 tokens, since random weights never say the stop token. Audio playback needs no sound card: a block should write files; an
 example that plays on the default device runs only where an output device exists.
@@ -148,7 +148,9 @@ def workdir(tmp_path, monkeypatch, speaker_recording, cloning_models, stand_in_t
     read = torch_lm.load_tokenizer
     monkeypatch.setattr(torch_lm, "load_tokenizer",
                         lambda folder: stand_in_tokenizer if Path(folder).resolve() in stand_in else read(folder))
-    monkeypatch.setattr("pcgtts.tools.demo.ensure_demo", lambda *args, **kwargs: dict(cloning_models))
+    presets = ROOT / "pcgtts" / "voice" / "voices"  # the shipped presets' files: codes the stand-in can read
+    stand_in_models = {**cloning_models, **({"presets": str(presets)} if (presets / "voices.json").is_file() else {})}
+    monkeypatch.setattr("pcgtts.tools.demo.ensure_demo", lambda *args, **kwargs: dict(stand_in_models))
     monkeypatch.setattr("pcgtts.builtin.voice_settings", lambda *args: dict(STAND_IN_VOICE_SETTINGS))
     shutil.copy(speaker_recording, tmp_path / "speaker.wav")
     (tmp_path / "speaker.txt").write_text(SPEAKER_TEXT + "\n")

@@ -119,6 +119,9 @@ def test_the_shipped_voice_is_the_default_and_speaks(tmp_path, monkeypatch):
     synth = Synthesizer.from_pretrained(seed=0, max_new_tokens=40)
     audio = synth.synthesize("Hello world.")
     assert audio.size >= 320 and abs(audio).max() > 0
+    for row in synth.voices():  # every preset, and every alias, loads and speaks
+        audio = synth.synthesize("Hello world.", voice=row["name"])
+        assert audio.size >= 320 and abs(audio).max() > 0, row["name"]
 
 
 def test_replace_codec_keeps_the_codes_the_target_was_trained_on(tmp_path):

@@ -173,3 +173,29 @@ def test_the_server_lists_presets_and_maps_openai_names(cloning_models, presets_
         assert_openai_error(upload, 400, "name")
     finally:
         server.stop()
+
+
+# -- the quality measure -------------------------------------------------------------------------------
+
+def test_the_preset_measure_counts_both_directions_and_names_confusions():
+    """Three presets, four sentences, one seed: 2 pairs x 2 directions = 4 cases each. "b" and "c" sound
+    alike (same embedding) and tie: the tie goes to whichever comes first, so "c" is taken for "b"."""
+    from pcgtts.quality.presets import run_presets
+
+    embeddings = {"a": np.array([1.0, 0.0]), "b": np.array([0.0, 1.0]), "c": np.array([0.0, 1.0])}
+
+    def speak(text, name, seed):
+        return np.full(1600, ord(name[0]), np.float32)  # the name travels in the samples
+
+    def embed(audio):
+        return embeddings[chr(int(audio[0]))]
+
+    def transcribe(audio):
+        return "the words" if chr(int(audio[0])) == "a" else "nothing"
+
+    result = run_presets(speak, ["a", "b", "c"], ["the words"] * 4, seeds=(0,), embed=embed, transcribe=transcribe)
+    per = result["per_voice"]
+    assert [per[n]["identified"]["passed"] for n in "abc"] == [4, 4, 0]
+    assert per["c"]["taken_for"] == {"b": 4}
+    assert per["a"]["wer"]["mean"] == 0.0 and per["b"]["wer"]["mean"] == 1.0
+    assert result["identified"]["n"] == 12 and result["worst_voice_wer"] == 1.0
