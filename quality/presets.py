@@ -61,8 +61,9 @@ def run_presets(speak: Callable[[str, str, int], np.ndarray], names: Sequence[st
         per_voice[name] = {"utterances": len(mine), "wer": mean_ci([r["wer"] for r in mine]).as_dict(),
                            "cer": mean_ci([r["cer"] for r in mine]).as_dict(),
                            "identified": _rate(k, len(tried)), "taken_for": dict(confused.most_common(3))}
-    for r in records:
-        r.pop("embedding")
+    for r in records:  # kept for re-scoring a subset of the presets (choosing which to ship)
+        e = r.pop("embedding")
+        r["embedding"] = None if e is None else [round(float(x), 5) for x in e]
     means = [v["wer"]["mean"] for v in per_voice.values()]
     return {"mode": "voices", "voices": list(names), "records": records, "cases": cases, "per_voice": per_voice,
             "identified": _rate(sum(c["passed"] for c in cases), len(cases)),
