@@ -153,8 +153,9 @@ def _add_eagle(cmds, name: str) -> argparse.ArgumentParser:
                        help="the target's states as kept for training: float16 halves their memory (the built-in "
                             "voice's target with five layers read: ~7 KB a code in float32), for more sequences")
     eagle.add_argument("--init-from", metavar="DRAFT",
-                       help="start from this trained EAGLE draft (same target, --block, --mlp-size and "
-                            "--feature-layers) instead of the target's last block: more training on new sequences")
+                       help="start from this trained EAGLE draft (same --block, --mlp-size and --feature-layers; "
+                            "trained for this target or an earlier version of it) instead of the target's last "
+                            "block: more training on new sequences")
     eagle.add_argument("--end-by", type=positive(float), metavar="EPOCH_SECONDS",
                        help="end training by this wall-clock time (`date +%%s`), as --max-minutes does: a "
                             "deadline that sampling the sequences counts against")

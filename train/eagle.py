@@ -61,7 +61,8 @@ class EagleTrainConfig(OnPolicyConfig):
     block: str = "attention"  # or "mlp": attention-free, half the ops a proposal (runtime/lm/eagle.py)
     feature_layers: tuple[int, ...] = ()  # target layers read besides the last (EAGLE-3's multi-layer features)
     state_dtype: str = "float32"  # the target's states as kept for training ("float16": half the memory)
-    init_from: Path | None = None  # a trained draft to start from (same target, block, width and layers)
+    init_from: Path | None = None  # a trained draft to start from (same block, width and layers; trained for this
+    # target or an earlier version of it, e.g. before a fine-tune)
     loss: str = "kl"  # kl: KL at temperature 1 on every row; tv, tv+group (train/distill.py): at `temperature`
     groups: Path | None = None  # the target's .pcg table, for loss tv+group
 
@@ -287,7 +288,8 @@ def train_eagle(cfg: EagleTrainConfig, progress=None, generation_progress=None) 
             draft.fuse.weight[:, -d:] = torch.eye(d, device=target.device)
     if cfg.init_from is not None:
         check_init_draft(cfg.init_from, draft.block_kind, draft.args.intermediate_size, draft.feature_layers)
-        draft.load_state_dict(EagleDraft.load(cfg.init_from, target.model, target.fingerprint).state_dict())
+        # a start point: a draft trained for an earlier version of this target (a fine-tune) is welcome here
+        draft.load_state_dict(EagleDraft.load(cfg.init_from, target.model).state_dict())
     before = evaluate_eagle(draft, head, heldout, passes=cfg.passes)
 
     def loss_step(rng: random.Random):
