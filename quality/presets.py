@@ -65,10 +65,16 @@ def run_presets(speak: Callable[[str, str, int], np.ndarray], names: Sequence[st
         e = r.pop("embedding")
         r["embedding"] = None if e is None else [round(float(x), 5) for x in e]
     means = [v["wer"]["mean"] for v in per_voice.values()]
+    summaries = [{"case": name, "utterances": v["utterances"], "wer": v["wer"], "cer": v["cer"],
+                  "identified": v["identified"]} for name, v in per_voice.items()]
+    summaries.append({"case": "all presets", "utterances": len(records),
+                      "wer": mean_ci([r["wer"] for r in records]).as_dict(),
+                      "cer": mean_ci([r["cer"] for r in records]).as_dict(),
+                      "identified": _rate(sum(c["passed"] for c in cases), len(cases))})
     return {"mode": "voices", "voices": list(names), "records": records, "cases": cases, "per_voice": per_voice,
-            "identified": _rate(sum(c["passed"] for c in cases), len(cases)),
+            "identified": summaries[-1]["identified"],
             "mean_wer_over_voices": float(np.mean(means)), "worst_voice_wer": float(np.max(means)),
-            "summaries": []}
+            "summaries": summaries}
 
 
 def _cosine(a, b) -> float:

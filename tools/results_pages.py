@@ -88,6 +88,7 @@ FIGURES: dict[str, Figure] = {
     "decoded_per_token": Figure("decoded tokens a token", 2),
     "ms_token": Figure("decode ms a token", 2),
     "identified": Figure("identified vs distinct sources"),
+    "self_id": Figure("identified as itself"),
     "wer": Figure("WER %", 1),
     "cer": Figure("CER %", 1),
     "sim": Figure("Sim-O", 3),
@@ -311,6 +312,10 @@ def rows_from_eval(result: dict) -> list[dict]:
                    "sim": _estimate(s.get("sim")), "stoi": _estimate(s.get("stoi")), "mcd": _estimate(s.get("mcd")),
                    "d_wer": _estimate(s.get("delta_wer"), 100), "d_cer": _estimate(s.get("delta_cer"), 100),
                    "d_sim": _estimate(s.get("delta_sim"))}
+        if s.get("identified"):  # eval --mode voices: a preset's syntheses identified as itself
+            r = s["identified"]
+            figures["self_id"] = (f"{r['passed']} / {r['n']} = {100 * r['rate']:.0f} % "
+                                  f"[{100 * r['low']:.0f}, {100 * r['high']:.0f}]")
         baseline = s.get("baseline")
         rows.append({"label": s["case"], "figures": {k: v for k, v in figures.items() if v is not None},
                      "baseline": f"{baseline} in the same run" if baseline and baseline != s["case"] else "itself"})
