@@ -107,6 +107,9 @@ def _add_lm(cmds, name: str) -> argparse.ArgumentParser:
     p.add_argument("--unprompted-speakers", type=comma_list(str), default=None,
                    help="comma-separated corpus speakers whose examples may go unprompted: the voice heard when "
                         "no voice is given; every other speaker is trained behind a voice prompt (default: all)")
+    p.add_argument("--unprompted-share", type=float, default=0.0,
+                   help="with --unprompted-speakers: at least this share of examples is theirs, unprompted (keeps "
+                        "the default voice's reading strong); default 0: sampled like every other speaker")
     p.add_argument("--align-weight", type=float, default=0.0,
                    help="weight of the alignment prior (train/align.py: watched heads read the text near the "
                         "diagonal); 0 (default): off")
@@ -254,7 +257,7 @@ def _cmd_lm(args) -> dict:
                         init_from=args.init_from, device=args.device, lr=args.lr,
                         max_minutes=args.max_minutes, align_weight=args.align_weight, align_heads=args.align_heads,
                         unprompted_speakers=tuple(n.strip() for n in args.unprompted_speakers)
-                        if args.unprompted_speakers else None)
+                        if args.unprompted_speakers else None, unprompted_share=args.unprompted_share)
     return train_lm(cfg, progress=ProgressBar("lm", "step"))
 
 

@@ -351,5 +351,8 @@ def test_only_the_named_speakers_go_unprompted(tiny_corpus):
                              for r in records if r["speaker"] == "a") else "b"
         seen[speaker].add(bool((prompt >= start).any()))  # speech tokens before the target: a voice prompt
     assert seen == {"a": {False}, "b": {True}}
+    shared = ExampleBuilder(tok, records, codes, dataclasses.replace(cfg, voice_prompt_prob=1.0, unprompted_share=0.5))
+    free = sum(not bool((ids[~mask] >= start).any()) for ids, mask in (shared.sample(rng) for _ in range(200)))
+    assert 70 <= free <= 130  # half the examples unprompted (binomial, 200 draws: ~0.5 % outside)
     with pytest.raises(ValueError, match="no training speaker c"):
         train_lm(dataclasses.replace(cfg, unprompted_speakers=("c",)), codes=codes)

@@ -305,6 +305,9 @@ class LMTrainConfig:
     # Speakers whose examples may go unprompted (None: all). A multi-speaker voice keeps one default speaker
     # for text without a voice: the others are only ever trained behind a voice prompt.
     unprompted_speakers: tuple[str, ...] | None = None
+    # With unprompted_speakers: at least this share of examples is theirs, unprompted (the default voice's
+    # reading kept strong while the others are learnt behind prompts); 0: sampled like any other speaker.
+    unprompted_share: float = 0.0
     max_ref_seconds: float = 5.0
     max_tokens: int = 1024
     checkpoint_minutes: float = 5.0
@@ -327,6 +330,8 @@ class LMTrainConfig:
             raise ValueError("steps and batch_size must be >= 1, max_tokens >= 64")
         if not 0 <= self.voice_prompt_prob <= 1 or not self.lr > 0:
             raise ValueError("voice_prompt_prob must lie in [0, 1] and lr be > 0")
+        if not 0 <= self.unprompted_share < 1 or (self.unprompted_share and self.unprompted_speakers is None):
+            raise ValueError("unprompted_share must lie in [0, 1) and needs unprompted_speakers")
         if self.checkpoint_minutes <= 0 or self.threads < 1:
             raise ValueError("checkpoint_minutes must be > 0 and threads >= 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
@@ -353,6 +358,8 @@ class ExampleBuilder:
         if not self.records:
             raise ValueError("no utterances with codes to train on")
         self.codes = codes
+        free = cfg.unprompted_speakers
+        self.free_records = [r for r in self.records if free is not None and r["speaker"] in free]
         self.by_speaker: dict[str, list[dict]] = {}
         for r in self.records:
             if r["seconds"] <= cfg.max_ref_seconds:
@@ -374,6 +381,11 @@ class ExampleBuilder:
     def sample(self, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
         free = self.cfg.unprompted_speakers
         for _ in range(100):
+            if free is not None and self.free_records and rng.random() < self.cfg.unprompted_share:
+                ids, mask = self.example(self.free_records[rng.randrange(len(self.free_records))], None)
+                if ids.numel() <= self.cfg.max_tokens:
+                    return ids, mask
+                continue
             rec = self.records[rng.randrange(len(self.records))]
             ref = None
             if rng.random() < self.cfg.voice_prompt_prob or (free is not None and rec["speaker"] not in free):
