@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,7 +51,7 @@ def test_ref_text_without_ref_audio_is_refused_not_ignored(synth):
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"ref_audio": "x.wav", "ref_text": b"bytes"}, TypeError, "ref_text must be a str"),
     ({"ref_audio": 3}, TypeError, "ref_audio must be a path"),
-    ({"voice": 3}, TypeError, "voice must be a Voice or a voice file path"),
+    ({"voice": 3}, TypeError, "voice must be a Voice, a voice file path or a preset name"),
     ({"config": {"seed": 1}}, TypeError, "config must be a SynthesisConfig"),
 ])
 def test_other_arguments_are_checked_by_type_before_any_work(synth, kwargs, error, message):
@@ -71,9 +72,12 @@ def test_empty_text_is_refused_before_the_reference_is_encoded(synth, tmp_path, 
     assert_no_work_started(synth)
 
 
-def test_an_unknown_voice_file_is_a_clear_error(synth):
-    with pytest.raises(FileNotFoundError, match="voice file not found: alloy"):
+def test_an_unknown_voice_is_a_clear_error(synth):
+    """A string that names no file is a preset's name (this model has none); a missing Path is a file."""
+    with pytest.raises(ValueError, match="'alloy' is neither a voice file nor a preset"):
         synth.stream("Hello there.", voice="alloy")
+    with pytest.raises(FileNotFoundError, match="voice file not found: missing.voice"):
+        synth.stream("Hello there.", voice=Path("missing.voice"))
     assert_no_work_started(synth)
 
 
