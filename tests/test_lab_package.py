@@ -119,8 +119,8 @@ def test_the_shipped_voice_is_the_default_and_speaks(tmp_path, monkeypatch):
     synth = Synthesizer.from_pretrained(seed=0, max_new_tokens=40)
     audio = synth.synthesize("Hello world.")
     assert audio.size >= 320 and abs(audio).max() > 0
-    for row in synth.voices():  # every preset, and every alias, loads and speaks
-        audio = synth.synthesize("Hello world.", voice=row["name"])
+    for row in synth.voices():  # every preset, and every alias, loads and speaks a sentence
+        audio = synth.synthesize("Every preset voice says this sentence.", voice=row["name"])
         assert audio.size >= 320 and abs(audio).max() > 0, row["name"]
 
 
