@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pcgtts.quality.stats import wilson
+from pcgtts.quality.stats import pass_rate
 from pcgtts.train.corpus import read_manifest
 
 REF_SECONDS = (3.0, 5.0)
@@ -154,9 +154,7 @@ def run_cloning(plan: CloningPlan, corpus: str | Path, speak: Callable | None, s
 
 
 def _rate(cases: Sequence[dict], key: str) -> dict:
-    n, k = len(cases), sum(bool(c[key]) for c in cases)
-    low, high = wilson(k, n)
-    return {"passed": k, "n": n, "rate": k / n if n else math.nan, "low": low, "high": high}
+    return pass_rate(sum(bool(c[key]) for c in cases), len(cases))
 
 
 __all__ = ["read_manifest", "CloningPlan", "cloning_plan", "identify", "nearest", "run_cloning"]

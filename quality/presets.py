@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pcgtts.quality.stats import mean_ci, wilson
+from pcgtts.quality.metrics import cosine
+from pcgtts.quality.stats import mean_ci, pass_rate
 
 
 def run_presets(speak: Callable[[str, str, int], np.ndarray], names: Sequence[str], sentences: Sequence[str],
@@ -60,7 +61,7 @@ def run_presets(speak: Callable[[str, str, int], np.ndarray], names: Sequence[st
         confused = Counter(c["nearest"] for c in tried if not c["passed"])
         per_voice[name] = {"utterances": len(mine), "wer": mean_ci([r["wer"] for r in mine]).as_dict(),
                            "cer": mean_ci([r["cer"] for r in mine]).as_dict(),
-                           "identified": _rate(k, len(tried)), "taken_for": dict(confused.most_common(3))}
+                           "identified": pass_rate(k, len(tried)), "taken_for": dict(confused.most_common(3))}
     for r in records:  # kept for re-scoring a subset of the presets (choosing which to ship)
         e = r.pop("embedding")
         r["embedding"] = None if e is None else [round(float(x), 5) for x in e]
@@ -70,7 +71,7 @@ def run_presets(speak: Callable[[str, str, int], np.ndarray], names: Sequence[st
     summaries.append({"case": "all presets", "utterances": len(records),
                       "wer": mean_ci([r["wer"] for r in records]).as_dict(),
                       "cer": mean_ci([r["cer"] for r in records]).as_dict(),
-                      "identified": _rate(sum(c["passed"] for c in cases), len(cases))})
+                      "identified": pass_rate(sum(c["passed"] for c in cases), len(cases))})
     return {"mode": "voices", "voices": list(names), "records": records, "cases": cases, "per_voice": per_voice,
             "identified": summaries[-1]["identified"],
             "mean_wer_over_voices": float(np.mean(means)), "worst_voice_wer": float(np.max(means)),
@@ -78,14 +79,8 @@ def run_presets(speak: Callable[[str, str, int], np.ndarray], names: Sequence[st
 
 
 def _cosine(a, b) -> float:
-    if a is None or b is None:  # no speech found: never anyone's nearest
-        return -math.inf
-    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def _rate(k: int, n: int) -> dict:
-    low, high = wilson(k, n)
-    return {"passed": k, "n": n, "rate": k / n if n else math.nan, "low": low, "high": high}
+    similarity = cosine(a, b)
+    return -math.inf if similarity is None else similarity  # no speech found: never anyone's nearest
 
 
 __all__ = ["run_presets"]

@@ -5,6 +5,7 @@ Data flow: per-utterance metric values (one per sentence x seed, `harness.py`) g
 
     mean_ci        mean with a two-sided t-interval over the utterances (default 95 %)
     wilson         Wilson score interval of a pass rate (k of n cases), for the cloning bar
+    pass_rate      a pass count with that interval, as {passed, n, rate, low, high}
     paired_diff    mean difference to a baseline on the SAME keys (sentence, seed), paired t-interval:
                    differences between rules are read against the spread of the differences, not
                    of the raw scores, so a small but consistent change is not lost in sentence noise
@@ -84,6 +85,12 @@ def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return centre - half, centre + half
 
 
+def pass_rate(passed: int, n: int) -> dict:
+    """{passed, n, rate, low, high}: a pass count with its Wilson 95 % interval."""
+    low, high = wilson(passed, n)
+    return {"passed": passed, "n": n, "rate": passed / n if n else math.nan, "low": low, "high": high}
+
+
 def paired_diff(values: Mapping[Hashable, float | None], baseline: Mapping[Hashable, float | None],
                 confidence: float = 0.95) -> Estimate:
     """Mean of values[k] - baseline[k] over the keys both define, with the paired t-interval.
@@ -117,4 +124,4 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title
     return "\n".join(out)
 
 
-__all__ = ["Estimate", "mean_ci", "wilson", "paired_diff", "format_table"]
+__all__ = ["Estimate", "mean_ci", "wilson", "pass_rate", "paired_diff", "format_table"]
