@@ -3,8 +3,10 @@ tokenising (`SynthesisConfig.spell_numbers`, on by default).
 
 A voice trained on spelled-out text (the speech lab's corpus has no digits) cannot read "42"; every
 voice can read "forty two". Handled: percentages, dollar amounts, ordinals ("3rd"), clock times
-("7:05"), years (1100-2099 read as years), decimals, and integers with or without thousands
-separators. The quality harness spells its references with the same functions (what an ASR
+("7:05"), years (1100-2099 read as years), decimals, version numbers ("2.0.1", "v2.0.1": group by
+group, "two point zero point one"), negative numbers ("-5", "\u22125": "minus five"), and integers with
+or without thousands separators. A hyphen between two numbers ("5-3", "1990-1995") or inside a word
+("COVID-19") is kept as it is, not read as "minus". The quality harness spells its references with the same functions (what an ASR
 transcript writes), so what the voice is asked to say and what its WER is scored against agree.
 """
 
@@ -81,19 +83,50 @@ def _spell_digits(digits: str) -> str:
 
 
 def _spell_decimal(match: re.Match) -> str:
-    whole, frac = match.group(1), match.group(2)
-    return f" {_spell_digits(whole)} point {_digit_by_digit(frac)} "
+    return f" {_spell_amount(match.group(0))} "
+
+
+def _spell_amount(text: str) -> str:
+    """"1,000.5" -> "one thousand point five"; "15" -> "fifteen"."""
+    whole, _, frac = text.partition(".")
+    return _spell_digits(whole) + (f" point {_digit_by_digit(frac)}" if frac else "")
+
+
+def _spell_version(match: re.Match) -> str:
+    """"2.0.1" -> "two point zero point one": each group a number ("10.15.7" -> "ten point fifteen
+    point seven"), a group with a leading zero digit by digit ("1.05.2" -> "... zero five ...")."""
+    groups = match.group(0).split(".")
+    return " " + " point ".join(_digit_by_digit(g) if len(g) > 1 and g[0] == "0" else _spell_digits(g)
+                                for g in groups) + " "
+
+
+def _spell_dollars(match: re.Match) -> str:
+    dollars, cents = match.group(1), match.group(2)
+    words = _spell_digits(dollars) + (" dollar" if dollars.replace(",", "").lstrip("0") == "1" else " dollars")
+    if cents and int(cents) != 0:
+        words += f" {spell_number(int(cents))} " + ("cent" if int(cents) == 1 else "cents")
+    return f" {words} "
 
 
 _NUMBER_PATTERNS = (
     # order matters: the most specific forms first
-    (re.compile(r"(\d+)\s*%"), lambda m: f" {_spell_digits(m.group(1))} percent "),
-    (re.compile(r"\$(\d[\d,]*)(?:\.(\d\d))?"), lambda m: " " + _spell_digits(m.group(1))
-     + " dollars" + ("" if not m.group(2) or int(m.group(2)) == 0 else f" {spell_number(int(m.group(2)))} cents") + " "),
+    # a minus sign: U+2212 always; a hyphen only before a number and not after a word, a number or
+    # another dash ("-5", "(-5)", "a -0.5% drop", but not "5-3", "1990-1995" or "COVID-19")
+    (re.compile(r"(?:(?<![\w.,\-\u2212)\]])-|\u2212 ?)(?=\$?\d)"), lambda m: " minus "),
+    # "v2.0.1": a version's "v" read as "version"
+    (re.compile(r"\b[vV](?=\d+(?:\.\d+)+\b)"), lambda m: " version "),
+    (re.compile(r"(?<![\d.,])\d+(?:\.\d+){2,}\b"), _spell_version),
+    (re.compile(r"((?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?)\s*%"), lambda m: f" {_spell_amount(m.group(1))} percent "),
+    # "$1.5 million" -> "one point five million dollars"
+    (re.compile(r"\$(\d[\d,]*(?:\.\d+)?) ?(thousand|million|billion|trillion)\b"),
+     lambda m: f" {_spell_amount(m.group(1))} {m.group(2)} dollars "),
+    (re.compile(r"\$(\d[\d,]*)(?:\.(\d\d))?(?!\.?\d)"), _spell_dollars),
+    (re.compile(r"\$(\d[\d,]*\.\d+)"), lambda m: f" {_spell_amount(m.group(1))} dollars "),  # "$3.999"
     (re.compile(r"\b(\d{1,15})(?:st|nd|rd|th)\b"), lambda m: f" {spell_ordinal(int(m.group(1)))} "),
     (re.compile(r"\b(\d{1,2}):(\d\d)\b"), lambda m: f" {spell_number(int(m.group(1)))} "
      + ("" if m.group(2) == "00" else ("oh " if m.group(2)[0] == "0" else "") + spell_number(int(m.group(2)))) + " "),
-    (re.compile(r"\b(1[1-9]\d\d|20\d\d)\b(?![.,]\d)"), lambda m: f" {spell_year(int(m.group(1)))} "),
+    # a year: not the fraction of a decimal ("3.1415") nor followed by one ("2020.5")
+    (re.compile(r"(?<!\d[.,])\b(1[1-9]\d\d|20\d\d)\b(?![.,]\d)"), lambda m: f" {spell_year(int(m.group(1)))} "),
     (re.compile(r"(\d[\d,]*)\.(\d+)"), _spell_decimal),
     (re.compile(r"\d{1,3}(?:,\d{3})+|\d+"), lambda m: f" {_spell_digits(m.group(0))} "),
 )
@@ -106,7 +139,8 @@ def spell_numbers(text: str) -> str:
     for pattern, spell in _NUMBER_PATTERNS:
         out = pattern.sub(spell, out)
     out = re.sub(r" *\n *", "\n", re.sub(r"[ \t]{2,}", " ", out))
-    return re.sub(r" +([.,!?;:])", r"\1", out).strip()
+    out = re.sub(r"([(\[]) +", r"\1", out)
+    return re.sub(r" +([.,!?;:)\]])", r"\1", out).strip()
 
 
 __all__ = ["spell_number", "spell_ordinal", "spell_year", "spell_numbers"]
