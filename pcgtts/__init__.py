@@ -22,6 +22,7 @@ _EXPORTS = {
     "Synthesizer": "pcgtts.runtime.synthesizer",
     "SynthesisStream": "pcgtts.runtime.synthesizer",
     "StreamStats": "pcgtts.runtime.synthesizer",
+    "EmptySynthesis": "pcgtts.runtime.synthesizer",
     "AudioChunk": "pcgtts.runtime.audio.chunk",
     "Voice": "pcgtts.runtime.audio.voice",
     "Settings": "pcgtts.runtime.config",
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from pcgtts.runtime.audio.voice import Voice
     from pcgtts.runtime.config import (DecodeConfig, DeviceConfig, ModelPaths, SamplingConfig, Settings,
                                        StreamConfig, SynthesisConfig, resolve_settings)
-    from pcgtts.runtime.synthesizer import StreamStats, SynthesisStream, Synthesizer
+    from pcgtts.runtime.synthesizer import EmptySynthesis, StreamStats, SynthesisStream, Synthesizer
 
 
 def __getattr__(name: str):

@@ -32,6 +32,11 @@ log = logging.getLogger(__name__)
 _END = object()  # queue sentinel: the worker finished
 
 
+class EmptySynthesis(RuntimeError):
+    """The model made no speech for a call's text: it ended every sentence at once, before its first
+    speech token. Raised by `synthesize()` and by iterating `stream()` instead of returning no audio."""
+
+
 @dataclass
 class StreamStats:
     """What one `stream()` call did; complete once the stream is exhausted or closed."""
@@ -319,12 +324,18 @@ def produce(job: StreamJob) -> None:
                                     acceptance=acceptance):
                     if not codec.push(burst) or not job.await_room(chunk_samples):  # run-ahead full: wait
                         return
+                if not sentence.emitted and len(prompts) > 1:
+                    log.warning("sentence %d of %d ended at once: the model made no speech for it",
+                                len(stats.sentences), len(prompts))
                 if sentence.finish in ("max_tokens", "cache_full"):
                     stats.truncated += 1
                     why = (f"its budget of {budget} tokens" if sentence.finish == "max_tokens"
                            else "the end of the KV cache")
                     log.warning("sentence %d reached %s without the stop token; cut there",
                                 len(stats.sentences), why)
+            if not any(sentence.emitted for sentence in stats.sentences):
+                raise EmptySynthesis("the model made no speech for this text: it ended before its first speech "
+                                     "token (try another voice, seed or wording)")
             if codec.finish():
                 put(_END)
         finally:

@@ -40,7 +40,7 @@ from pcgtts.runtime.config import (DeviceConfig, ModelPaths, Settings, Synthesis
 from pcgtts.runtime.loading import load_models
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.planner import DraftLengthPlanner
-from pcgtts.runtime.stream_worker import StreamJob, StreamStats, SynthesisStream
+from pcgtts.runtime.stream_worker import EmptySynthesis, StreamJob, StreamStats, SynthesisStream
 from pcgtts.runtime.text.numbers import spell_numbers
 from pcgtts.runtime.text.prompt import build_prompt
 from pcgtts.runtime.text.script import foreign_script
@@ -183,7 +183,8 @@ class Synthesizer:
         reading the cancelled one raises RuntimeError; while another thread is reading one (it read
         within the last `run_ahead_s` seconds), the new call raises RuntimeError instead. A stream
         nobody reads runs ahead by `SynthesisConfig.run_ahead_s` seconds of audio, then waits without
-        using the CPU."""
+        using the CPU. Iterating a stream whose text the model makes no speech for (it ends every
+        sentence before its first speech token) raises `EmptySynthesis` instead of ending empty."""
         check_stream_arguments(text, ref_audio, ref_text, voice, config)
         config = call_config(config or self.config, settings)
         check_policy(config.decode.policy, draft=self.draft is not None, groups=self.groups is not None,
@@ -240,7 +241,8 @@ class Synthesizer:
         return prompts, budgets
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
-        """The whole waveform (float32, 16 kHz), by consuming `stream` (same arguments, same checks)."""
+        """The whole waveform (float32, 16 kHz), by consuming `stream` (same arguments, same checks).
+        Raises `EmptySynthesis` when the model makes no speech for the text (it ends at once)."""
         with self.stream(text, **kwargs) as chunks:
             parts = [c.samples for c in chunks]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
@@ -252,4 +254,4 @@ class Synthesizer:
                 lm.release()
 
 
-__all__ = ["StreamStats", "SynthesisStream", "Synthesizer"]
+__all__ = ["EmptySynthesis", "StreamStats", "SynthesisStream", "Synthesizer"]

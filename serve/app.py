@@ -14,8 +14,9 @@ pitch-preserving time stretch is in the dependency set.
 
 A speech request's settings are built and checked (the runtime's ranges) before a worker is
 taken, and its headers wait for the first audio chunk: a request the server cannot serve gets an
-error status, never 200. A failure after audio has gone out cuts the transfer (pcm / wav: the
-client sees an incomplete body) or ends the SSE stream with an error event. Uploaded voices are
+error status, never 200 (text the model makes no speech for, ending at once, is a 422 with code
+`empty_synthesis`). A failure after audio has gone out cuts the transfer (pcm / wav: the client
+sees an incomplete body) or ends the SSE stream with an error event. Uploaded voices are
 encoded by the workers' reference encoder, the one `pcgtts speak --ref-audio` uses (for an
 exported codec decoder: the checkpoint it was exported from).
 """
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 import pcgtts
+from pcgtts.runtime.synthesizer import EmptySynthesis
 from pcgtts.serve.config import ServerConfig
 from pcgtts.serve.encode import FORMATS, Encoder, sse_delta, sse_event
 from pcgtts.serve.errors import APIError, install_handlers
@@ -68,6 +70,9 @@ async def first_chunk_ready(chunks):
         first = await anext(chunks)
     except StopAsyncIteration:
         first = None
+    except EmptySynthesis as err:
+        log.warning("a speech request produced no audio: %s", err)
+        raise APIError(422, f"no speech: {err}", "input", "empty_synthesis") from None
     except Exception:
         log.exception("a speech stream failed before its first chunk")
         raise APIError(500, "speech synthesis failed (details are in the server log)", None, "internal_error",

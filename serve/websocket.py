@@ -13,7 +13,9 @@ Server -> client:
     {"type": "sentence.end", "index": 0, "audio_seconds": ..., "time_to_first_audio_s": ..., "real_time_factor": ...}
     {"type": "error", "error": {OpenAI error fields}}   (a queue-full error closes with 1013, a
                                            sentence the runtime fails on with 1011; a bad message
-                                           or config, binary frames included, leaves the session open)
+                                           or config, binary frames included, or a sentence the
+                                           model makes no speech for (code empty_synthesis) leaves
+                                           the session open)
     {"type": "done"}                       then the server closes (1000)
 
 A sentence is complete at `.`, `!`, `?` (and their CJK forms) followed by whitespace, the same
@@ -30,6 +32,7 @@ import re
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from pcgtts.runtime.synthesizer import EmptySynthesis
 from pcgtts.serve.encode import Encoder
 from pcgtts.serve.errors import APIError
 from pcgtts.serve.service import REQUEST_SETTINGS
@@ -175,6 +178,11 @@ async def _speak_all(ws: WebSocket, service, sentences: asyncio.Queue, options: 
                 await ws.send_bytes(encoder.chunk(chunk.samples, chunk.is_last))
         except WebSocketDisconnect:
             raise
+        except EmptySynthesis as err:  # nothing was sent for it: say so, and go on with the next sentence
+            log.warning("a websocket sentence produced no audio: %s", err)
+            await _error(ws, APIError(422, f"sentence {index}: no speech: {err}", "text", "empty_synthesis"))
+            index += 1
+            continue
         except Exception:  # the runtime failed: say so and close (1011), rather than a silent close
             log.exception("a websocket sentence failed while it was spoken")
             await _error(ws, APIError(500, f"speech synthesis failed in sentence {index} (details are in the server "
