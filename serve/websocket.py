@@ -19,7 +19,8 @@ Server -> client:
     {"type": "done"}                       then the server closes (1000)
 
 A sentence is complete at `.`, `!`, `?` (and their CJK forms) followed by whitespace, the same
-boundary as runtime/text/split.py. Each sentence holds a worker only while it is spoken, so an
+boundary as runtime/text/split.py; text past the server's input limit with no sentence end is spoken
+in pieces within it, split at clauses, then words. Each sentence holds a worker only while it is spoken, so an
 idle session waiting for text holds none. A disconnect cancels the sentence being spoken.
 """
 
@@ -33,6 +34,7 @@ import re
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from pcgtts.runtime.synthesizer import EmptySynthesis
+from pcgtts.runtime.text.split import split_sentences
 from pcgtts.serve.encode import Encoder
 from pcgtts.serve.errors import APIError
 from pcgtts.serve.service import REQUEST_SETTINGS
@@ -47,6 +49,16 @@ def take_sentences(buffer: str) -> tuple[list[str], str]:
     """(complete sentences, the unfinished rest) of the text received so far."""
     parts = SENTENCE_END.split(buffer)
     return [p.strip() for p in parts[:-1] if p.strip()], parts[-1]
+
+
+def split_unfinished(buffer: str, limit: int) -> tuple[list[str], str]:
+    """(pieces to speak now, the rest to keep) of text longer than `limit` with no sentence end: split
+    at clauses, then words (runtime/text/split.py), each piece within `limit`; the last piece, which
+    may end in a word still arriving, stays in the buffer."""
+    pieces = split_sentences(buffer, limit)
+    if len(pieces) > 1 and not buffer[-1:].isspace():
+        return pieces[:-1], pieces[-1]
+    return pieces, ""
 
 
 async def run_session(ws: WebSocket, service) -> None:
@@ -110,8 +122,13 @@ async def run_session(ws: WebSocket, service) -> None:
                     continue
                 buffer += message["text"]
                 complete, buffer = take_sentences(buffer)
-                if len(buffer) > limit:  # no sentence end in sight: speak it as it is
-                    complete, buffer = complete + [buffer], ""
+                if len(buffer) > limit:  # no sentence end in sight: speak it in pieces within the limit
+                    try:
+                        pieces, buffer = split_unfinished(buffer, limit)
+                    except ValueError as err:  # nothing pronounceable in it
+                        await _error(ws, APIError(400, f"text: {err}", "text", "invalid_value"))
+                        pieces, buffer = [], ""
+                    complete += pieces
                 for sentence in complete:
                     sentences.put_nowait(sentence)
             elif kind in ("flush", "end"):

@@ -358,3 +358,49 @@ def test_a_websocket_sentence_that_fails_is_reported_and_closes_1011(server, mon
             ws.recv(timeout=10)
         assert ws.close_code == 1011
     wait_idle(server.pool)
+
+
+# -- input past the server's limits ---------------------------------------------------------------
+
+SMALL_LIMIT = 100  # max_input_chars of `small_server`
+
+
+@pytest.fixture(scope="module")
+def small_server(tiny_lm_factory, demo_codec_dir, tmp_path_factory):
+    running = start_server(tiny_lm_factory(), demo_codec_dir, tmp_path_factory.mktemp("voices"),
+                           max_input_chars=SMALL_LIMIT, max_new_tokens=4)
+    yield running
+    running.stop()
+
+
+def websocket_session(server, messages) -> tuple[list[dict], int]:
+    """Send `messages` then end; (the JSON messages received up to done, audio bytes received)."""
+    pytest.importorskip("websockets")
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{server.port}/v1/audio/speech/stream", additional_headers=auth(),
+                 open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "ready"
+        for message in [*messages, {"type": "end"}]:
+            ws.send(json.dumps(message))
+        received, audio = [], 0
+        while True:
+            frame = ws.recv(timeout=60)
+            if isinstance(frame, bytes):
+                audio += len(frame)
+                continue
+            received.append(json.loads(frame))
+            if received[-1]["type"] == "done":
+                return received, audio
+
+
+def test_websocket_text_past_the_limit_without_a_sentence_end_is_spoken_in_pieces(small_server):
+    words = [f"word{i}" for i in range(40)]  # ~270 characters, no sentence end
+    text = " ".join(words)
+    parts = [text[i:i + 90] for i in range(0, len(text), 90)]  # each message within the limit, cut mid-word
+    received, audio = websocket_session(small_server, [{"type": "text", "text": p} for p in parts])
+    assert [m for m in received if m["type"] == "error"] == []
+    spoken = [m["text"] for m in received if m["type"] == "sentence.start"]
+    assert len(spoken) >= 3 and all(len(s) <= SMALL_LIMIT for s in spoken), spoken
+    assert " ".join(spoken).split() == words  # every word once, in order, none cut in two
+    assert audio > 0
