@@ -9,7 +9,8 @@
 
 `/v1` routes need `Authorization: Bearer <key>` when `ServerConfig.api_key` is set; /health and
 /metrics stay open for probes and scrapers. Every error is OpenAI error JSON (errors.py).
-`speed` other than 1.0 is refused with a 400: resampling would shift the pitch, and no
+A speech body past `ServerConfig.max_speech_body_bytes` is a 413 before it is read (voice uploads:
+past `max_upload_bytes`). `speed` other than 1.0 is refused with a 400: resampling would shift the pitch, and no
 pitch-preserving time stretch is in the dependency set.
 
 A speech request's settings are built and checked (the runtime's ranges) before a worker is
@@ -106,6 +107,53 @@ class CuttableStreamingResponse(StreamingResponse):
             pass
 
 
+def too_large(limit: int, what: str, param: str | None) -> APIError:
+    return APIError(413, f"the {what} is larger than this server's limit of {limit} bytes", param,
+                    "upload_too_large" if param == "audio" else "request_too_large")
+
+
+class _LimitSpeechBodies:
+    """ASGI middleware: a speech request's body past `limit` bytes is answered 413 before it is read
+    (by its Content-Length), or, sent in chunks without one, as soon as it passes the limit; at most
+    `limit` bytes of it are ever held."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/v1/audio/speech":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) <= self.limit:
+                return await self.app(scope, receive, send)
+            return await self._refuse(scope, receive, send)
+        parts, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.limit:
+                return await self._refuse(scope, receive, send)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(parts), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send):
+        err = too_large(self.limit, "request body", None)
+        await JSONResponse(err.body(), status_code=413, headers={"Connection": "close"})(scope, receive, send)
+
+
 def _route_label(path: str) -> str:
     if path in ROUTES:
         return path
@@ -139,7 +187,8 @@ def create_app(config: ServerConfig, pool: WorkerPool) -> FastAPI:
     app = FastAPI(title="pcgtts", version=pcgtts.__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     install_handlers(app)
-    app.add_middleware(_CountRequests, metrics=service.metrics)
+    app.add_middleware(_LimitSpeechBodies, limit=config.max_speech_body_bytes)
+    app.add_middleware(_CountRequests, metrics=service.metrics)  # outermost: it counts the 413s too
 
     def auth(request: Request) -> None:
         service.check_key(request.headers.get("authorization"))
@@ -224,8 +273,7 @@ def create_app(config: ServerConfig, pool: WorkerPool) -> FastAPI:
         if length is None:
             raise APIError(411, "voice uploads need a Content-Length header", None, "length_required")
         if not length.isdigit() or int(length) > config.max_upload_bytes:
-            raise APIError(413, f"the upload is larger than this server's limit of {config.max_upload_bytes} bytes",
-                           "audio", "upload_too_large")
+            raise too_large(config.max_upload_bytes, "upload", "audio")
         try:
             form = await request.form(max_files=1, max_fields=4)
         except Exception as err:  # malformed multipart bodies

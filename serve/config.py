@@ -65,6 +65,12 @@ class ServerConfig:
         if self.policy is not None and self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
 
+    @property
+    def max_speech_body_bytes(self) -> int:
+        """A speech request's JSON body at most: `max_input_chars` characters at 12 bytes each (one
+        outside the Basic Multilingual Plane written as two \\u escapes) and 64 KiB for the rest."""
+        return 12 * self.max_input_chars + 64 * 1024
+
     def runtime_settings(self) -> dict:
         """Keyword settings for `Synthesizer.from_pretrained` (None = not given)."""
         return {**dataclasses.asdict(self.models), "compute_device": self.compute_device, "backend": self.backend,

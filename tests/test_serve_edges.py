@@ -404,3 +404,39 @@ def test_websocket_text_past_the_limit_without_a_sentence_end_is_spoken_in_piece
     assert len(spoken) >= 3 and all(len(s) <= SMALL_LIMIT for s in spoken), spoken
     assert " ".join(spoken).split() == words  # every word once, in order, none cut in two
     assert audio > 0
+
+
+def test_a_speech_body_past_the_limit_is_a_413_from_its_content_length_before_it_is_read(small_server):
+    """The header promises 200 MB and the body never comes: the answer must not wait for it."""
+    limit = 12 * SMALL_LIMIT + 64 * 1024
+    with socket.create_connection(("127.0.0.1", small_server.port), timeout=10) as sock:
+        sock.sendall((f"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      f"Authorization: {auth()['Authorization']}\r\nContent-Length: {200 * 1024 * 1024}\r\n\r\n"
+                      '{"input": "').encode())
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), reply[:200]
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_too_large" and str(limit) in error["message"]
+
+
+def chunked(data: bytes, size: int = 8192):
+    for i in range(0, len(data), size):
+        yield data[i:i + size]
+
+
+def test_a_chunked_speech_body_is_cut_off_at_the_limit(small_server):
+    body = json.dumps({"input": "a " * 200_000}).encode()  # 400 kB, sent without a Content-Length
+    response = httpx.post(f"{small_server.url}/v1/audio/speech", content=chunked(body), timeout=30,
+                          headers={"Content-Type": "application/json", **auth()})
+    assert "content-length" not in response.request.headers
+    assert_openai_error(response, 413)
+    small = json.dumps({"input": "Hi there.", "response_format": "pcm"}).encode()
+    response = httpx.post(f"{small_server.url}/v1/audio/speech", content=chunked(small, 5), timeout=60,
+                          headers={"Content-Type": "application/json", **auth()})
+    assert response.status_code == 200 and len(response.content) > 0, response.text
