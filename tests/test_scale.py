@@ -177,6 +177,10 @@ def test_the_builtin_voice_scaled_by_the_command_keeps_its_logits(tmp_path, caps
       "--ffn", "256"], "layers (2) is smaller than the voice's (4)"),
     (["--shape", "custom", "--hidden", "128", "--layers", "6", "--heads", "6", "--kv-heads", "4", "--head-dim", "16",
       "--ffn", "256"], "6 heads do not divide into 4 KV heads"),
+    (["--shape", "custom", "--hidden", "128", "--layers", "6", "--heads", "6", "--kv-heads", "2", "--head-dim", "16",
+      "--ffn", "256"], "hidden 128 is not a multiple of the 6 heads"),
+    (["--shape", "custom", "--hidden", "128", "--layers", "6", "--heads", "6", "--kv-heads", "2", "--ffn", "256"],
+     "hidden 128 is not a multiple of the 6 heads"),
 ])
 def test_bad_shapes_are_one_line_errors_before_any_work(voice, tmp_path, capsys, flags, message):
     out = tmp_path / "out"
@@ -221,3 +225,92 @@ def test_an_int8_target_with_a_dense_head_runs_the_eagle_policies(scaled):
                                         max_new_tokens=40)
     audio = synth.synthesize("Hello there.")
     assert len(audio) > 0
+
+
+def test_a_custom_shapes_head_dim_defaults_to_hidden_over_heads():
+    sizes = dict(hidden=512, layers=8, heads=8, kv_heads=2, ffn=2048)
+    assert scale.shape_from_flags("custom", {**sizes, "head_dim": None}) == Shape(**sizes, head_dim=64)
+    assert scale.shape_from_flags("custom", {**sizes, "head_dim": 128}) == Shape(**sizes, head_dim=128)
+
+
+def test_a_missing_out_parent_is_refused_not_made(voice, tmp_path, capsys):
+    out = tmp_path / "no" / "such" / "out"
+    assert main(["models", "scale", "--from", str(voice), "--shape", "custom", *SIZE_FLAGS, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not exist" in err and len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+SIZE_FLAGS = ["--hidden", "128", "--layers", "6", "--heads", "8", "--kv-heads", "2", "--head-dim", "16", "--ffn", "256"]
+
+
+@pytest.fixture
+def voice_unread(monkeypatch):
+    """Reading the voice (the first step of real work) fails the test: a refusal must come before it."""
+    def read(source):
+        raise AssertionError("the voice was read before the size was checked")
+
+    monkeypatch.setattr(scale, "source_folders", read)
+
+
+@pytest.mark.parametrize("dtype, memory_gb, ways", [
+    ("float32", 24, "use a smaller shape (--shape llasa-3b: about 18 GB)"),
+    ("float32", 30, "use --dtype bfloat16 (about 22 GB) or a smaller shape (--shape llasa-3b: about 18 GB)"),
+    ("bfloat16", 24, "use a smaller shape (--shape llasa-3b: about 12 GB)"),
+    ("float32", 11, "use a smaller shape (--shape llasa-1b: about 8.6 GB)"),
+    ("float32", 8, "use a smaller shape (--shape llasa-1b --dtype bfloat16: about 6.3 GB)"),
+    ("float32", 2, "use a smaller shape or a machine with more memory"),
+])
+def test_a_shape_too_large_for_the_memory_is_refused_before_any_work(voice, tmp_path, capsys, monkeypatch, voice_unread,
+                                                                     dtype, memory_gb, ways):
+    monkeypatch.setattr(scale, "available_memory", lambda: memory_gb * scale.GiB)
+    out = tmp_path / "out"
+    flags = ["--from", str(voice), "--shape", "llasa-8b", "--dtype", dtype, "--out", str(out)]
+    assert main(["models", "scale", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"--shape llasa-8b in {dtype} needs about" in err and f"GB is available: {ways}" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_absurd_custom_shape_is_refused_on_this_machine(voice, tmp_path, capsys, voice_unread):
+    flags = ["--hidden", "1048576", "--layers", "100000", "--heads", "8", "--kv-heads", "2", "--ffn", "4194304"]
+    out = tmp_path / "out"
+    assert main(["models", "scale", "--from", str(voice), "--shape", "custom", *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the custom shape (hidden 1048576" in err and "of memory" in err and len(err.splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_too_large_for_the_disk_is_refused(voice, tmp_path, capsys, monkeypatch, voice_unread):
+    monkeypatch.setattr(scale, "available_memory", lambda: 1000 * scale.GiB)
+    monkeypatch.setattr(scale, "free_disk", lambda folder: scale.GiB)
+    assert main(["models", "scale", "--from", str(voice), "--shape", "llasa-1b", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--shape llasa-1b in float32 writes about" in err and "1.0 GB free" in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_estimate_is_the_written_targets_size(voice, scaled):
+    config = json.loads((scaled / "target" / "config.json").read_text())
+    shape = scale.source_shape(config)
+    written = (scaled / "target" / "model.safetensors").stat().st_size
+    need = scale.estimate(shape, "float32", vocab=config["vocab_size"])
+    assert need.weights <= written < need.weights + 64 * 1024  # the weights, and a small header
+    assert need.memory > need.weights and need.disk > need.weights
+    assert scale.estimate(shape, "bfloat16", vocab=config["vocab_size"]).weights * 2 == need.weights
+    big = scale.estimate(scale.SHAPES["llasa-8b"], "float32")  # LLaMA-3.1 8B's body: about 7e9 weights
+    assert 7.0e9 * 4 < big.weights < 7.6e9 * 4
+
+
+def test_available_memory_without_psutil_reads_meminfo(monkeypatch):
+    import sys
+
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.is_file():
+        pytest.skip("no /proc/meminfo here")
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil raises ImportError
+    got = scale.available_memory()
+    listed = next(int(line.split()[1]) * 1024 for line in meminfo.read_text().splitlines()
+                  if line.startswith("MemAvailable:"))
+    assert abs(got - listed) < 512 * 2**20

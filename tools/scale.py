@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +69,8 @@ SHAPES = {  # the released LLaSA targets' bodies (LLaMA-3.2 1B / 3B, LLaMA-3.1 8
 
 
 def shape_from_flags(name: str, custom: dict[str, int | None]) -> Shape:
-    """A named shape, or `custom` with every field given (a one-line ValueError otherwise)."""
+    """A named shape, or `custom` with every field given (`head_dim` defaults to hidden ÷ heads, as in
+    transformers); a one-line ValueError otherwise."""
     given = {k: v for k, v in custom.items() if v is not None}
     if name != "custom":
         if name not in SHAPES:
@@ -76,12 +78,129 @@ def shape_from_flags(name: str, custom: dict[str, int | None]) -> Shape:
         if given:
             raise ValueError(f"--{next(iter(given)).replace('_', '-')} goes with --shape custom only")
         return SHAPES[name]
-    missing = [k for k in Shape.__dataclass_fields__ if k not in given]
+    missing = [k for k in Shape.__dataclass_fields__ if k not in given and k != "head_dim"]
     if missing:
         raise ValueError(f"--shape custom needs {', '.join('--' + k.replace('_', '-') for k in missing)}")
     if any(v < 1 for v in given.values()):
         raise ValueError("every size of a custom shape must be >= 1")
-    return Shape(**given)
+    if "head_dim" not in given:
+        check_layout(Shape(**given, head_dim=1))
+        given["head_dim"] = given["hidden"] // given["heads"]
+    shape = Shape(**given)
+    check_layout(shape)
+    return shape
+
+
+def check_layout(shape: Shape) -> None:
+    """A one-line ValueError unless `shape` is a LLaMA layout transformers accepts."""
+    if shape.heads % shape.kv_heads:
+        raise ValueError(f"{shape.heads} heads do not divide into {shape.kv_heads} KV heads")
+    if shape.hidden % shape.heads:
+        raise ValueError(f"hidden {shape.hidden} is not a multiple of the {shape.heads} heads "
+                         "(a LLaMA's width must divide evenly among its heads)")
+
+
+GiB = 2**30
+SPEECH_TOKENS = 65536  # X-codec2's speech tokens: the fewest rows a LLaSA vocabulary can have
+HEADROOM = 1.2  # memory and disk asked for beyond the estimate: allocator slack, the runtime's own
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def layer_parameters(shape: Shape) -> int:
+    attention = 2 * shape.hidden * shape.head_dim * (shape.heads + shape.kv_heads)
+    return attention + 3 * shape.hidden * shape.ffn + 2 * shape.hidden
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What scaling to a shape costs, in bytes: the target's weights, the peak memory (the weights held
+    whole while they are written, plus float64 working copies of the largest piece: about four
+    vocabulary × width arrays while the head is made dense, or three of a layer), and the disk the
+    output folder takes (the target and the layer-subset draft; the rest is the voice's own size)."""
+
+    weights: int
+    memory: int
+    disk: int
+
+
+def estimate(shape: Shape, dtype_name: str, vocab: int = SPEECH_TOKENS, draft_layers: int = 1,
+             source_bytes: int = 0) -> Estimate:
+    """The cost of `scale_voice` to `shape`, from sizes alone (nothing is allocated)."""
+    size = DTYPE_BYTES[dtype_name]
+    ends = 2 * vocab * shape.hidden + shape.hidden  # embedding, head, final norm
+    layer = layer_parameters(shape)
+    weights = (ends + shape.layers * layer) * size
+    memory = weights + 8 * max(4 * vocab * shape.hidden, 3 * layer) + source_bytes
+    disk = weights + (ends + min(draft_layers, shape.layers) * layer) * size
+    return Estimate(weights, memory, disk)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation can have without swapping (psutil, else /proc/meminfo's
+    MemAvailable, else free physical pages); None when the system does not say."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def free_disk(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GB" if n < 10 * GiB else f"{n / GiB:,.0f} GB"
+
+
+def shape_name(shape: Shape) -> str:
+    named = [f"--shape {name}" for name, known in SHAPES.items() if known == shape]
+    return named[0] if named else f"the custom shape (hidden {shape.hidden}, {shape.layers} layers, ffn {shape.ffn})"
+
+
+def check_resources(shape: Shape, dtype_name: str, out: Path, **sizes) -> Estimate:
+    """A one-line ValueError, before anything is allocated, when scaling to `shape` would not fit in
+    the available memory or on `out`'s disk (with `HEADROOM`), saying what would fit. `sizes` are
+    `estimate`'s: lower bounds by default, so it can run before the voice is read."""
+    need, named = estimate(shape, dtype_name, **sizes), shape_name(shape)
+    memory = available_memory()
+    if memory is not None and need.memory * HEADROOM > memory:
+        def fits(s: Shape, dtype: str) -> bool:
+            return estimate(s, dtype, **sizes).memory * HEADROOM <= memory
+
+        ways = []
+        if dtype_name != "bfloat16" and fits(shape, "bfloat16"):
+            ways.append(f"--dtype bfloat16 (about {_gib(estimate(shape, 'bfloat16', **sizes).memory)})")
+        for dtype in dict.fromkeys((dtype_name, "bfloat16")):
+            smaller = [n for n, s in SHAPES.items() if fits(s, dtype)]
+            if smaller:
+                flag = f"--shape {smaller[-1]}" + ("" if dtype == dtype_name else f" --dtype {dtype}")
+                size = estimate(SHAPES[smaller[-1]], dtype, **sizes).memory
+                ways.append(f"a smaller shape ({flag}: about {_gib(size)})")
+                break
+        way = " or ".join(ways) if ways else "a smaller shape or a machine with more memory"
+        raise ValueError(f"{named} in {dtype_name} needs about {_gib(need.memory)} of memory (its weights "
+                         f"{_gib(need.weights)}) but {_gib(memory)} is available: use {way}")
+    disk = free_disk(out.parent)
+    if disk is not None and need.disk * HEADROOM > disk:
+        raise ValueError(f"{named} in {dtype_name} writes about {_gib(need.disk)} but {out.parent} has "
+                         f"{_gib(disk)} free: free some space, give --out on another disk, or use "
+                         + ("a smaller shape" if dtype_name == "bfloat16" else "--dtype bfloat16 or a smaller shape"))
+    return need
 
 
 def source_shape(config: dict) -> Shape:
@@ -98,8 +217,7 @@ def check_shape(source: Shape, shape: Shape, what: str = "shape") -> None:
                              f"({getattr(source, name)}): a scaled model must be at least as large")
     if shape.hidden % source.hidden:
         raise ValueError(f"hidden {shape.hidden} is not a multiple of the voice's {source.hidden}")
-    if shape.heads % shape.kv_heads:
-        raise ValueError(f"{shape.heads} heads do not divide into {shape.kv_heads} KV heads")
+    check_layout(shape)
     if shape.heads // shape.kv_heads < source.heads // source.kv_heads:
         raise ValueError(f"{shape.heads // shape.kv_heads} query heads a KV head cannot hold the voice's "
                          f"{source.heads // source.kv_heads}")
@@ -353,17 +471,27 @@ def scale_voice(source: str, shape: Shape, out: Path, dtype_name: str = "float32
     from pcgtts.groups.table import GroupTable
     from pcgtts.runtime.lm.eagle import EAGLE_FILE
 
+    from pcgtts.runtime.files import check_output_dir
+
+    if dtype_name not in DTYPE_BYTES:
+        raise ValueError(f"dtype {dtype_name!r}: one of {', '.join(DTYPE_BYTES)}")
     out = Path(out)
     if out.exists():
         raise ValueError(f"--out {out} exists: give a new folder (nothing is overwritten)")
+    check_output_dir(out)  # its parent folder exists and is writable
+    check_layout(shape)
+    check_resources(shape, dtype_name, out)  # lower bounds, before the voice is read (or first expanded)
     folders = source_folders(source)
     config = json.loads((folders["target"] / "config.json").read_text())
     src_shape = source_shape(config)
     check_shape(src_shape, shape)
+    draft_layers = json.loads((folders["draft"] / "config.json").read_text())["num_hidden_layers"]
+    check_resources(shape, dtype_name, out, vocab=config["vocab_size"], draft_layers=draft_layers,
+                    source_bytes=(folders["target"] / "model.safetensors").stat().st_size)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype_name]
     stage = out.with_name(f".{out.name}.partial")
     shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
+    stage.mkdir()
     try:
         gen = torch.Generator().manual_seed(seed)
         scaler = Scaler(src_shape, shape, gen)
