@@ -27,11 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                             "(a stand-in for released weights)")
     scale.add_argument("--from", dest="source", default="builtin",
                        help="builtin (default) or a voice folder (voice.json, or one expanded with target/ draft/ codec/)")
-    scale.add_argument("--shape", required=True, help="llasa-1b, llasa-3b, llasa-8b or custom (then every size "
-                       "flag); the memory and disk it needs are estimated and checked before any work")
+    scale.add_argument("--shape", required=True, help="llasa-1b, llasa-3b, llasa-8b or custom (then every size flag)")
     for name in ("hidden", "layers", "heads", "kv-heads", "head-dim", "ffn"):
-        scale.add_argument(f"--{name}", type=int, help=f"custom shape: {name.replace('-', ' ')}"
-                           + (" (default: hidden / heads)" if name == "head-dim" else ""))
+        scale.add_argument(f"--{name}", type=int, help=f"custom shape: {name.replace('-', ' ')}")
     scale.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' dtype (default float32)")
     scale.add_argument("--seed", type=flags.seed, default=0, help="seed of the weights that carry no function")
     scale.add_argument("--out", required=True, help="a new folder: target/ (with its EAGLE draft), draft/, "
@@ -41,8 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write an audio file)")
     speak.add_argument("text")
     voice = speak.add_mutually_exclusive_group()
-    voice.add_argument("--voice", help="a preset voice's name (`pcgtts voices` lists them) or a voice file made by "
-                                       "`pcgtts voice add`")
+    voice.add_argument("--voice", help="a preset voice's name (`pcgtts voices` lists them), default (the model's own "
+                                       "voice) or a voice file made by `pcgtts voice add`")
     voice.add_argument("--ref-audio", help="reference recording to clone (needs --ref-text)")
     speak.add_argument("--ref-text", help="transcript of --ref-audio")
     add_model_args(speak)
@@ -132,8 +130,8 @@ def _models_scale(args) -> int:
 
     custom = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn")}
     shape = shape_from_flags(args.shape, custom)
-    # scale_voice refuses an existing --out, a missing parent folder, and a shape too large for the
-    # memory or the disk before it reads the voice
+    if Path(args.out).exists():
+        raise ValueError(f"--out {args.out} exists: give a new folder (nothing is overwritten)")
     out = scale_voice(args.source, shape, Path(args.out), args.dtype, args.seed,
                       progress=lambda what: print(f"scaling: {what}", file=sys.stderr))
     print(f"scaled voice written to {out} ({STANDIN_NOTICE})")
@@ -224,16 +222,12 @@ def check_speak_args(args) -> None:
 
 
 def check_voice_arg(voice: str, models) -> None:
-    """--voice: an existing path is a voice file (read and checked), anything else a preset's name of the
-    models `models` name (the built-in voice's without a target); a one-line error otherwise."""
-    if Path(voice).exists():
-        from pcgtts.runtime.audio.voice import Voice
+    """--voice: `default` (the model's own voice), an existing path (a voice file, read and checked), or
+    else a preset's name of the models `models` name (the built-in voice's without a target); a
+    one-line error otherwise (an empty name, a folder, a recording: that is --ref-audio's)."""
+    from pcgtts.builtin import named_presets
 
-        Voice.load(voice)
-    else:
-        from pcgtts.builtin import named_presets
-
-        named_presets(models).resolve(voice)
+    named_presets(models).find(voice, "use --ref-audio and --ref-text to clone from a recording")
 
 
 # The flags that only some policies read: (argparse dest, the policies that read it).

@@ -151,10 +151,9 @@ class Synthesizer:
     def _resolve_voice(self, voice, ref_audio, ref_text) -> Voice | None:
         if voice is not None and ref_audio is not None:
             raise ValueError("give either voice= or ref_audio=, not both")
-        if isinstance(voice, str) and not Path(voice).exists():  # not a file: a preset's name
-            voice = self.presets.voice(voice)
-        elif isinstance(voice, (str, Path)):
-            voice = Voice.load(voice)
+        if isinstance(voice, (str, Path)):  # "default", a voice file, or a preset's name
+            voice = self.presets.find(voice, "give the recording as ref_audio= with ref_text=, or make a voice "
+                                             "of it with voice_from_audio()")
         if ref_audio is not None:
             if not ref_text:
                 raise ValueError("ref_audio needs ref_text: the transcript of the reference recording")
@@ -173,7 +172,7 @@ class Synthesizer:
         `text` must be a `str` with something to say; `ref_audio` (a recording) needs `ref_text` (its
         transcript), and `ref_text` needs `ref_audio`; `voice` replaces both: a `Voice`, a voice file, or
         the name of a preset (`voices()` lists them; an existing path is a file, any other string a
-        name, and an unknown name is a ValueError listing the names). No voice: the target's own voice. `config` replaces this Synthesizer's settings for the call, and `settings` change single
+        name, and an unknown name is a ValueError listing the names; "default" is the target's own voice). No voice: the target's own voice. `config` replaces this Synthesizer's settings for the call, and `settings` change single
         ones by name (`seed=7`, `temperature=0.6`, `policy="sd"`: any field of `SynthesisConfig`, at
         any depth; None leaves one as it is), each checked by the config dataclasses. A wrong type is
         a TypeError naming the argument, a wrong value a ValueError naming it.

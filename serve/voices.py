@@ -19,12 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
-from pcgtts.runtime.audio.presets import Presets
+from pcgtts.runtime.audio.presets import DEFAULT_VOICE, Presets
 from pcgtts.runtime.audio.voice import Voice
 
 log = logging.getLogger(__name__)
 
-BUILTIN = "default"
+BUILTIN = DEFAULT_VOICE
 OPENAI_ALIASES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 SUFFIX = ".voice"

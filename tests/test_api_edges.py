@@ -321,3 +321,24 @@ def test_the_command_line_gives_the_builtin_voice_its_scripts(monkeypatch, argv,
     monkeypatch.setattr(Synthesizer, "load", classmethod(lambda cls, *args, **kwargs: loaded.update(kwargs)))
     load_synthesizer(build_parser().parse_args(argv))
     assert loaded["scripts"] == scripts
+
+
+# -- voices named by a string --------------------------------------------------------------------
+
+def test_the_voice_default_is_the_models_own_voice(synth):
+    assert np.array_equal(synth.synthesize("Hello there.", voice="default", seed=3, max_new_tokens=30),
+                          synth.synthesize("Hello there.", seed=3, max_new_tokens=30))
+
+
+def test_a_voice_that_is_empty_a_folder_or_a_recording_is_refused_in_words(synth, tmp_path):
+    sf.write(tmp_path / "me.wav", 0.3 * np.sin(np.arange(16000) / 5), 16000)
+    (tmp_path / "me-without-suffix").write_bytes((tmp_path / "me.wav").read_bytes())
+    with pytest.raises(ValueError, match="^an empty voice name"):
+        synth.stream("Hello there.", voice="")
+    with pytest.raises(ValueError, match=f"^{tmp_path} is a directory"):
+        synth.stream("Hello there.", voice=str(tmp_path))
+    for recording in ("me.wav", "me-without-suffix"):
+        for voice in (str(tmp_path / recording), tmp_path / recording):
+            with pytest.raises(ValueError, match=r"is an audio file: give the recording as ref_audio=.*voice_from_audio"):
+                synth.stream("Hello there.", voice=voice)
+    assert_no_work_started(synth)

@@ -358,3 +358,29 @@ def test_a_reader_that_stops_reading_ends_speak_quietly_with_its_file_written(ti
     assert process.returncode == 141, process.stderr
     assert "Broken pipe" not in process.stderr and "Traceback" not in process.stderr, process.stderr
     assert sf.info(str(out)).duration > 0
+
+
+# -- --voice -------------------------------------------------------------------------------------
+
+def test_speak_voice_default_is_the_models_own_voice(tiny_models, tmp_path, capsys):
+    out = tmp_path / "default.wav"
+    code, err = run_cli(["speak", "Hello there.", *model_flags(tiny_models, "ar"), "--max-tokens", "30",
+                         "--voice", "default", "--out", out], capsys)
+    assert code == 0, err
+    assert sf.info(str(out)).duration > 0.3
+
+
+@pytest.mark.parametrize("voice, message", [
+    ("", "an empty voice name"),
+    ("{tmp}", "{tmp} is a directory"),
+    ("{tmp}/me.wav", "{tmp}/me.wav is an audio file: use --ref-audio and --ref-text"),
+    ("{tmp}/me.flac", "{tmp}/me.flac is an audio file: use --ref-audio and --ref-text"),
+])
+def test_a_voice_that_is_empty_a_folder_or_a_recording_is_one_line_before_models_load(voice, message, tmp_path,
+                                                                                      capsys, no_models):
+    tone = 0.3 * np.sin(np.arange(16000) / 5)
+    sf.write(tmp_path / "me.wav", tone, SAMPLE_RATE)
+    sf.write(tmp_path / "me.flac", tone, SAMPLE_RATE)
+    code, err = run_cli(["speak", "hi", "--voice", voice.format(tmp=tmp_path)], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert message.format(tmp=tmp_path) in err, err

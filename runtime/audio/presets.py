@@ -27,6 +27,10 @@ from pcgtts.runtime.audio.voice import Voice
 
 FORMAT, VERSION, INDEX = "pcgtts-presets", 1, "voices.json"
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+DEFAULT_VOICE = "default"  # wherever a voice is named: the model's own voice, unprompted
+# Recordings, told from voice files (zip archives) by their suffix or their first bytes.
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac", ".aif", ".aiff", ".webm")
+AUDIO_MAGIC = (b"RIFF", b"fLaC", b"OggS", b"ID3", b"FORM", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")
 
 
 class UnknownVoice(ValueError):
@@ -97,6 +101,24 @@ class Presets:
         raise UnknownVoice(f"voice {name!r} is neither a voice file nor a preset; presets: {', '.join(self.names)}"
                            + (f" (aliases: {', '.join(self.aliases)})" if self.aliases else ""))
 
+    def find(self, voice: str | Path, audio_hint: str) -> Voice | None:
+        """The Voice that `voice` names: `default` (None: the model's own voice), an existing path (a
+        voice file), or else a preset's name. A one-line ValueError for an empty name, a folder, or a
+        recording (`audio_hint` then says how to clone from one); UnknownVoice for an unknown name."""
+        if isinstance(voice, str):
+            if not voice.strip():
+                raise ValueError(f"an empty voice name: give a preset's name, {DEFAULT_VOICE!r} or a voice file")
+            if voice == DEFAULT_VOICE and voice not in self.names and voice not in self.aliases:
+                return None
+        path = Path(voice)
+        if path.is_dir():
+            raise ValueError(f"{voice} is a directory, not a voice file")
+        if path.is_file() and is_recording(path):
+            raise ValueError(f"{voice} is an audio file: {audio_hint}")
+        if isinstance(voice, str) and not path.exists():
+            return self.voice(voice)
+        return Voice.load(path)
+
     def voice(self, name: str) -> Voice:
         """The Voice of preset (or alias) `name`, read once."""
         name = self.resolve(name)
@@ -111,6 +133,18 @@ class Presets:
         rows = [{"name": p.name, "description": p.description, "default": p.name == self.default,
                  "seconds": round(len(self.voice(p.name).codes) / 50, 2)} for p in self.voices]
         return rows + [{"name": a, "alias_of": n} for a, n in self.aliases.items()]
+
+
+def is_recording(path: Path) -> bool:
+    """Whether the file at `path` is a recording (by its suffix or its first bytes), not a voice file."""
+    if path.suffix.lower() in AUDIO_SUFFIXES:
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head.startswith(AUDIO_MAGIC)
 
 
 def write_presets(folder: str | Path, voices: dict[str, tuple[Voice, str]], default: str | None,
@@ -131,4 +165,4 @@ def write_presets(folder: str | Path, voices: dict[str, tuple[Voice, str]], defa
     return folder / INDEX
 
 
-__all__ = ["Preset", "Presets", "UnknownVoice", "write_presets", "INDEX"]
+__all__ = ["DEFAULT_VOICE", "Preset", "Presets", "UnknownVoice", "is_recording", "write_presets", "INDEX"]
