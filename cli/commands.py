@@ -27,9 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                             "(a stand-in for released weights)")
     scale.add_argument("--from", dest="source", default="builtin",
                        help="builtin (default) or a voice folder (voice.json, or one expanded with target/ draft/ codec/)")
-    scale.add_argument("--shape", required=True, help="llasa-1b, llasa-3b, llasa-8b or custom (then every size flag)")
+    scale.add_argument("--shape", required=True, help="llasa-1b, llasa-3b, llasa-8b or custom (then every size "
+                       "flag); the memory and disk it needs are estimated and checked before any work")
     for name in ("hidden", "layers", "heads", "kv-heads", "head-dim", "ffn"):
-        scale.add_argument(f"--{name}", type=int, help=f"custom shape: {name.replace('-', ' ')}")
+        scale.add_argument(f"--{name}", type=int, help=f"custom shape: {name.replace('-', ' ')}"
+                           + (" (default: hidden / heads)" if name == "head-dim" else ""))
     scale.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="weights' dtype (default float32)")
     scale.add_argument("--seed", type=flags.seed, default=0, help="seed of the weights that carry no function")
     scale.add_argument("--out", required=True, help="a new folder: target/ (with its EAGLE draft), draft/, "
@@ -130,8 +132,8 @@ def _models_scale(args) -> int:
 
     custom = {k: getattr(args, k) for k in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn")}
     shape = shape_from_flags(args.shape, custom)
-    if Path(args.out).exists():
-        raise ValueError(f"--out {args.out} exists: give a new folder (nothing is overwritten)")
+    # scale_voice refuses an existing --out, a missing parent folder, and a shape too large for the
+    # memory or the disk before it reads the voice
     out = scale_voice(args.source, shape, Path(args.out), args.dtype, args.seed,
                       progress=lambda what: print(f"scaling: {what}", file=sys.stderr))
     print(f"scaled voice written to {out} ({STANDIN_NOTICE})")
