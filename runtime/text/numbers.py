@@ -4,10 +4,11 @@ tokenising (`SynthesisConfig.spell_numbers`, on by default).
 A voice trained on spelled-out text (the speech lab's corpus has no digits) cannot read "42"; every
 voice can read "forty two". Handled: percentages, dollar amounts, ordinals ("3rd"), clock times
 ("7:05"), years (1100-2099 read as years), decimals, version numbers ("2.0.1", "v2.0.1": group by
-group, "two point zero point one"), negative numbers ("-5", "\u22125": "minus five"), and integers with
-or without thousands separators. A hyphen between two numbers ("5-3", "1990-1995") or inside a word
-("COVID-19") is kept as it is, not read as "minus". The quality harness spells its references with the same functions (what an ASR
-transcript writes), so what the voice is asked to say and what its WER is scored against agree.
+group, "two point zero point one"), negative numbers ("-5", "\u22125": "minus five"), and integers
+with or without thousands separators. A hyphen between two numbers ("5-3", "1990-1995") or inside a
+word ("COVID-19") is kept as it is, not read as "minus". The quality harness spells its references
+with the same functions (what an ASR transcript writes), so what the voice is asked to say and what
+its WER is scored against agree.
 """
 
 from __future__ import annotations
