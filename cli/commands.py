@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     scale.set_defaults(func=_models_scale)
 
     speak = sub.add_parser("speak", help="synthesise text and play it in real time (or write an audio file)")
-    speak.add_argument("text")
+    speak.add_argument("text", nargs="?", help="the text to speak; - reads it from standard input")
+    speak.add_argument("--text-file", help="read the text to speak from this UTF-8 file (instead of the argument)")
     voice = speak.add_mutually_exclusive_group()
     voice.add_argument("--voice", help="a preset voice's name (`pcgtts voices` lists them), default (the model's own "
                                        "voice) or a voice file made by `pcgtts voice add`")
@@ -158,6 +159,7 @@ def _speak(args) -> int:
     from pcgtts.cli.interrupt import Interrupted, stop_on_signals
     from pcgtts.runtime.audio.playback import open_sink
 
+    args.text = speak_text(args)
     check_speak_args(args)  # everything checkable is checked before a model loads
     sink = None
     try:
@@ -188,6 +190,29 @@ def _what_was_kept(sink, out: str | None) -> str:
         return f"{out} was already complete"
     seconds = sink.stats().samples_written / SAMPLE_RATE
     return f"kept the {seconds:.1f} s made so far in {kept}{untouched}"
+
+
+def speak_text(args) -> str:
+    """The text `speak` was given: the argument, standard input (`-`) or --text-file; one line of error
+    for none, both, or a file that cannot be read as text."""
+    if (args.text is None) == (args.text_file is None):
+        raise ValueError("give the text to speak as an argument (- reads standard input) or with --text-file, "
+                         "one of them")
+    if args.text == "-":
+        return sys.stdin.read()
+    if args.text is not None:
+        return args.text
+    path = Path(args.text_file)
+    if path.is_dir():
+        raise ValueError(f"--text-file {path} is a directory")
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--text-file {path}: file not found") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--text-file {path}: not UTF-8 text") from None
+    except OSError as err:
+        raise ValueError(f"--text-file {path}: cannot read it ({err.strerror or err})") from None
 
 
 def check_speak_args(args) -> None:

@@ -384,3 +384,43 @@ def test_a_voice_that_is_empty_a_folder_or_a_recording_is_one_line_before_models
     code, err = run_cli(["speak", "hi", "--voice", voice.format(tmp=tmp_path)], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert message.format(tmp=tmp_path) in err, err
+
+
+# -- where the text comes from -------------------------------------------------------------------
+
+def test_python_dash_m_pcgtts_cli_runs_the_command():
+    result = subprocess.run([sys.executable, "-m", "pcgtts.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: pcgtts") and "speak" in result.stdout
+
+
+@pytest.mark.parametrize("source", ["stdin", "file"])
+def test_speak_reads_its_text_from_standard_input_or_a_file(source, tiny_models, tmp_path, capsys, monkeypatch):
+    import io
+
+    text = "Hello there."
+    if source == "stdin":
+        monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+        given = ["-"]
+    else:
+        (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+        given = ["--text-file", tmp_path / "text.txt"]
+    out = tmp_path / "out.wav"
+    code, err = run_cli(["speak", *given, *model_flags(tiny_models, "ar"), "--max-tokens", "30", "--out", out], capsys)
+    assert code == 0, err
+    assert sf.info(str(out)).duration > 0.3
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["speak"], "give the text to speak as an argument"),
+    (["speak", "hi", "--text-file", "{tmp}/text.txt"], "give the text to speak as an argument"),
+    (["speak", "--text-file", "{tmp}/missing.txt"], "--text-file {tmp}/missing.txt: file not found"),
+    (["speak", "--text-file", "{tmp}/latin1.txt"], "--text-file {tmp}/latin1.txt: not UTF-8 text"),
+    (["speak", "--text-file", "{tmp}"], "--text-file {tmp} is a directory"),
+])
+def test_speak_without_one_readable_text_is_one_line_before_models_load(argv, message, tmp_path, capsys, no_models):
+    (tmp_path / "text.txt").write_text("Hello.")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait".encode("latin-1"))
+    code, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert message.replace("{tmp}", str(tmp_path)) in err, err
