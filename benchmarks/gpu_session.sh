@@ -1,26 +1,73 @@
 #!/usr/bin/env bash
 # Everything this project checks on an NVIDIA GPU, in one go (any CUDA machine with torch works;
-# benchmarks/GPU.md says what to run first and each step's time and size budget). Wheels carried in .whl/ (e.g. a newer transformers) are
-# installed to /tmp/site first. Results: $OUT (or ./gpu_out) holds one log per step.
-# The training steps (codec, lab, labs, eagle) run within a budget given as inputs: MINUTES (or the eagle
-# step's EAGLE_DEADLINE_MINUTES) of wall-clock time, and for results that are copied back under limits,
-# at most RESULT_FILES files at the top of $OUT (default 8) of at most PART_MIB MiB each (default 15):
-# weights and large files are split into parts of that size.
+# benchmarks/GPU.md says what to run first and each step's time and size budget).
+#
+#   bash benchmarks/gpu_session.sh [--inputs DIR] [--out DIR] [--minutes N] [--result-files N] [--part-mib N] [STEP]
+#
+# STEP: all (the default: tests, verify, lm, lmc), tests, verify, lm, lmc, scaled, eagle, codec, lab or labs.
+# Every option has an environment variable of the same meaning; a flag wins over it.
+#   --inputs DIR   PCGTTS_GPU_INPUTS  the folder of what the training steps read besides the repository
+#                                     (default ./gpu_inputs): audio.npz (codec), lab.npz (lab, labs),
+#                                     eagle_sentences.txt (eagle), and wheels/*.whl (e.g. a newer
+#                                     transformers), installed to /tmp/site first
+#   --out DIR      OUT                the results folder (default ./gpu_out): one log per step
+#   --minutes N    MINUTES            the training steps' (codec, lab, labs) wall-clock budget (default 8;
+#                                     the eagle step's is EAGLE_DEADLINE_MINUTES, default 8.5)
+#   --result-files N  RESULT_FILES    for results copied back under limits: at most N files at the top of
+#                                     the results folder (default 8) ...
+#   --part-mib N   PART_MIB           ... of at most N MiB each (default 15): weights and large files are
+#                                     split into parts of that size
 set -uo pipefail
+usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed -E 's/^# ?//'; }
+die() { echo "gpu_session.sh: $*" >&2; exit 2; }
+step=all
+while [ $# -gt 0 ]; do
+    case $1 in
+        -h|--help) usage; exit 0 ;;
+        --inputs|--out|--minutes|--result-files|--part-mib)
+            [ $# -ge 2 ] || die "$1 needs a value (--help lists the options)"
+            case $1 in
+                --inputs) PCGTTS_GPU_INPUTS=$2 ;;
+                --out) OUT=$2 ;;
+                --minutes) MINUTES=$2 ;;
+                --result-files) RESULT_FILES=$2 ;;
+                --part-mib) PART_MIB=$2 ;;
+            esac
+            shift 2 ;;
+        -*) die "unknown option $1 (--help lists the options)" ;;
+        *) step=$1; shift ;;
+    esac
+done
+case $step in
+    all|tests|verify|lm|lmc|scaled|eagle|codec|lab|labs) ;;
+    *) die "unknown step '$step': one of all, tests, verify, lm, lmc, scaled, eagle, codec, lab, labs" ;;
+esac
+INPUTS=${PCGTTS_GPU_INPUTS:-gpu_inputs}
 OUT=${OUT:-gpu_out}
 RESULT_FILES=${RESULT_FILES:-8}
 PART_MIB=${PART_MIB:-15}
+[[ ${MINUTES:-8} =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--minutes (MINUTES) must be a number of minutes, got '${MINUTES}'"
+[[ $RESULT_FILES =~ ^[1-9][0-9]*$ ]] || die "--result-files (RESULT_FILES) must be a positive whole number, got '$RESULT_FILES'"
+[[ $PART_MIB =~ ^[1-9][0-9]*$ ]] || die "--part-mib (PART_MIB) must be a positive whole number, got '$PART_MIB'"
+# what a training step reads must be there before anything is installed
+need_input() { [ -f "$1" ] || die "the $step step reads $1 (${2}): not found; put it in the inputs folder ($INPUTS) or name it with $3"; }
+case $step in
+    codec) [ -f "${CODEC_WORK:-/tmp/codec}/corpus/manifest.jsonl" ] \
+        || need_input "${CODEC_PACK:-$INPUTS/audio.npz}" "an audio pack: pcgtts.train.corpus.pack_audio" CODEC_PACK ;;
+    lab|labs) [ -f /tmp/lab/codes.npz ] \
+        || need_input "${LAB_PACK:-$INPUTS/lab.npz}" "a codes pack: pcgtts.train.lm.pack_codes" LAB_PACK ;;
+    eagle) need_input "${EAGLE_SENTENCES:-$INPUTS/eagle_sentences.txt}" "one sentence a line" EAGLE_SENTENCES ;;
+esac
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if ls "$INPUTS"/wheels/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$INPUTS"/wheels/*.whl
     export PYTHONPATH=/tmp/site
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 rm "$OUT/install.log"  # keep $OUT to the results
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
-step=${1:-all}
 if [ "$step" = all ] || [ "$step" = tests ]; then
     python3 -m pytest -q -m "requires_cuda or not requires_cuda" tests/test_lm.py tests/test_acceptance.py \
         tests/test_features.py tests/test_device_loop.py -k "cuda or torchaudio or transformers_feature" -rs 2>&1 | tee "$OUT/tests.log" | tail -15
@@ -60,8 +107,8 @@ if [ "$step" = scaled ]; then
 fi
 if [ "$step" = eagle ]; then
     # EAGLE drafts for the built-in voice's target trained here (not part of "all"): EAGLE_RUNS="name:flags;name:flags",
-    # the flags `pcgtts train eagle`'s; the sentences file is copied with the tree (EAGLE_SENTENCES, default
-    # .carry/eagle_sentences.txt: a GPU machine may lack the fortunes package). The first run samples the
+    # the flags `pcgtts train eagle`'s; the sentences file lies in the inputs folder (EAGLE_SENTENCES, default
+    # $INPUTS/eagle_sentences.txt: a GPU machine may lack the fortunes package). The first run samples the
     # on-policy sequences (EAGLE_SAMPLE_BATCH at once); each later run starts once the first has them (its
     # train config written) and reads a copy. $OUT holds, within the results budget (RESULT_FILES, PART_MIB):
     # $OUT/<name>.safetensors (the draft)
@@ -89,7 +136,7 @@ if [ "$step" = eagle ]; then
     IFS=';' read -ra runs <<<"${EAGLE_RUNS:?EAGLE_RUNS names the runs}"
     wanted=$(grep -oE -- '--sequences [0-9]+' <<<"${runs[0]}" | grep -oE '[0-9]+$' || true)
     python3 benchmarks/bench_sampling.py "$work/target" --device "${EAGLE_DEVICE:-cuda}" --rounds 1 \
-        --batch "${EAGLE_SAMPLE_BATCH:-512}" --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" \
+        --batch "${EAGLE_SAMPLE_BATCH:-512}" --sentences "${EAGLE_SENTENCES:-$INPUTS/eagle_sentences.txt}" \
         2>"$work/probe.err" | tee "$OUT/eagle.log" | tail -1 >"$work/probe.json" || { tail -5 "$work/probe.err"; exit 1; }
     # The first run's --sequences is cut to what the probe's rate samples within EAGLE_SAMPLE_MINUTES (default
     # 3) and every run reads that many. A run's training ends by the deadline less EAGLE_MARGIN_SECONDS (default
@@ -121,7 +168,7 @@ PY
         # shellcheck disable=SC2086
         timeout "$left" python3 -c "import sys; from pcgtts.cli import main; sys.exit(main())" train eagle \
             --target "$work/target" --out "$OUT/$name.safetensors" --work-dir "$work/$name/work" \
-            --device "${EAGLE_DEVICE:-cuda}" --sentences "${EAGLE_SENTENCES:-.carry/eagle_sentences.txt}" \
+            --device "${EAGLE_DEVICE:-cuda}" --sentences "${EAGLE_SENTENCES:-$INPUTS/eagle_sentences.txt}" \
             --sample-batch "${EAGLE_SAMPLE_BATCH:-512}" $flags >"$OUT/$name.log" 2>&1 &
         [ -n "$first" ] || { first=$name; first_pid=$!; }
     done
@@ -147,24 +194,24 @@ PY
 fi
 if [ "$step" = codec ]; then
     # The lab's codec trained here (not part of "all"): one run of `pcgtts train codec` for at most MINUTES
-    # (default 8), resumed when called again on the same machine. Its inputs are copied with the tree
-    # (.carry/audio.npz and .whl/; sizes below):
-    # - CODEC_PACK (default .carry/audio.npz): `pcgtts.train.corpus.pack_audio`'s Opus pack of the corpus;
-    #   decoding it needs soundfile, carried as wheels in .whl/ (soundfile, cffi, pycparser for cp312);
+    # (default 8), resumed when called again on the same machine. Its inputs lie in the inputs folder
+    # ($INPUTS/audio.npz and $INPUTS/wheels/; sizes below):
+    # - CODEC_PACK (default $INPUTS/audio.npz): `pcgtts.train.corpus.pack_audio`'s Opus pack of the corpus;
+    #   decoding it needs soundfile, given as wheels in $INPUTS/wheels/ (soundfile, cffi, pycparser for cp312);
     # - CODEC_ARGS: the run's flags, e.g. "--acoustic --init-from pcgtts/voice --steps 30000 --lr 3e-4" (the
-    #   built-in voice's codec travels with the tree, so starting from it costs no carried byte);
+    #   built-in voice's codec is in the repository, so starting from it needs no input file);
     # - CODEC_INIT (optional): a folder of `split_checkpoint` parts (float16, 15 MB for the lab's codec) of a
     #   run to go on from instead, joined into a model-only checkpoint (fresh AdamW moments; the step and the lr
     #   schedule go on; CODEC_ARGS must then match its model flags).
-    # Sizes: the tree is 35.7 MiB, a pack of 24 MB (pack_audio's max_bytes 24_000_000) holds ~3 h of the corpus
+    # Sizes: the repository is 35.7 MiB, a pack of 24 MB (pack_audio's max_bytes 24_000_000) holds ~3 h of the corpus
     # and its voice bank (every training voice), the wheels are 1.5 MiB.
     # The weights come back as float16 parts in $OUT/codec (join_checkpoint, then `train codec --steps <step>`
     # exports them), with codec.log and loss.png; held-out figures are measured on a CPU machine (they need
     # PocketSphinx and pystoi). transformers 5.17 has Xcodec2Model and the lab codec's tests pass with it (and
-    # huggingface_hub 1.33), so a GPU machine with that transformers needs no transformers wheel in .whl/.
+    # huggingface_hub 1.33), so a GPU machine with that transformers needs no transformers wheel in $INPUTS/wheels/.
     work=${CODEC_WORK:-/tmp/codec}
     [ -f "$work/corpus/manifest.jsonl" ] || python3 -c "from pcgtts.train.corpus import unpack_audio; \
-        print(unpack_audio('${CODEC_PACK:-.carry/audio.npz}', '$work/corpus'))" || exit 1
+        print(unpack_audio('${CODEC_PACK:-$INPUTS/audio.npz}', '$work/corpus'))" || exit 1
     init=${CODEC_INIT:-}
     if [ -n "$init" ] && [ ! -f "$work/run/checkpoint.pt" ]; then
         mkdir -p "$work/run"
@@ -187,11 +234,11 @@ if [ "$step" = labs ]; then
     # The lab's target LM trained here (not part of "all"), several runs side by side on the one GPU (one
     # run's host-side batch building leaves most of an H100 idle): LAB_RUNS="name:flags;name:flags", the
     # flags `pcgtts train lm`'s (e.g. "--size small --steps 4000 --align-weight 2"; batch 64 unless given).
-    # LAB_PACK (default .carry/lab.npz) is `pcgtts.train.lm.pack_codes`'s file, made on a CPU machine and
-    # copied with the tree. Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
+    # LAB_PACK (default $INPUTS/lab.npz) is `pcgtts.train.lm.pack_codes`'s file, made on a CPU machine and
+    # put in the inputs folder. Each run trains in /tmp/lab/<name> for at most MINUTES and resumes when
     # called again on the same machine; its weights come back as float16 parts in $OUT/<name>
     # (join_checkpoint), every run's log tail in $OUT/labs.log.
-    [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('${LAB_PACK:-.carry/lab.npz}', '/tmp/lab')" || exit 1
+    [ -f /tmp/lab/codes.npz ] || python3 -c "from pcgtts.train.lm import unpack_codes; unpack_codes('${LAB_PACK:-$INPUTS/lab.npz}', '/tmp/lab')" || exit 1
     IFS=';' read -ra runs <<<"${LAB_RUNS:?LAB_RUNS names the runs}"
     for run in "${runs[@]}"; do
         name=${run%%:*}
