@@ -285,14 +285,18 @@ def resolve_settings_from_flags(args, **overrides):
     return resolve_settings(_explicit(args, overrides), getattr(args, "config", None), voice=voice_settings())
 
 
+PLAIN_DECODING = "— (plain decoding)"  # the table's acceptance when nothing was proposed
+
+
 def speak_report(stats, playback) -> dict:
+    """A speak run's figures; acceptance_rate None when nothing was proposed (the route decoded plainly)."""
     totals = stats.totals()
     return {
         "time_to_first_audio_s": stats.time_to_first_audio,
         "real_time_factor": stats.real_time_factor,
         "audio_s": stats.audio_seconds,
         "tokens": totals.emitted,
-        "acceptance_rate": totals.acceptance_rate,
+        "acceptance_rate": totals.acceptance_rate if totals.drafted else None,
         "mean_accepted_length": totals.mean_accepted_length,
         "target_forwards_per_token": totals.target_forwards / max(totals.emitted, 1),
         "underruns": playback.underruns,
@@ -324,6 +328,10 @@ def print_report(report: dict, title: str = "pcgtts speak") -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in report.items():
-        table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        if value is None:
+            shown = PLAIN_DECODING if key == "acceptance_rate" else "—"
+        else:
+            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        table.add_row(key, shown)
     Console(stderr=True).print(table)
     print(json.dumps(report))

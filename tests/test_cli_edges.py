@@ -7,6 +7,7 @@ keeps what was made as `F.partial.wav` and leaves the existing `F.wav` and nothi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -424,3 +425,14 @@ def test_speak_without_one_readable_text_is_one_line_before_models_load(argv, me
     code, err = run_cli([a.replace("{tmp}", str(tmp_path)) for a in argv], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert message.replace("{tmp}", str(tmp_path)) in err, err
+
+
+def test_the_report_of_a_plain_decode_says_so_instead_of_an_acceptance_of_zero(tiny_models, tmp_path, capsys):
+    code = main(["speak", "Hello there.", *model_flags(tiny_models, "ar"), "--max-tokens", "30",
+                 "--out", str(tmp_path / "plain.wav")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out.strip().splitlines()[-1])
+    assert report["acceptance_rate"] is None and report["tokens"] > 0
+    row = next(line for line in captured.err.splitlines() if "acceptance_rate" in line)
+    assert "plain decoding" in row and "0.000" not in row
