@@ -119,8 +119,8 @@ def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
 def load_synthesizer(args: argparse.Namespace, **overrides):
     """(Synthesizer, Settings) for a command's flags; the built-in voice knows the scripts it reads."""
     from pcgtts.builtin import with_builtin_models
+    from pcgtts.front import Synthesizer
     from pcgtts.runtime.checks import voice_scripts
-    from pcgtts.runtime.synthesizer import Synthesizer
 
     named = resolve_settings_from_flags(args, **overrides)
     settings = with_builtin_models(named)
@@ -135,7 +135,14 @@ def _models_scale(args) -> int:
     shape = shape_from_flags(args.shape, custom)
     # scale_voice refuses an existing --out, a missing parent folder, and a shape too large for the
     # memory or the disk before it reads the voice
-    out = scale_voice(args.source, shape, Path(args.out), args.dtype, args.seed,
+    source = args.source
+    if source == "builtin":  # its committed folder, expanded by scale_voice once the shape is checked
+        from pcgtts.builtin import VOICE_DIR
+
+        if not (VOICE_DIR / "voice.json").is_file():
+            raise ValueError("this install has no trained built-in voice to scale (pcgtts/voice is empty)")
+        source = str(VOICE_DIR)
+    out = scale_voice(source, shape, Path(args.out), args.dtype, args.seed,
                       progress=lambda what: print(f"scaling: {what}", file=sys.stderr))
     print(f"scaled voice written to {out} ({STANDIN_NOTICE})")
     print(json.dumps({name: str(out / name) for name in ("target", "draft", "draft-subset", "codec", "groups.pcg")}))

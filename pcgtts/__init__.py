@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.2.0"
 
 _EXPORTS = {
-    "Synthesizer": "pcgtts.runtime.synthesizer",
+    "Synthesizer": "pcgtts.front",  # the runtime's, with the built-in voice when no model is named
     "SynthesisStream": "pcgtts.runtime.synthesizer",
     "StreamStats": "pcgtts.runtime.synthesizer",
     "EmptySynthesis": "pcgtts.runtime.synthesizer",
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from pcgtts.runtime.audio.voice import Voice
     from pcgtts.runtime.config import (DecodeConfig, DeviceConfig, ModelPaths, SamplingConfig, Settings,
                                        StreamConfig, SynthesisConfig, resolve_settings)
-    from pcgtts.runtime.synthesizer import EmptySynthesis, StreamStats, SynthesisStream, Synthesizer
+    from pcgtts.front import Synthesizer
+    from pcgtts.runtime.synthesizer import EmptySynthesis, StreamStats, SynthesisStream
 
 
 def __getattr__(name: str):

@@ -79,25 +79,20 @@ class Synthesizer:
                         codec: str | Path | None = None, groups: str | Path | None = None, *,
                         config: SynthesisConfig | None = None, config_file: str | Path | None = None,
                         force_export: bool = False, **settings) -> "Synthesizer":
-        """Load models from local folders. No `target`: the built-in voice.
+        """Load the models named (a `target` or `prepared=` folder, here or in `config_file`) from local
+        folders; `pcgtts.Synthesizer.from_pretrained()`, the package's front, is this with the built-in
+        voice when none is named.
 
         Any setting of `runtime/config.py` may be given by name (`policy="sd"`, `temperature=0.6`,
         `compute_device="cuda"`, `draft_length=4`, ...); precedence is keyword > `config_file`
-        (TOML) > `config` > the built-in voice's own settings (no `target`, no `config`; e.g. its
-        temperature) > default. Everything is validated before a model is loaded. The built-in voice
-        reads Latin script only: text mostly in another logs a warning (`scripts`).
+        (TOML) > `config` > default. Everything is validated before a model is loaded.
         """
-        if config is not None and config_file is not None:
-            raise ValueError("give either config= or config_file=, not both")
-        from pcgtts.builtin import voice_settings, with_builtin_models  # the built-in voice when no target is given
-
-        explicit = {"target": target, "draft": draft, "codec": codec, "groups": groups, **settings}
-        resolved = resolve_settings(explicit, config_file, Settings(synthesis=config or SynthesisConfig()),
-                                    voice=voice_settings() if config is None else None)
-        scripts = voice_scripts(resolved.models.target)
-        resolved = with_builtin_models(resolved)
-        return cls.load(resolved.models, resolved.device, resolved.synthesis, force_export=force_export,
-                        scripts=scripts)
+        named = pretrained_settings(target, draft, codec, groups, config=config, config_file=config_file, **settings)
+        if named.models.target is None:
+            raise ValueError("no target model given: the runtime's Synthesizer loads the models it is given; "
+                             "pcgtts.Synthesizer.from_pretrained() loads the built-in voice")
+        return cls.load(named.models, named.device, named.synthesis, force_export=force_export,
+                        scripts=voice_scripts(named.models.target))
 
     @classmethod
     def load(cls, models: ModelPaths, device: DeviceConfig, config: SynthesisConfig,
@@ -253,4 +248,17 @@ class Synthesizer:
                 lm.release()
 
 
-__all__ = ["EmptySynthesis", "StreamStats", "SynthesisStream", "Synthesizer"]
+def pretrained_settings(target: str | Path | None = None, draft: str | Path | None = None,
+                        codec: str | Path | None = None, groups: str | Path | None = None, *,
+                        config: SynthesisConfig | None = None, config_file: str | Path | None = None,
+                        voice: dict | None = None, **settings) -> Settings:
+    """The settings `from_pretrained`'s arguments name, checked (a prepared folder resolved into its
+    models; no target is filled in): keyword > `config_file` > `config` > `voice` (the settings of the
+    voice used when no target or prepared folder is named) > default."""
+    if config is not None and config_file is not None:
+        raise ValueError("give either config= or config_file=, not both")
+    explicit = {"target": target, "draft": draft, "codec": codec, "groups": groups, **settings}
+    return resolve_settings(explicit, config_file, Settings(synthesis=config or SynthesisConfig()), voice=voice)
+
+
+__all__ = ["EmptySynthesis", "StreamStats", "SynthesisStream", "Synthesizer", "pretrained_settings"]

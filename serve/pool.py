@@ -26,6 +26,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from pcgtts.front import Synthesizer as BuiltinFront  # the built-in voice when no model is named
 from pcgtts.runtime.audio.chunk import AudioChunk
 from pcgtts.runtime.config import SynthesisConfig
 from pcgtts.runtime.synthesizer import StreamStats, Synthesizer
@@ -89,7 +90,7 @@ class WorkerPool:
         synths = []
         for i in range(config.workers):
             log.info("loading worker %d/%d", i + 1, config.workers)
-            synths.append(Synthesizer.from_pretrained(config_file=config.config_file, **settings))
+            synths.append(BuiltinFront.from_pretrained(config_file=config.config_file, **settings))
             if i:  # one set of step costs for all: a seeded request gives the same audio on any worker
                 synths[i].planner.adopt(synths[0].planner)
         return cls(synths, config.queue_size)

@@ -34,7 +34,7 @@ def imports_of(folder: str) -> dict[str, set[str]]:
 
 PUBLIC_API = ("import sys, pcgtts; from pcgtts import Synthesizer, AudioChunk, Voice, SynthesisConfig, DecodeConfig, "
               "StreamConfig, SamplingConfig, ModelPaths, DeviceConfig; "
-              "assert pcgtts.__version__ and Synthesizer.__module__ == 'pcgtts.runtime.synthesizer'; print('ok')")
+              "assert pcgtts.__version__ and Synthesizer.__module__ == 'pcgtts.front'; print('ok')")
 ALONE = ("pcgtts.groups", "pcgtts.groups.table", "pcgtts.groups.build", "pcgtts.runtime", "pcgtts.runtime.synthesizer",
          "pcgtts.export.onnx_lm", "pcgtts.cli", "pcgtts.tools.bench")
 
@@ -60,13 +60,6 @@ def test_the_public_api_and_each_package_import_in_a_fresh_interpreter():
         assert out.strip() == ("ok" if name == "public API" else ""), f"{name} imported {out.strip()}"
 
 
-# The built-in voice's functions that run only while its cache folder is not prepared (they call
-# `pcgtts prepare`'s stages, `tools/prepare.py`), or for the random-weight demo pair: their imports are not
-# followed. tests/test_prepare.py checks in a fresh interpreter that synthesis from a prepared folder (a
-# user's checkpoint, the built-in voice) imports nothing of the tools, training or export code.
-FIRST_USE = {"pcgtts/builtin.py": {"trained_voice", "onnx_models", "builtin_models"}}
-
-
 def module_file(name: str) -> Path | None:
     """The file of pcgtts module `name` (a package's __init__.py), as pyproject.toml maps folders; None if none."""
     for folder, prefix in sorted(FOLDERS.items(), key=lambda item: -len(item[1])):
@@ -80,14 +73,10 @@ def module_file(name: str) -> Path | None:
 
 
 def imports_reached(path: Path) -> set[str]:
-    """The pcgtts modules a file imports (top level or inside functions, parents included), except
-    inside its FIRST_USE functions."""
-    skip = FIRST_USE.get(str(path.relative_to(ROOT)), set())
+    """The pcgtts modules a file imports (top level or inside functions, parents included)."""
     names: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in skip:
-            return
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names
@@ -122,8 +111,7 @@ def test_dependencies_point_one_way():
             todo.append(found)
     bad = sorted(n for n in reached if n.startswith(tools))
     assert not bad, [f"{n} (imported by {via.get(n)})" for n in bad]
-    assert all(n.startswith(("pcgtts.runtime", "pcgtts.groups")) or n in ("pcgtts", "pcgtts.builtin")
-               for n in reached), sorted(reached)
+    assert all(n.startswith(("pcgtts.runtime", "pcgtts.groups")) for n in reached), sorted(reached)
 
 
 def test_torch_backend_and_codec_satisfy_their_protocols(tiny_lm_factory, demo_codec_dir):

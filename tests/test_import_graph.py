@@ -94,13 +94,10 @@ def test_no_private_name_is_imported_across_modules():
     assert not private, "\n".join(private)
 
 
-# The layers, bottom up: a module imports only from its own layer or the ones below.
-LAYERS = ("groups", "runtime", "pcgtts", "export", "train", "tools", "quality", "serve", "cli")
-# The one reach upward: `Synthesizer.from_pretrained()` with no target asks the built-in voice where it
-# is, and the built-in voice prepares itself with the tools on first use (tests/test_prepare.py: once
-# prepared, none of them is imported).
-FIRST_USE = {("pcgtts.runtime.synthesizer", "pcgtts.builtin"), ("pcgtts.builtin", "pcgtts.tools.prepare"),
-             ("pcgtts.builtin", "pcgtts.tools.demo"), ("pcgtts.builtin", "pcgtts.export.noise")}
+# The layers, bottom up: a module imports only from its own layer or the ones below. The package's
+# front (`pcgtts`, `pcgtts.builtin`, `pcgtts.front`: the built-in voice, prepared with the tools on
+# first use) sits above everything it uses and below the server and the command line.
+LAYERS = ("groups", "runtime", "export", "train", "tools", "quality", "pcgtts", "serve", "cli")
 
 
 def layer(module: str) -> int:
@@ -111,5 +108,14 @@ def layer(module: str) -> int:
 def test_imports_point_down_the_layers():
     known = modules()
     upward = sorted({(name, module) for name, path in known.items() for module, _ in imported(path, known)
-                     if layer(module) > layer(name)} - FIRST_USE)
+                     if layer(module) > layer(name)})
     assert not upward, "\n".join(f"{a} -> {b}" for a, b in upward)
+
+
+def test_the_front_is_above_the_tools_and_below_the_server():
+    """Nothing below the front reaches the built-in voice or the public names; the front prepares with
+    the tools, and the server and the command line use it."""
+    assert layer("pcgtts.builtin") == layer("pcgtts") == layer("pcgtts.front")
+    assert layer("pcgtts.tools.prepare") < layer("pcgtts.builtin") < layer("pcgtts.serve.pool") < layer("pcgtts.cli")
+    assert all(layer(f"pcgtts.{below}") < layer("pcgtts")
+               for below in ("groups", "runtime", "export", "train", "tools", "quality"))

@@ -164,10 +164,9 @@ def test_builtin_voice_on_a_cpu_runs_its_int8_onnxruntime_exports(tiny_models, t
 
     import pcgtts.export.codec_graph as codec_graph
     import pcgtts.export.onnx_lm as onnx_lm
-    from pcgtts import builtin
+    from pcgtts import Synthesizer, builtin
     from pcgtts.runtime.audio.onnx_codec import OrtCodec
     from pcgtts.runtime.lm.onnxruntime import OrtLM
-    from pcgtts.runtime.synthesizer import Synthesizer
     from pcgtts.tools import demo
 
     voice = {name: shutil.copytree(tiny_models[name], tmp_path / "voice" / name) for name in ("target", "draft")}

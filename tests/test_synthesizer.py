@@ -297,3 +297,29 @@ def chosen_lengths(synth, text) -> list[int]:
     list(stream)
     counts = stream.stats.totals().length_counts
     return [length for length, n in enumerate(counts) if n]
+
+
+def test_the_runtime_loads_only_the_models_it_is_given_and_the_front_fills_in_the_builtin_voice(
+        models, monkeypatch, no_models):
+    """The runtime's `from_pretrained` without a target is one line pointing at the package's front, before
+    anything loads; `pcgtts.Synthesizer` (a runtime Synthesizer) is where the built-in voice is chosen, with
+    its own settings under the caller's."""
+    import pcgtts
+    import pcgtts.builtin
+
+    with pytest.raises(ValueError, match=r"^no target model given: .*pcgtts\.Synthesizer\.from_pretrained\(\)"):
+        Synthesizer.from_pretrained(seed=0)
+    assert issubclass(pcgtts.Synthesizer, Synthesizer) and pcgtts.Synthesizer is not Synthesizer
+    loaded = {}
+    monkeypatch.setattr(pcgtts.builtin, "voice_settings", lambda: {"temperature": 0.2})
+    monkeypatch.setattr(pcgtts.builtin, "with_builtin_models",
+                        lambda settings: settings if settings.models.target else
+                        replace(settings, models=replace(settings.models, target="builtin/target")))
+    monkeypatch.setattr(Synthesizer, "load", classmethod(lambda cls, models, device, config, **kw: loaded.update(
+        cls=cls, target=models.target, temperature=config.decode.sampling.temperature)))
+    pcgtts.Synthesizer.from_pretrained()
+    assert loaded == {"cls": pcgtts.Synthesizer, "target": "builtin/target", "temperature": 0.2}
+    pcgtts.Synthesizer.from_pretrained(temperature=0.7)
+    assert loaded["temperature"] == 0.7
+    pcgtts.Synthesizer.from_pretrained(models["target"])  # a named target plays at its defaults
+    assert loaded["target"] == str(models["target"]) and loaded["temperature"] == SamplingConfig().temperature

@@ -381,14 +381,8 @@ def scale_config(config: dict, shape: Shape, source: Shape, dtype: str) -> dict:
 
 
 def source_folders(source: str) -> dict[str, Path]:
-    """The voice's expanded folders: the built-in voice, or a voice pack folder expanded into the cache."""
-    if source == "builtin":
-        from pcgtts.builtin import trained_voice
-
-        paths = trained_voice()
-        if paths is None:
-            raise ValueError("this install has no trained built-in voice to scale (pcgtts/voice is empty)")
-        return {k: Path(v) for k, v in vars(paths).items() if v}
+    """The voice's expanded folders: a voice pack folder expanded into the cache, or one expanded already
+    (`pcgtts models scale --from builtin` gives the built-in voice's folder)."""
     pack = Path(source)
     if (pack / "target" / "config.json").is_file():  # already expanded
         return {name: pack / name for name in ("target", "draft", "codec")} | {"groups": pack / "groups.pcg"}
