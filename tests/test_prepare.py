@@ -176,3 +176,67 @@ def test_the_built_in_voice_once_prepared_synthesises_without_tools_training_or_
                          env={**os.environ, **env})
     assert run.returncode == 0 and run.stdout.strip() == "", (run.stdout, run.stderr)
     assert Path(folder).parent == tmp_path / "cache"
+
+
+# ---------------------------------------------------------------- the built-in voice's shipped group table
+
+VOICE = Path(__file__).resolve().parents[1] / "pcgtts" / "voice"  # the committed voice (other tests see the demo)
+
+
+def _shipped_table_bytes(pack: Path) -> bytes:
+    import lzma
+
+    return lzma.decompress((pack / json.loads((pack / "voice.json").read_text())["groups"]["table"]).read_bytes())
+
+
+def test_the_built_in_voice_ships_its_group_table_checksummed(tmp_path):
+    """The table expansion would build (a minute and more on 2 cores) ships with the voice, recorded in
+    voice.json with its sha256: a damaged one is refused before anything is expanded."""
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.runtime.voicepack import read_voice
+
+    meta = read_voice(VOICE)  # every checksum, the table's included
+    assert meta["groups"]["table"] in meta["sha256"]
+    (tmp_path / "groups.pcg").write_bytes(_shipped_table_bytes(VOICE))
+    table = GroupTable.load(tmp_path / "groups.pcg")
+    assert table.top_k == meta["groups"]["cap"] and table.stats["num_tokens"] == 65536
+    assert abs(table.stats["mean_group_size"] - meta["groups"]["mean_size"]) < 1
+    damaged = shutil.copytree(VOICE, tmp_path / "voice")
+    path = damaged / meta["groups"]["table"]
+    path.write_bytes(path.read_bytes()[:-1] + bytes([path.read_bytes()[-1] ^ 1]))
+    with pytest.raises(ValueError, match=r"groups\.pcg\.xz is missing or damaged"):
+        read_voice(damaged)
+
+
+@pytest.mark.slow  # expands the shipped voice (about 20 s on 2 cores)
+def test_expanding_the_built_in_voice_copies_its_table_instead_of_building_it(tmp_path, monkeypatch):
+    import pcgtts.export.group_table as group_table
+    from pcgtts.groups.table import GroupTable
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+    from pcgtts.train.package import expand_voice
+
+    def built(*args, **kwargs):
+        raise AssertionError("the group table was built")
+
+    monkeypatch.setattr(group_table, "build_groups_for_model", built)
+    paths = expand_voice(VOICE, tmp_path / "expanded", progress=False)
+    assert paths["groups"].read_bytes() == _shipped_table_bytes(VOICE)
+    _, vocab, fingerprint = load_speech_embeddings(paths["target"])
+    GroupTable.load(paths["groups"], expect_vocab=vocab, expect_fingerprint=fingerprint)  # it fits the target
+
+
+@pytest.mark.slow  # builds the table over 65,536 codes (one to two minutes on 2 cores)
+def test_the_shipped_group_table_is_the_one_expansion_builds(tmp_path):
+    """Byte for byte what the voice's expansion builds without it: θ for the recorded mean size, the cap."""
+    from pcgtts.export.group_table import build_groups_for_model
+    from pcgtts.groups.build import theta_for_mean_size
+    from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
+    from pcgtts.runtime.voicepack import read_voice
+    from pcgtts.train.package import expand_lm
+
+    groups = read_voice(VOICE, files=())["groups"]
+    target = expand_lm(VOICE, "target", tmp_path / "target")
+    rows, _, _ = load_speech_embeddings(target)
+    theta = theta_for_mean_size(rows, groups["mean_size"], groups["cap"])
+    build_groups_for_model(target, theta, groups["cap"], progress=False).save(tmp_path / "groups.pcg")
+    assert (tmp_path / "groups.pcg").read_bytes() == _shipped_table_bytes(VOICE)

@@ -12,12 +12,14 @@ row is the sum of its digits' rows), so a 65,536-row embedding costs 32 rows. Fo
     mtp_heads.safetensors   optional multi-token heads
     eagle_draft.safetensors optional EAGLE draft (runtime/lm/eagle.py)
     draft_head_codes.npy    optional: the codes the draft's head covers (used-codes head)
+    groups.pcg.xz       optional: the target's group table as expansion builds it, xz-compressed
+                        (`ship_group_table`; voice.json "groups" names it), copied instead of built
     MODEL_CARD.md       data, recipe command, training time and hardware, measured figures
 
 `expand_voice` writes, once, a plain tied `LlamaForCausalLM` + LLaSA tokenizer for target and
 draft (exact: the digit sums are materialised), the codec as `Xcodec2Model.save_pretrained`
 would, the heads and EAGLE draft re-keyed to the expanded target, and the target's group table (θ chosen for
-the recorded mean group size). `pack_voice` makes the folder from the lab's training folders;
+the recorded mean group size; the shipped one when the folder has it and it fits the target). `pack_voice` makes the folder from the lab's training folders;
 `replace_codec` and `replace_lm` swap a committed voice's decoder, or its target and draft.
 """
 
@@ -222,6 +224,44 @@ def set_group_size(pack_dir: str | Path, mean_size: int, cap: int | None = None)
     _write_meta(pack, meta)
 
 
+SHIPPED_TABLE = "groups.pcg.xz"  # the target's group table, as expansion builds it, compressed
+
+
+def ship_group_table(pack_dir: str | Path, table: str | Path) -> None:
+    """Ship `table` (the group table `expand_voice` built for this voice) in the voice folder, xz-compressed
+    and checksummed: later expansions copy it instead of building it (a minute and more on a 2-core CPU).
+    A changed group size (`set_group_size`) or target (`replace_lm`) no longer uses it."""
+    import lzma
+
+    pack = Path(pack_dir)
+    meta = read_voice(pack, files=())
+    tmp = pack / f"{SHIPPED_TABLE}.tmp"
+    tmp.write_bytes(lzma.compress(Path(table).read_bytes(), preset=9))
+    tmp.replace(pack / SHIPPED_TABLE)
+    meta["sha256"][SHIPPED_TABLE] = file_sha256(pack / SHIPPED_TABLE)
+    meta["groups"] = {**meta["groups"], "table": SHIPPED_TABLE}
+    _write_meta(pack, meta)
+
+
+def _shipped_table(pack: Path, meta: dict, fingerprint: str, dst: Path) -> bool:
+    """Write the voice's shipped group table to `dst` when voice.json names it and it was built for this
+    target at this cap (its checksum was checked by `read_voice`); False (nothing written) otherwise."""
+    import lzma
+
+    from pcgtts.groups.table import GroupTable
+
+    name = meta["groups"].get("table")
+    if name is None:
+        return False
+    dst.write_bytes(lzma.decompress((pack / name).read_bytes()))
+    table = GroupTable.load(dst)
+    if table.fingerprint == fingerprint and table.top_k == meta["groups"]["cap"]:
+        return True
+    log.warning("%s: the shipped group table was built for another target or cap; building it again", pack)
+    dst.unlink()
+    return False
+
+
 def _group_spec(mean_size: int, cap: int) -> dict:
     if not (isinstance(cap, int) and cap >= 1):
         raise ValueError(f"group cap must be a positive integer, got {cap!r}")
@@ -310,10 +350,12 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
         if (pack / name).is_file():
             _rekeyed_copy(pack / name, paths["target"] / name, fingerprint)
     groups = meta["groups"]
-    theta = theta_for_mean_size(rows, groups["mean_size"], groups["cap"])
-    log.warning("building the built-in voice's group table (θ %.3f for mean size %d; once)", theta, groups["mean_size"])
     table_path = tmp / "groups.pcg"
-    build_groups_for_model(paths["target"], theta, groups["cap"], progress=progress).save(table_path)
+    if not _shipped_table(pack, meta, fingerprint, table_path):
+        theta = theta_for_mean_size(rows, groups["mean_size"], groups["cap"])
+        log.warning("building the built-in voice's group table (θ %.3f for mean size %d; once)", theta,
+                    groups["mean_size"])
+        build_groups_for_model(paths["target"], theta, groups["cap"], progress=progress).save(table_path)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
