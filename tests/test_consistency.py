@@ -1,0 +1,79 @@
+"""The long-text measure: a voice judged against its own sentence-to-sentence spread and pace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pcgtts.quality.consistency import judge_paragraph, rate_drift, run_consistency, speech_seconds, syllables
+
+SR = 16000
+TEXTS = [f"Sentence number {w} is spoken at an even pace today." for w in
+         ("one", "two", "three", "four", "five", "six", "seven", "eight")]
+
+
+def tone(seconds: float, lead: float = 0.3, tail: float = 0.4) -> np.ndarray:
+    t = np.arange(int(seconds * SR)) / SR
+    body = 0.5 * np.sin(2 * np.pi * 220 * t)
+    return np.concatenate([np.zeros(int(lead * SR)), body, np.zeros(int(tail * SR))]).astype(np.float32)
+
+
+def test_syllables_are_counted_from_spelling():
+    assert syllables("The library opens at nine and closes at five on weekdays.") == 16
+    assert syllables("Yes.") == 1
+    assert syllables("make the little cake") == 5
+
+
+def test_speech_seconds_trims_leading_and_trailing_silence():
+    assert speech_seconds(tone(1.0)) == pytest.approx(1.0, abs=0.021)
+    assert speech_seconds(np.zeros(SR, np.float32)) == 0.0
+
+
+def test_rate_drift_is_the_fitted_change_relative_to_the_start():
+    assert rate_drift([4.0] * 10) == pytest.approx(0.0)
+    assert rate_drift(np.linspace(4.0, 5.0, 10)) == pytest.approx(0.25)
+    assert np.isnan(rate_drift([4.0]))
+
+
+def fixed_embed(vectors):
+    it = iter(vectors)
+    return lambda audio: next(it)
+
+
+def test_a_steady_voice_holds_and_a_drifting_one_does_not():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=256)
+    steady = [base + 0.1 * rng.normal(size=256) for _ in TEXTS]
+    audios = [tone(syllables(t) / 4.0) for t in TEXTS]  # 4 syllables a second throughout
+    ok = judge_paragraph(audios, TEXTS, fixed_embed(steady))
+    assert ok["identity_holds"] and ok["rate_holds"]
+    assert abs(ok["rate_drift"]) < 0.02
+
+    # the last sentence turns into another speaker; sentences slow down by 30 % over the paragraph
+    other = rng.normal(size=256)
+    drifting = steady[:-1] + [other]
+    slowing = [tone(syllables(t) / 4.0 * (1 + 0.3 * i / (len(TEXTS) - 1))) for i, t in enumerate(TEXTS)]
+    bad = judge_paragraph(slowing, TEXTS, fixed_embed(drifting))
+    assert not bad["identity_holds"]
+    assert not bad["rate_holds"] and bad["rate_drift"] < -0.2
+
+
+def test_run_consistency_speaks_every_sentence_per_voice_and_seed():
+    said = []
+
+    def speak(text, voice, seed):
+        said.append((voice, seed, text))
+        return tone(syllables(text) / 4.0)
+
+    rng = np.random.default_rng(1)
+    base = {v: rng.normal(size=64) for v in ("a", "b")}
+    calls = iter([base[v] + 0.05 * rng.normal(size=64) for v in ("a", "a", "b", "b") for _ in TEXTS])
+    result = run_consistency(speak, ["a", "b"], TEXTS, seeds=(0, 1), embed=lambda audio: next(calls))
+    assert len(said) == 2 * 2 * len(TEXTS)
+    assert result["per_voice"]["a"]["readings"] == 2
+    assert result["per_voice"]["b"]["identity_holds"] == 2 and result["per_voice"]["b"]["rate_holds"] == 2
+
+
+def test_a_paragraph_too_short_to_judge_is_refused():
+    with pytest.raises(ValueError, match="at least"):
+        judge_paragraph([tone(1.0)] * 3, TEXTS[:3], lambda a: np.ones(4))
