@@ -108,10 +108,12 @@ def _build(args) -> int:
 
     from pcgtts.runtime.config import check_compute_device
     from pcgtts.runtime.files import check_output_file
+    from pcgtts.runtime.lm.checkpoint import check_weight_shapes
 
     if not Path(args.target).is_dir():
         raise ValueError(f"--target {args.target}: directory not found")
     check_output_file(args.out)
+    check_weight_shapes(args.target)  # a damaged or misdescribed checkpoint: one line, from its headers
     check_compute_device(args.compute_device)
     sizing = group_size_options(args)
     if args.mean_size is not None and args.mean_size < 1:

@@ -108,6 +108,19 @@ def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig)
     check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
                  heads=heads is not None, transitions=transitions is not None, eagle=eagle is not None)
     check_compute_device(device.compute_device)
+    check_checkpoints(models)
+
+
+def check_checkpoints(models: ModelPaths) -> None:
+    """The target and draft checkpoints (not exported graphs) whole, and as their config.json describes
+    them, from their safetensors headers: a damaged file or a wrong vocab_size is one line before any
+    weights load (`checkpoint.check_weight_shapes`)."""
+    from pcgtts.runtime.lm.checkpoint import check_weight_shapes
+    from pcgtts.runtime.lm.graph_meta import exported_kind
+
+    for path in (models.target, models.draft):
+        if path is not None and exported_kind(path) is None and (Path(path) / "config.json").is_file():
+            check_weight_shapes(path)
 
 
 def check_proposers(models: ModelPaths, policy: str, backend: str) -> tuple:

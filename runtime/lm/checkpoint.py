@@ -7,6 +7,7 @@ read; tied and untied LM heads are handled the way transformers does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -45,14 +46,39 @@ def read_config(model_dir: str | Path) -> dict:
 
 
 def weight_files(model_dir: Path) -> list[Path]:
+    model_dir = Path(model_dir)
     single = model_dir / "model.safetensors"
     if single.is_file():
         return [single]
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{index}: not a readable safetensors index ({type(err).__name__}: {err})") from None
         return [model_dir / s for s in shards]
     raise ValueError(f"{model_dir} has no model.safetensors or model.safetensors.index.json")
+
+
+def unreadable(path: Path, err: Exception) -> ValueError:
+    """The one-line error for a weight file that cannot be read (damaged, truncated, not safetensors)."""
+    return ValueError(f"cannot read {path}: {err}")
+
+
+@contextlib.contextmanager
+def open_weights(path: Path):
+    """`safe_open` on one weight file (only its header is read until a tensor is asked for), with a
+    missing or damaged file a one-line ValueError naming it."""
+    from safetensors import safe_open
+
+    if not Path(path).is_file():
+        raise ValueError(f"missing weight shard {path}")
+    try:
+        handle = safe_open(str(path), framework="pt")
+    except Exception as err:  # safetensors raises its own error types for damaged files
+        raise unreadable(path, err) from None
+    with handle as f:
+        yield f
 
 
 def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -65,8 +91,65 @@ def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(str(path)))
         except Exception as err:  # safetensors raises its own error types for corrupt files
-            raise ValueError(f"cannot read {path}: {err}") from None
+            raise unreadable(path, err) from None
     return state
+
+
+def stored_shapes(model_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of everything a checkpoint stores, read from the safetensors headers (no
+    weights loaded); a missing or damaged weight file is a one-line ValueError naming it."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in weight_files(Path(model_dir)):
+        with open_weights(path) as f:
+            shapes.update({key: tuple(f.get_slice(key).get_shape()) for key in f.keys()})
+    return shapes
+
+
+# The config.json fields a stored LLaMA tensor's shape follows from, by the end of its name.
+SHAPE_FIELDS = {"embed_tokens.weight": "vocab_size x hidden_size", "lm_head.weight": "vocab_size x hidden_size",
+                "norm.weight": "hidden_size", "layernorm.weight": "hidden_size",
+                "q_proj.weight": "num_attention_heads * head_dim x hidden_size",
+                "k_proj.weight": "num_key_value_heads * head_dim x hidden_size",
+                "v_proj.weight": "num_key_value_heads * head_dim x hidden_size",
+                "o_proj.weight": "hidden_size x num_attention_heads * head_dim",
+                "gate_proj.weight": "intermediate_size x hidden_size",
+                "up_proj.weight": "intermediate_size x hidden_size",
+                "down_proj.weight": "hidden_size x intermediate_size"}
+
+
+def check_weight_shapes(model_dir: str | Path) -> LlamaArgs:
+    """A one-line ValueError unless config.json describes the tensors the checkpoint stores (their
+    shapes read from the safetensors headers, no weights loaded): a wrong vocab_size or hidden_size,
+    a layer count other than the stored one, a missing tensor, a damaged weight file. Returns the
+    checked `LlamaArgs`."""
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    try:
+        args = LlamaArgs.from_hf_config(config)
+    except ValueError as err:
+        raise ValueError(f"{model_dir}: {err}") from None
+    shapes = stored_shapes(model_dir)
+    with torch.device("meta"):
+        model = Llama(args, torch.zeros(1, dtype=torch.long))
+    expected = {f"model.{k}": tuple(v.shape) for k, v in model.state_dict().items() if not k.startswith("head.")}
+    expected["lm_head.weight"] = (args.vocab_size, args.hidden_size)
+    layers = {k.split(".")[2] for k in shapes if k.startswith("model.layers.")}
+    if layers and len(layers) != args.num_layers:
+        raise ValueError(f"{model_dir}: config.json's num_hidden_layers is {args.num_layers}, but the checkpoint "
+                         f"stores {len(layers)} layers")
+    for key, want in expected.items():
+        got = shapes.get(key)
+        if got is not None and got != want:
+            fields = next((f for end, f in SHAPE_FIELDS.items() if key.endswith(end)), "its sizes")
+            raise ValueError(f"{model_dir}: config.json does not match the stored weights: {key} is stored as "
+                             f"{list(got)}, config.json ({fields}) makes it {list(want)}")
+    missing = [key for key in expected if key != "lm_head.weight" and key not in shapes]
+    if missing:
+        raise ValueError(f"{model_dir}: the checkpoint lacks {len(missing)} tensor(s) config.json describes, "
+                         f"{missing[0]} among them")
+    if "lm_head.weight" not in shapes and not args.tie_word_embeddings:
+        raise ValueError(f"{model_dir}: untied model (tie_word_embeddings is false) without lm_head.weight")
+    return args
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -192,14 +275,12 @@ def write_head_codes(model_dir: Path, used_codes, num_speech: int) -> Path:
 def embedding_rows(model_dir: str | Path) -> int | None:
     """Rows of the embedding table of a Hugging Face checkpoint, read from the safetensors header
     (no weights loaded); None for a folder that is not one (an ONNX / TensorRT export)."""
-    from safetensors import safe_open
-
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         return None
     key = "model.embed_tokens.weight"
     for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
+        with open_weights(path) as f:
             if key in f.keys():
                 return int(f.get_slice(key).get_shape()[0])
     raise ValueError(f"{model_dir}: no {key} in the checkpoint")
@@ -208,15 +289,13 @@ def embedding_rows(model_dir: str | Path) -> int | None:
 def load_speech_embeddings(model_dir: str | Path):
     """(embedding rows of the speech tokens [N, H] float32, SpeechVocab, fingerprint) of a local
     LLaSA checkpoint, read straight from the safetensors without building the model."""
-    from safetensors import safe_open
-
     from pcgtts.groups.build import embedding_fingerprint
 
     model_dir = Path(model_dir)
     vocab = SpeechVocab.from_tokenizer(load_tokenizer(model_dir))
     key = "model.embed_tokens.weight"
     for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
+        with open_weights(path) as f:
             if key in f.keys():
                 rows = f.get_slice(key)[vocab.speech_offset:vocab.speech_offset + vocab.num_speech].float()
                 return rows, vocab, embedding_fingerprint(rows)
