@@ -9,6 +9,7 @@ and where pcgtts keeps what it makes once per machine (`cache_root`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -17,27 +18,55 @@ from pathlib import Path
 def check_output_file(path: str | Path, flag: str = "--out") -> Path:
     """A clear ValueError, before any work, if `path` cannot be written as a file."""
     path = Path(path)
+    _check_name(path, flag)
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a directory; give a file name")
-    folder = path.parent
-    if not folder.is_dir():
-        raise ValueError(f"{flag} {path}: folder {folder} does not exist")
-    try:  # os.access says yes to root on a read-only file system: try for real
-        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as err:
-        raise ValueError(f"{flag} {path}: cannot write in {folder} ({err.strerror or err})") from None
+    _check_folder(path.parent, path, flag)
+    # Named as `atomic_output`'s temporary file will be: a name too long for it is refused here.
+    _probe(path.parent, f".{path.name}.", ".partial" + path.suffix, path, flag)
     return path
 
 
 def check_output_dir(path: str | Path, flag: str = "--out") -> Path:
-    """Like `check_output_file` for an output folder (made if missing; its parent must be writable)."""
+    """Like `check_output_file` for an output folder (made if missing; its parent must be writable,
+    or it, if it exists). Errors name `path`, never the probe's own name."""
     path = Path(path)
+    _check_name(path, flag)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {path} is a file; give a directory")
-    check_output_file(path.parent / f".{path.name}.probe-dir", flag)
+    if path.is_dir():
+        _probe(path, ".pcgtts-", ".probe", path, flag)
+        return path
+    _check_folder(path.parent, path, flag)
+    _probe(path.parent, ".pcgtts-", ".probe", path, flag)
     return path
+
+
+def _check_name(path: Path, flag: str) -> None:
+    """A path component longer than the file system allows, refused in words (not as the OSError
+    that even asking whether it exists raises)."""
+    for part in path.parts:
+        if len(os.fsencode(part)) > 255:  # NAME_MAX of every common Linux file system
+            raise ValueError(f"{flag} {path}: a name in it is longer than a file system allows (255 bytes)")
+
+
+def _check_folder(folder: Path, path: Path, flag: str) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{flag} {path}: {folder} is a file, not a folder")
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path}: folder {folder} does not exist")
+
+
+def _probe(folder: Path, prefix: str, suffix: str, path: Path, flag: str) -> None:
+    """Write and remove a temporary file in `folder`; an error names the user's `path`."""
+    try:  # os.access says yes to root on a read-only file system: try for real
+        fd, probe = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            raise ValueError(f"{flag} {path}: the name is longer than this file system allows") from None
+        raise ValueError(f"{flag} {path}: cannot write in {folder} ({err.strerror or err})") from None
 
 
 def default_mode(directory: bool = False) -> int:
