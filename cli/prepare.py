@@ -41,6 +41,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args) -> int:
+    from pcgtts.cli.interrupt import Interrupted, stop_on_signals
+
+    try:
+        with stop_on_signals():
+            out, report = _run(args)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the stages done are kept; the next run resumes
+        print("pcgtts: interrupted; run again to resume", file=sys.stderr)
+        return stop.exit_code if isinstance(stop, Interrupted) else 130
+    for stage, what in report.items():
+        print(f"pcgtts: {stage}: {'already done, skipped' if what == 'skipped' else 'done'}", file=sys.stderr)
+    print(json.dumps({"prepared": str(out), "stages": report}))
+    return 0
+
+
+def _run(args) -> tuple[Path, dict[str, str]]:
+    """(the prepared folder, {stage: "made" or "skipped"}), every flag checked before any work."""
     from pcgtts.runtime.files import check_output_dir
 
     if args.checkpoint is None:
@@ -73,7 +89,4 @@ def _prepare(args) -> int:
         check_checkpoint(prep)  # a one-line error before any work
         out = Path(args.out)
         report = prepare_checkpoint(prep, out)
-    for stage, what in report.items():
-        print(f"pcgtts: {stage}: {'already done, skipped' if what == 'skipped' else 'done'}", file=sys.stderr)
-    print(json.dumps({"prepared": str(out), "stages": report}))
-    return 0
+    return out, report

@@ -14,9 +14,12 @@ made again, and so is every stage after it. An interrupted run resumes at the st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ from pcgtts.runtime.prepared import (FORMAT, LAYOUT, MANIFEST, ONNX_FOLDER, ONNX
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"  # inside the output folder: a stage's files until it is complete
+LOCK = ".prepare.lock"  # inside the output folder: held by the one preparation working on it
 ORDER = ("expand", "codec", "target", "groups", "draft", "eagle", ONNX_STAGE)  # a redone stage redoes those after it
 DEFAULT_GROUP_SIZE, GROUP_CAP = 48, 512  # mean group size (140 cost the built-in voice intelligibility, 48 did not: QUALITY.md) and cap
 
@@ -69,10 +73,69 @@ def _bar(total: int, desc: str, unit: str, progress: bool):
     return tqdm(total=total, desc=desc, unit=unit, disable=None if progress else True)
 
 
+class FolderBusy(ValueError):
+    """Another process is preparing the same folder."""
+
+
+@contextlib.contextmanager
+def preparing(out: Path):
+    """Hold `out`'s lock (an exclusive `flock` on out/LOCK, which holds the holder's pid) while the
+    block runs; another holder is a one-line `FolderBusy` at once. The kernel drops a lock when its
+    process ends, however it ends, so a lock file a killed run left behind is simply taken over."""
+    import fcntl
+
+    path = out / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FolderBusy(f"another prepare is working on {out} ({_holder(path)}); wait for it to end, "
+                             "or stop it and run again") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:  # the file may have been removed by the holder that just let go: lock the one in place
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # while still held: no one can be waiting to lock this file and find it gone
+        os.close(fd)
+
+
+def _holder(path: Path) -> str:
+    """"pid N" of the lock's holder, as it wrote it (it writes just after locking: wait a moment)."""
+    for _ in range(20):
+        try:
+            pid = path.read_text().strip()
+        except OSError:
+            pid = ""
+        if pid.isdigit():
+            return f"pid {pid}"
+        time.sleep(0.01)
+    return "pid unknown"
+
+
 def run_stages(out: Path, stages: list[Stage], desc: str, progress: bool = True) -> dict[str, str]:
     """Run `stages` (in ORDER) into `out`: {stage: "made" or "skipped"}. Stages recorded but no longer
-    planned are removed with their files (and the stages after them made again)."""
+    planned are removed with their files (and the stages after them made again). One preparation of
+    a folder at a time: another one already at work is a `FolderBusy` error (`preparing`)."""
     out.mkdir(parents=True, exist_ok=True)
+    with preparing(out):
+        return _run_stages(out, stages, desc, progress)
+
+
+def _run_stages(out: Path, stages: list[Stage], desc: str, progress: bool) -> dict[str, str]:
     try:
         manifest = read_manifest(out)
     except ValueError as err:
@@ -213,12 +276,17 @@ class CheckpointPreparation:
 
 def check_checkpoint(prep: CheckpointPreparation) -> int:
     """A one-line ValueError unless the checkpoint is a LLaSA-format LlamaForCausalLM folder with its
-    tokenizer and the codec an X-codec2 folder; the target's layer count."""
-    from pcgtts.runtime.lm.checkpoint import read_config, weight_files
+    tokenizer, whose config.json describes the weights it stores (`check_weight_shapes`: headers only),
+    and the codec an X-codec2 folder (`check_codec_folder`); the target's layer count."""
+    from pcgtts.runtime.lm.checkpoint import check_weight_shapes, read_config, weight_files
+    from pcgtts.runtime.lm.graph_meta import exported_kind
 
     for flag, folder in (("--checkpoint", prep.checkpoint), ("--codec", prep.codec)):
         if not folder.is_dir():
             raise ValueError(f"{flag} {folder}: folder not found")
+    if exported_kind(prep.checkpoint) is not None:
+        raise ValueError(f"--checkpoint {prep.checkpoint}: an exported graph folder, not a checkpoint; give the "
+                         "Hugging Face-format checkpoint it was exported from")
     try:
         config = read_config(prep.checkpoint)
         weight_files(prep.checkpoint)
@@ -229,8 +297,8 @@ def check_checkpoint(prep: CheckpointPreparation) -> int:
                          f"{config.get('architectures')}, expected LlamaForCausalLM)")
     if not (prep.checkpoint / "tokenizer.json").is_file():
         raise ValueError(f"--checkpoint {prep.checkpoint}: not a LLaSA checkpoint (no tokenizer.json)")
-    if not (prep.codec / "config.json").is_file():
-        raise ValueError(f"--codec {prep.codec}: not an X-codec2 folder (no config.json)")
+    check_codec_folder(prep.codec)
+    check_weight_shapes(prep.checkpoint)  # its errors name the folder or the damaged file
     layers = int(config.get("num_hidden_layers", 0))
     wanted = prep.draft_layers
     if isinstance(wanted, int) and not 1 <= wanted <= layers:
@@ -238,6 +306,37 @@ def check_checkpoint(prep: CheckpointPreparation) -> int:
     if isinstance(wanted, tuple) and (not wanted or min(wanted) < 0 or max(wanted) >= layers):
         raise ValueError(f"--draft-layers: layer indices in [0, {layers}), got {','.join(map(str, wanted))}")
     return layers
+
+
+def check_codec_folder(folder: Path, flag: str = "--codec") -> None:
+    """A one-line ValueError unless `folder` is an X-codec2 checkpoint (Hugging Face format) whose
+    weights hold its decoder (read from the safetensors header); an LM checkpoint or an exported
+    decoder given in its place is named as what it is."""
+    from pcgtts.runtime.audio.onnx_codec import is_exported_codec
+    from pcgtts.runtime.lm.checkpoint import open_weights, read_config
+    from pcgtts.runtime.lm.graph_meta import exported_kind
+
+    where = f"{flag} {folder}"
+    if is_exported_codec(folder):
+        raise ValueError(f"{where}: an exported codec decoder, not an X-codec2 checkpoint; give the Hugging "
+                         "Face-format X-codec2 folder it was exported from")
+    if exported_kind(folder) is not None:
+        raise ValueError(f"{where}: an exported LM graph, not an X-codec2 folder")
+    try:
+        config = read_config(folder)
+    except ValueError as err:
+        raise ValueError(f"{where}: not an X-codec2 folder ({err})") from None
+    kind = config.get("model_type")
+    if kind != "xcodec2":
+        lm = kind == "llama" or "LlamaForCausalLM" in (config.get("architectures") or [])
+        what = "a LLaSA LM checkpoint, not its codec" if lm else f"model_type {kind!r}"
+        raise ValueError(f"{where}: not an X-codec2 folder ({what}; an X-codec2 config.json has "
+                         "model_type 'xcodec2')")
+    with open_weights(folder / "model.safetensors") as f:
+        keys = list(f.keys())
+    for prefix in ("quantizer.", "acoustic_decoder."):
+        if not any(key.startswith(prefix) for key in keys):
+            raise ValueError(f"{where}: not an X-codec2 checkpoint (its model.safetensors has no {prefix}* weights)")
 
 
 def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: bool = True) -> dict[str, str]:
@@ -289,6 +388,6 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
     return run_stages(out, stages, f"preparing {prep.checkpoint.name}", progress)
 
 
-__all__ = ["Stage", "ORDER", "STAGING", "DEFAULT_GROUP_SIZE", "GROUP_CAP", "folder_fingerprint", "run_stages",
-           "export_for_onnxruntime", "export_models", "prepare_builtin", "CheckpointPreparation", "check_checkpoint",
-           "prepare_checkpoint"]
+__all__ = ["Stage", "ORDER", "STAGING", "LOCK", "DEFAULT_GROUP_SIZE", "GROUP_CAP", "FolderBusy", "preparing",
+           "folder_fingerprint", "run_stages", "export_for_onnxruntime", "export_models", "prepare_builtin",
+           "CheckpointPreparation", "check_checkpoint", "check_codec_folder", "prepare_checkpoint"]
