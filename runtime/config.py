@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -413,6 +414,57 @@ def _apply(config: Any, updates: Mapping[tuple[str, ...], Any]) -> Any:
     return dataclasses.replace(config, **fields) if fields else config
 
 
+# What a setting's type annotation asks of a value in a TOML file (annotations of other types: not checked here).
+_TOML_TYPES = {"bool": ((bool,), "true or false"), "int": ((int,), "an integer"),
+               "float": ((int, float), "a number"), "str": ((str,), "a string")}
+
+
+def _annotation(path: tuple[str, ...]) -> str:
+    """The type annotation (as written) of the setting at `path` from Settings."""
+    cls = Settings
+    for name in path:
+        field = next(f for f in dataclasses.fields(cls) if f.name == name)
+        cls = type(field.default)
+    return str(field.type)
+
+
+def _where(name: str) -> str:
+    """A setting as a config file places it: `[decode] draft_length`."""
+    section = KEYS[name][-2] if len(KEYS[name]) > 1 else None
+    return f"[{section}] {name}" if section in SECTIONS else name
+
+
+def _check_file_type(path: Path, name: str, value: Any) -> None:
+    """A ValueError naming the file and the setting for a value of the wrong TOML type."""
+    kinds = set(re.findall(r"\w+", _annotation(KEYS[name]))) - {"None"}
+    if not kinds or not kinds <= set(_TOML_TYPES):
+        return
+    for kind in kinds:
+        types, _ = _TOML_TYPES[kind]
+        if isinstance(value, types) and (kind == "bool" or not isinstance(value, bool)):
+            return
+    expected = " or ".join(_TOML_TYPES[k][1] for k in sorted(kinds, key=list(_TOML_TYPES).index))
+    raise ValueError(f"{path}: {_where(name)}: expected {expected}, got {value!r}")
+
+
+def _in_file(err: ValueError, path: str | Path, file_layer: Mapping[str, Any], explicit: Mapping[str, Any],
+             base: Settings | None) -> ValueError:
+    """`err` (a value refused by the settings' checks) naming the config file and the setting in it
+    that caused it, when one value of the file alone is refused; else `err` as it was."""
+    for name, value in file_layer.items():
+        if explicit.get(name) is not None:  # a flag or keyword overrides it
+            continue
+        try:
+            _apply(base or Settings(), {KEYS[name]: value})
+        except ValueError as alone:
+            message = str(alone)  # "draft_length must lie in ...": placed in its section
+            where = _where(name)
+            if message.startswith(f"{name} "):
+                return ValueError(f"{path}: {where[:-len(name)]}{message}")
+            return ValueError(f"{path}: {where}: {message}")
+    return err
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Flat {key: value} from a TOML file; model paths are taken relative to the file's folder."""
     import tomllib
@@ -432,6 +484,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
                 raise ValueError(f"{path}: unknown setting {name!r} (known: {', '.join(sorted(KEYS))})")
             if key in SECTIONS and KEYS[name][-2] != key:
                 raise ValueError(f"{path}: setting {name!r} belongs in [{KEYS[name][-2]}], not [{key}]")
+            _check_file_type(path, name, v)
             if KEYS[name][0] == "models" and v is not None:
                 v = str((path.parent / v).resolve()) if not Path(v).is_absolute() else v
             flat[name] = v
@@ -447,6 +500,7 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
     Unknown keys and invalid values raise ValueError."""
     layers = [read_config_file(config_file) if config_file is not None else {},
               {k: v for k, v in (explicit or {}).items() if v is not None}]
+    file_layer, given = layers
     if voice and not any(layer.get(name) is not None for layer in layers for name in ("target", "prepared")):
         layers.insert(0, dict(voice))
     updates: dict[tuple[str, ...], Any] = {}
@@ -456,7 +510,12 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
                 raise ValueError(f"unknown setting {key!r}")
             path = KEYS[key]
             updates[path] = str(value) if path[0] == "models" and value is not None else value
-    settings = _apply(base or Settings(), updates)
+    try:
+        settings = _apply(base or Settings(), updates)
+    except ValueError as err:
+        if not file_layer:
+            raise
+        raise _in_file(err, config_file, file_layer, given, base) from None
     if settings.models.prepared is None:
         return settings
     return prepared_settings(settings)

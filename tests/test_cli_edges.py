@@ -436,3 +436,31 @@ def test_the_report_of_a_plain_decode_says_so_instead_of_an_acceptance_of_zero(t
     assert report["acceptance_rate"] is None and report["tokens"] > 0
     row = next(line for line in captured.err.splitlines() if "acceptance_rate" in line)
     assert "plain decoding" in row and "0.000" not in row
+
+
+# -- a config file's bad values: the file and the setting named ----------------------------------
+
+@pytest.mark.parametrize("toml, message", [
+    ('[decode]\ndraft_length = "x"\n', "[decode] draft_length: expected an integer, got 'x'"),
+    ('threads = "x"\n', "[device] threads: expected an integer, got 'x'"),
+    ('max_length = "x"\n', "[device] max_length: expected an integer, got 'x'"),
+    ("compute_device = 5\n", "[device] compute_device: expected a string, got 5"),
+    ('[stream]\nchunk_tokens = "x"\n', "[stream] chunk_tokens: expected an integer, got 'x'"),
+    ("compile = 1\n", "[device] compile: expected true or false, got 1"),
+    ("[decode]\ndraft_length = 40\n", "[decode] draft_length must lie in [1, 16], got 40"),
+])
+def test_a_bad_config_value_names_the_file_and_the_setting_before_models_load(toml, message, tmp_path, capsys,
+                                                                             no_models):
+    (tmp_path / "pcgtts.toml").write_text(toml)
+    code, err = run_cli(["speak", "hi", "--config", tmp_path / "pcgtts.toml", "--out", tmp_path / "a.wav"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{tmp_path / 'pcgtts.toml'}: {message}" in err, err
+
+
+def test_a_config_value_a_flag_overrides_is_not_blamed(tmp_path):
+    from pcgtts.runtime.config import resolve_settings
+
+    (tmp_path / "pcgtts.toml").write_text("[decode]\ndraft_length = 4\n")
+    with pytest.raises(ValueError, match="^draft_length must lie in") as refused:
+        resolve_settings({"draft_length": 40}, tmp_path / "pcgtts.toml")
+    assert "pcgtts.toml" not in str(refused.value)
