@@ -28,7 +28,7 @@ from pcgtts.cli.flags import comma_list, quiet_logger
 
 log = logging.getLogger(__name__)
 
-MODES = ("source", "codec", "synth", "swap", "melgroups", "cloning", "voices")
+MODES = ("source", "codec", "synth", "swap", "melgroups", "cloning", "voices", "consistency")
 NOT_SPEECH = "random-weight demo models: their audio is not speech, so near-100 % WER is expected"
 
 
@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="source: score the reference voices; codec: resynthesis; synth: Table 1 and sweeps; "
                         "swap: Table 2; melgroups: Table 3; cloning: held-out speakers cloned and identified "
                         "(needs --corpus); voices: every preset voice's WER/CER and whether its syntheses are "
-                        "identified as itself (default synth)")
+                        "identified as itself; consistency: a 12-sentence paragraph in the default voice and presets, "
+                        "speaker identity and speaking rate from its first sentence to its last (default synth)")
     p.add_argument("--policies", type=_names, default=list(DEFAULT_POLICIES),
                    help=f"comma list of rules (default {','.join(DEFAULT_POLICIES)}; mtp-* need the target's heads); "
                         "ar is always run as the baseline")
@@ -58,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=comma_list(int), default=[0, 1, 2], help="comma list of seeds (default 0,1,2)")
     p.add_argument("--sentences", type=positive(int), help="use the first N test sentences (default: all)")
     p.add_argument("--voices", type=_names, help="test-set voices for source/codec modes, preset voices for voices "
-                                                 "mode (default: all)")
+                                                 "mode (default: all) and consistency mode ('default' is the model's "
+                                                 "own voice; default: it and three presets)")
     p.add_argument("--voice", help="test-set voice to clone and judge similarity against (default: the first)")
     p.add_argument("--no-clone", action="store_true", help="do not prompt with the reference voice (Sim still vs it)")
     p.add_argument("--aa", action="store_true",
@@ -160,6 +162,21 @@ def check_args(args: argparse.Namespace):
         if len(sentences) < 2:
             raise ValueError("--mode voices needs at least 2 sentences")
         voices = []
+    elif args.mode == "consistency":
+        from pcgtts.builtin import named_presets
+        from pcgtts.cli.commands import resolve_settings_from_flags
+        from pcgtts.quality.testset import load_paragraph
+        from pcgtts.runtime.audio.presets import DEFAULT_VOICE
+
+        presets = named_presets(resolve_settings_from_flags(args).models)
+        names = args.voices or [DEFAULT_VOICE, *list(presets.names)[:3]]
+        args.preset_names = [n if n == DEFAULT_VOICE else presets.resolve(n) for n in names]
+        if len(set(args.preset_names)) != len(args.preset_names):
+            raise ValueError("--voices names a voice twice")
+        args.paragraph = load_paragraph()[: args.sentences] if args.sentences else load_paragraph()
+        if len(args.paragraph) < 4:
+            raise ValueError("--mode consistency needs at least 4 sentences of the paragraph")
+        voices = []
     elif args.mode in ("source", "codec"):
         voices = [testset.voice(n) for n in args.voices] if args.voices else list(testset.voices)
         if args.mode == "source" and (args.target or args.prepared or args.draft or args.groups or args.codec):
@@ -231,6 +248,8 @@ def run_eval(args: argparse.Namespace) -> int:
         result, demo = _run_cloning(args, [s.text for s in sentences], progress)
     elif args.mode == "voices":
         result, demo = _run_presets(args, [s.text for s in sentences], progress)
+    elif args.mode == "consistency":
+        result, demo = _run_consistency(args, progress)
     else:
         result, demo = _run_models(args, testset, sentences, voices[0], progress)
     result.update({"testset": testset.tag, "sentences": [s.id for s in sentences], "demo_models": demo,
@@ -300,6 +319,17 @@ def _run_presets(args, sentences, progress):
     _, settings, speak = _voice_speaker(args, progress)
     result = run_presets(speak, args.preset_names, sentences, args.seeds, progress=progress)
     result.update({"temperature": args.temperatures[0], "seeds": list(args.seeds),
+                   "models": {k: (str(v) if v else None) for k, v in vars(settings.models).items()}})
+    return result, runs_demo_models(args.target or args.prepared)
+
+
+def _run_consistency(args, progress):
+    from pcgtts.builtin import runs_demo_models
+    from pcgtts.quality.consistency import run_consistency
+
+    _, settings, speak = _voice_speaker(args, progress)
+    result = run_consistency(speak, args.preset_names, args.paragraph, args.seeds, progress=progress)
+    result.update({"temperature": args.temperatures[0], "summaries": [],
                    "models": {k: (str(v) if v else None) for k, v in vars(settings.models).items()}})
     return result, runs_demo_models(args.target or args.prepared)
 
@@ -476,6 +506,18 @@ def render_tables(result: dict) -> str:
                       f"{100 * result['worst_voice_wer']:.1f} worst", "", rate(result["identified"]), ""])
         return format_table(["voice", "n", "WER %", "CER %", "identified as itself", "taken for"], table,
                             title=f"pcgtts eval: preset voices, T {result['temperature']:g}, seeds {result['seeds']}{note}")
+    if mode == "consistency":
+        def cosines(v):
+            return ", ".join(f"{c:.3f} / {f:.3f}" if c is not None else "-"
+                             for c, f in zip(v["first_last_cosine"], v["near_cosine_floor"]))
+
+        table = [[name, f"{v['identity_holds']} / {v['readings']}", cosines(v), f"{v['rate_holds']} / {v['readings']}",
+                  f"{100 * v['worst_rate_drift']:+.1f}" if v["worst_rate_drift"] is not None else "-"]
+                 for name, v in result["per_voice"].items()]
+        return format_table(["voice", "identity holds", "cos(first, last) / floor", "rate holds",
+                             "worst rate drift %"], table,
+                            title=f"pcgtts eval: one voice across {len(result['paragraph'])} sentences, "
+                                  f"T {result['temperature']:g}, seeds {result['seeds']}{note}")
     if mode == "source":
         return format_table(["voice", "n", "WER %", "CER %", "Sim-O", "WER % reversed"],
                             [[s["case"], s["wer"]["n"], est(s["wer"], **pct), est(s["cer"], **pct),

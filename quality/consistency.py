@@ -131,5 +131,6 @@ def run_consistency(speak: Callable[[str, str, int], np.ndarray], voices: Sequen
             "first_last_cosine": [r["first_last_cosine"] for r in mine],
             "near_cosine_floor": [r["near_cosine_floor"] for r in mine],
         }
-    return {"sentences": list(sentences), "seeds": list(seeds), "near": near, "max_rate_drift": max_rate_drift,
+    return {"mode": "consistency", "paragraph": list(sentences), "seeds": list(seeds), "near": near,
+            "max_rate_drift": max_rate_drift,
             "per_voice": per_voice, "readings": readings}

@@ -32,6 +32,7 @@ from pcgtts.runtime.audio.chunk import SAMPLE_RATE
 log = logging.getLogger(__name__)
 
 DEFAULT_TESTSET = Path(__file__).with_name("testset_v1.json")
+DEFAULT_PARAGRAPH = Path(__file__).with_name("paragraph_v1.json")  # eval --mode consistency's long text
 ENGINES = ("hibari", "flite")
 FLITE_VOICES = ("slt", "rms", "awb", "kal", "kal16")
 
@@ -186,5 +187,15 @@ def load_rendered(recipe: VoiceRecipe, text: str, cache_dir: str | Path | None =
     return samples
 
 
-__all__ = ["DEFAULT_TESTSET", "Sentence", "VoiceRecipe", "TestSet", "default_cache_dir", "synthesize", "render",
-           "load_rendered"]
+def load_paragraph(path: str | Path = DEFAULT_PARAGRAPH) -> list[str]:
+    """The sentences of a paragraph file ({"sentences": [...]}), in order."""
+    import json
+
+    sentences = json.loads(Path(path).read_text()).get("sentences")
+    if not isinstance(sentences, list) or not all(isinstance(s, str) and s.strip() for s in sentences):
+        raise ValueError(f"{path}: expected a list of sentences under \"sentences\"")
+    return sentences
+
+
+__all__ = ["DEFAULT_PARAGRAPH", "DEFAULT_TESTSET", "Sentence", "VoiceRecipe", "TestSet", "default_cache_dir",
+           "synthesize", "render", "load_rendered", "load_paragraph"]

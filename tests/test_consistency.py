@@ -77,3 +77,62 @@ def test_run_consistency_speaks_every_sentence_per_voice_and_seed():
 def test_a_paragraph_too_short_to_judge_is_refused():
     with pytest.raises(ValueError, match="at least"):
         judge_paragraph([tone(1.0)] * 3, TEXTS[:3], lambda a: np.ones(4))
+
+
+def parse(*argv):
+    import argparse
+
+    from pcgtts.cli.evaluate import register
+
+    parser = argparse.ArgumentParser(prog="pcgtts")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["eval", *argv])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mode", "consistency", "--sentences", "3"], "at least 4 sentences"),
+    (["--mode", "consistency", "--voices", "default,default"], "twice"),
+])
+def test_consistency_mode_refuses_bad_arguments_before_loading(argv, message):
+    from pcgtts.cli.evaluate import check_args
+
+    with pytest.raises(ValueError, match=message):
+        check_args(parse(*argv))
+
+
+def test_the_paragraph_is_twelve_sentences_not_in_the_test_set():
+    from pcgtts.quality.testset import TestSet, load_paragraph
+
+    paragraph = load_paragraph()
+    assert len(paragraph) == 12
+    assert not set(paragraph) & {s.text for s in TestSet.load().sentences}
+
+
+@pytest.mark.slow
+def test_consistency_mode_runs_end_to_end_on_tiny_models(tiny_models, tmp_path, capsys):
+    import json
+
+    from pcgtts.cli import main
+
+    pytest.importorskip("resemblyzer")
+    code = main(["eval", "--mode", "consistency", "--target", str(tiny_models["target"]), "--codec", str(tiny_models["codec"]),
+                 "--voices", "default", "--sentences", "4", "--seeds", "0", "--max-tokens", "25",
+                 "--out", str(tmp_path / "out")])
+    assert code == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    voice = line["per_voice"]["default"]
+    assert line["mode"] == "consistency" and voice["readings"] == 1 and len(line["paragraph"]) == 4
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["per_voice"]["default"]["readings"] == 1
+
+
+def test_the_quality_harness_scores_a_sentence_without_speech_as_empty_audio(tiny_synth, monkeypatch):
+    from pcgtts.quality.harness import synthesize_one
+    from pcgtts.runtime.decode import loop
+
+    def no_speech(tokens, stop_index, max_new_tokens, stats):  # the stop token drawn first, every step
+        stats.finish = "stop"
+        return []
+
+    monkeypatch.setattr(loop, "emitted", no_speech)
+    audio, figures = synthesize_one(tiny_synth, "Yes.", tiny_synth.config, None)
+    assert audio.size == 0 and figures["tokens"] == 0
