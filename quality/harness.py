@@ -186,10 +186,17 @@ def synth_config(base_config, case, seed: int, plan: SynthPlan, temperature: flo
 
 
 def synthesize_one(synth, text: str, config, voice) -> tuple[np.ndarray, dict]:
-    """Audio of one utterance through the public streaming API, and its speed figures."""
+    """Audio of one utterance through the public streaming API, and its speed figures. An utterance
+    the model makes no speech for is scored as the empty audio it is (every word missed), not raised."""
+    from pcgtts.runtime.synthesizer import EmptySynthesis
+
     stream = synth.stream(text, voice=voice, config=config)
+    parts = []
     with stream:
-        parts = [chunk.samples for chunk in stream]
+        try:
+            parts = [chunk.samples for chunk in stream]
+        except EmptySynthesis:
+            parts = []
     stats = stream.stats
     totals = stats.totals()
     elapsed = stats.finished_at - stats.started_at
