@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -181,8 +182,19 @@ def _speak(args) -> int:
         print(f"pcgtts: interrupted; {_what_was_kept(sink, args.out)}", file=sys.stderr)
         return stop.exit_code if isinstance(stop, Interrupted) else 130
     report = speak_report(stream.stats, sink.stats())
-    print_report(report)
+    print_report(report, json_line=not _is_stdout(args.out))  # the audio went to stdout: keep it clean
     return 0
+
+
+def _is_stdout(out: str | None) -> bool:
+    """Whether --out names this process's standard output (`/dev/stdout`, `/dev/fd/1`)."""
+    if out is None:
+        return False
+    try:
+        a, b = os.stat(out), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _what_was_kept(sink, out: str | None) -> str:
@@ -241,11 +253,9 @@ def check_speak_args(args) -> None:
     if args.out is not None:
         if args.audio_device is not None:
             raise ValueError("give either --out (write a file) or --audio-device (play), not both")
-        from pcgtts.runtime.audio.io import output_format
-        from pcgtts.runtime.files import check_output_file
+        from pcgtts.runtime.audio.playback import check_output
 
-        check_output_file(args.out)
-        output_format(args.out)  # the suffix names a format this machine writes
+        check_output(args.out)  # a file whose suffix names a format this machine writes, a device or a FIFO
     else:
         from pcgtts.runtime.audio.playback import check_output_device
 
@@ -326,8 +336,8 @@ def read_code_sequences(paths) -> list:
     return sequences
 
 
-def print_report(report: dict, title: str = "pcgtts speak") -> None:
-    """A metric/value table on stderr, then the same report as one JSON line on stdout."""
+def print_report(report: dict, title: str = "pcgtts speak", json_line: bool = True) -> None:
+    """A metric/value table on stderr, then (`json_line`) the same report as one JSON line on stdout."""
     from rich.console import Console
     from rich.table import Table
 
@@ -341,4 +351,5 @@ def print_report(report: dict, title: str = "pcgtts speak") -> None:
             shown = f"{value:.3f}" if isinstance(value, float) else str(value)
         table.add_row(key, shown)
     Console(stderr=True).print(table)
-    print(json.dumps(report))
+    if json_line:
+        print(json.dumps(report))

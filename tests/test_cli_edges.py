@@ -464,3 +464,36 @@ def test_a_config_value_a_flag_overrides_is_not_blamed(tmp_path):
     with pytest.raises(ValueError, match="^draft_length must lie in") as refused:
         resolve_settings({"draft_length": 40}, tmp_path / "pcgtts.toml")
     assert "pcgtts.toml" not in str(refused.value)
+
+
+# -- --out naming a device or a FIFO: written into, never replaced -------------------------------
+
+def test_a_fifo_out_is_written_into_not_replaced(tmp_path):
+    import io
+    import stat
+    import threading
+
+    fifo = tmp_path / "speech.wav"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    with FileSink(fifo) as sink:
+        for chunk in tone_chunks():
+            sink.write(chunk)
+    reader.join(10)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and [p.name for p in tmp_path.iterdir()] == ["speech.wav"]
+    audio, rate = sf.read(io.BytesIO(received[0]))
+    assert rate == SAMPLE_RATE and abs(len(audio) / rate - 0.6) < 0.05
+
+
+def test_speak_out_dev_null_writes_into_it(tiny_models, tmp_path, capsys):
+    import stat
+
+    before = os.stat("/dev/null")
+    code, err = run_cli(["speak", "Hello there.", *model_flags(tiny_models, "ar"), "--max-tokens", "30",
+                         "--out", "/dev/null"], capsys)
+    assert code == 0, err
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+    assert not [p for p in os.listdir("/dev") if p.startswith(".null.")]

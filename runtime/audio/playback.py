@@ -17,8 +17,9 @@ still buffered. `sounddevice` is imported lazily: without PortAudio the error sa
 from __future__ import annotations
 
 import collections
-import os
 import logging
+import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -270,6 +271,31 @@ class NullSink(_Sink):
         return self._player.stats()
 
 
+def written_into(path: str | Path) -> bool:
+    """Whether `path` is written into rather than replaced: an existing device, FIFO or socket, or
+    anything under /dev (`/dev/null`, `/dev/stdout`, which may lead to a terminal, a pipe or a file)."""
+    path = Path(path)
+    if path.absolute().parts[1:2] == ("dev",) and path.exists():
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def check_output(path: str | Path, flag: str = "--out") -> tuple[Path, tuple[str, str]]:
+    """(path, (container, encoding)) for an audio output, with one-line errors before any work: a
+    device, FIFO or stream must be writable (it is written into, WAV unless its suffix names a format);
+    anything else is a file whose suffix names a format this machine writes."""
+    path = Path(path)
+    if written_into(path):
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"{flag} {path}: not writable")
+        return path, output_format(path) if path.suffix else ("WAV", "PCM_16")
+    return check_output_file(path, flag), output_format(path)
+
+
 def partial_path(path: str | Path) -> Path:
     """Where an interrupted write keeps its audio: `F.partial.wav` beside `F.wav` (same format)."""
     path = Path(path)
@@ -281,11 +307,13 @@ class FileSink(_Sink):
     Vorbis, MP3) into a temporary file beside `path`, which replaces `path` only when the stream
     ends. A failure leaves an existing file untouched and nothing else behind; an interruption
     (Ctrl-C: a KeyboardInterrupt of any kind) also leaves `path` as it was and keeps what was made,
-    a valid shorter file, as `partial_path(path)`. `kept` says where the audio went, once closed."""
+    a valid shorter file, as `partial_path(path)`. `kept` says where the audio went, once closed.
+    A device, FIFO or stream (`/dev/null`, a named pipe, `/dev/stdout`) is never replaced: the file is
+    made in the temporary folder and written into it once complete (an interruption keeps nothing)."""
 
     def __init__(self, path: str | Path):
-        self.path = check_output_file(path)
-        self.container, self.encoding = output_format(self.path)
+        self.path, (self.container, self.encoding) = check_output(path)
+        self.into = written_into(self.path)
         self.kept: Path | None = None
         self._file = None
         self._tmp: Path | None = None
@@ -296,7 +324,8 @@ class FileSink(_Sink):
 
         import soundfile as sf
 
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
+                                   dir=None if self.into else self.path.parent)
         os.close(fd)
         self._tmp = Path(tmp)
         try:
@@ -323,13 +352,26 @@ class FileSink(_Sink):
         if not finished:
             self.discard()
         elif self._finish_file():
-            publish(self._tmp, self.path)
+            if self.into:
+                self._write_into()
+            else:
+                publish(self._tmp, self.path)
             self.kept = self.path
+
+    def _write_into(self) -> None:
+        """Copy the finished file into the device, FIFO or stream at `path`, then remove it."""
+        import shutil
+
+        try:
+            with open(self._tmp, "rb") as src, open(self.path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        finally:
+            self._tmp.unlink(missing_ok=True)
 
     def keep_partial(self) -> None:
         """Keep what was written as `partial_path(path)`, or nothing if no audio was written."""
         if self._finish_file():
-            if self._written:
+            if self._written and not self.into:
                 publish(self._tmp, partial_path(self.path))
                 self.kept = partial_path(self.path)
             else:
