@@ -7,15 +7,22 @@ the random-weight demo pair (`tools/demo.py`), whose every use says that its aud
 
 On a CPU with the backend left at "auto", the voice's target and draft run on onnxruntime as
 weight-only int8 graphs (and its codec decoder as a float32 graph), the fastest CPU route
-(measured in BENCHMARKS.md; its quality cost is within noise, QUALITY.md): exported once beside
-the voice's checkpoints on first use (about a minute on a 2-core CPU, each graph checked against
-PyTorch, with a progress bar; the exporter's own warnings are held back, `export/noise.py`).
-Without onnxruntime's export tools installed, or with `backend="torch"`, the torch checkpoints run.
+(measured in BENCHMARKS.md; its quality cost is within noise, QUALITY.md), exported once beside
+the voice's checkpoints (about two minutes on a 2-core CPU, each graph checked against PyTorch). The
+first use starts that export in a background process at the lowest CPU priority (one per folder: a
+lock; its log is `export.log` in the voice's cache folder) and runs the torch checkpoints meanwhile,
+the same model in float32, so the first sound comes in seconds; later runs find the graphs.
+`PCGTTS_BACKGROUND_EXPORT=0` exports before loading instead (with a progress bar; the exporter's own
+warnings are held back, `export/noise.py`), and so does `backend="onnxruntime"`. Without onnxruntime's
+export tools installed, or with `backend="torch"`, the torch checkpoints run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +34,10 @@ from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, i
 log = logging.getLogger(__name__)
 
 VOICE_DIR = Path(__file__).with_name("voice")  # the committed trained voice, when there is one
+BACKGROUND_ENV = "PCGTTS_BACKGROUND_EXPORT"  # "0": export the onnxruntime graphs before loading instead
+EXPORT_LOG = "export.log"  # in the voice's cache folder: what the background export did
+# what the background process runs (argv: the cache folder, the voice folder)
+BACKGROUND_EXPORT = "import sys; from pcgtts.builtin import background_export_main; background_export_main(*sys.argv[1:])"
 
 
 def runs_demo_models(target: str | None) -> bool:
@@ -187,4 +198,59 @@ def with_builtin_models(settings: Settings) -> Settings:
         log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
                  "--quantize or --compile and pcgtts[onnx] installed)")
         return replace(settings, models=models)
+    if device.backend == "auto" and exporting_in_background(models):
+        return replace(settings, models=models)
     return replace(settings, models=onnx_models(models), device=replace(device, backend="onnxruntime"))
+
+
+def background_export_enabled() -> bool:
+    """Whether the built-in voice's first use exports its onnxruntime graphs in the background (the
+    default) rather than before loading (`PCGTTS_BACKGROUND_EXPORT=0`)."""
+    return os.environ.get(BACKGROUND_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def exporting_in_background(models: ModelPaths) -> bool:
+    """Whether the trained voice `models` (prepared into the cache) is to run on torch while a background
+    process exports its onnxruntime graphs: they are not made yet and background export is on. The process
+    is started here unless one is at work on the folder already."""
+    folder = Path(models.target).parent
+    if not background_export_enabled() or not is_prepared(folder, ("expand",)) or is_prepared(folder, (ONNX_STAGE,)):
+        return False
+    started = start_background_export(folder)
+    log.warning("the built-in voice runs on torch (the same model in float32) while %s exports its onnxruntime "
+                "graphs, once (about two minutes on a 2-core CPU; log: %s); later runs use them (%s=0: export "
+                "before loading instead)", "a background process" if started else "another process",
+                folder / EXPORT_LOG, BACKGROUND_ENV)
+    return True
+
+
+def start_background_export(cache: Path, pack_dir: Path | None = None) -> subprocess.Popen | None:
+    """Start `pcgtts prepare`'s export of the built-in voice (prepared into `cache`) in a process of its
+    own at the lowest CPU priority, writing to cache/EXPORT_LOG; None, starting nothing, when another
+    preparation holds the folder's lock. The process outlives its starter and ends when done."""
+    from pcgtts.tools.prepare import FolderBusy, preparing
+
+    try:
+        with preparing(cache):  # free now; the process takes it for itself (a second one then gives way)
+            pass
+    except FolderBusy:
+        return None
+    with open(cache / EXPORT_LOG, "ab") as out:
+        return subprocess.Popen([sys.executable, "-c", BACKGROUND_EXPORT, str(cache), str(pack_dir or VOICE_DIR)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, BACKGROUND_ENV: "0"})
+
+
+def background_export_main(cache: str, pack_dir: str) -> None:
+    """The background export's process: lower its priority, log to stdout (the folder's EXPORT_LOG),
+    export unless another preparation got the folder first."""
+    from pcgtts.tools.prepare import FolderBusy, prepare_builtin
+
+    os.nice(19)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        report = prepare_builtin(cache, pack_dir, onnx=True, progress=False)
+    except FolderBusy as busy:
+        log.info("%s", busy)
+        return
+    log.info("the built-in voice's onnxruntime graphs are ready in %s: %s", cache, report)

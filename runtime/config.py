@@ -496,13 +496,20 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
     """The settings in force: `explicit` (None values count as not given) > `config_file` > `voice`
     > `base` (the defaults when None). `voice`: the built-in voice's own settings (its voice.json,
     e.g. the temperature it reads best at), in force only when neither layer above names a target
-    or a prepared folder. A prepared folder comes back as the model paths it holds.
+    or a prepared folder. A prepared folder's own voice settings (`prepared.voice_settings`) are in
+    force in their place when it is named (and `base` holds the default synthesis settings). A
+    prepared folder comes back as the model paths it holds.
     Unknown keys and invalid values raise ValueError."""
     layers = [read_config_file(config_file) if config_file is not None else {},
               {k: v for k, v in (explicit or {}).items() if v is not None}]
     file_layer, given = layers
     if voice and not any(layer.get(name) is not None for layer in layers for name in ("target", "prepared")):
         layers.insert(0, dict(voice))
+    folder = next((layer["prepared"] for layer in reversed(layers) if layer.get("prepared") is not None), None)
+    if folder is not None and (base is None or base.synthesis == SynthesisConfig()):
+        own = prepared.voice_settings(folder)
+        check_voice_keys(own, Path(folder) / prepared.SETTINGS)
+        layers.insert(0, own)
     updates: dict[tuple[str, ...], Any] = {}
     for layer in layers:  # later layers win
         for key, value in layer.items():
@@ -519,6 +526,13 @@ def resolve_settings(explicit: Mapping[str, Any] | None = None, config_file: str
     if settings.models.prepared is None:
         return settings
     return prepared_settings(settings)
+
+
+def check_voice_keys(settings: Mapping[str, Any], where: Path | str) -> None:
+    """A ValueError naming `where` unless `settings` holds only what a voice may set: decoding and sampling."""
+    wrong = [key for key in settings if key not in KEYS or KEYS[key][:2] != ("synthesis", "decode")]
+    if wrong:
+        raise ValueError(f"{where}: a voice may set decoding and sampling settings only, not {', '.join(wrong)}")
 
 
 def runs_int8_graphs(device: DeviceConfig) -> bool:
@@ -594,4 +608,4 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
 
 __all__ = ["POLICIES", "POLICY_PAIRS", "PROPOSERS", "DECODE_RULES", "check_policy", "policy_name", "policy_proposer", "policy_rule", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
            "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict", "prepared_settings", "runs_int8_graphs",
-           "PRESETS_FOLDER", "preset_folder"]
+           "PRESETS_FOLDER", "preset_folder", "check_voice_keys"]

@@ -3,7 +3,9 @@ onnxruntime exports) beside a manifest, read here (`config.prepared_settings` lo
 
     prepared.json   format, version, the stages planned, and per stage done: its inputs (source
                     fingerprints, options) and the files it wrote
-    target/ draft/ codec/ groups.pcg     the checkpoints and the target's group table
+    target/ draft/ codec/ groups.pcg     the checkpoints and the target's group table (the target's
+                    preset voices in target/voices)
+    settings.json   the voice's own decoding and sampling settings (the built-in voice's), if recorded
     onnx-int8/{target,draft,codec}       their onnxruntime exports (LM int8, codec float32), if made
 
 A stage is recorded only once its files are in place, so a folder whose every planned stage is
@@ -20,6 +22,7 @@ FORMAT, VERSION = "pcgtts-prepared", 1
 ONNX_FOLDER = "onnx-int8"  # beside the checkpoints: their onnxruntime exports (LM int8, codec float32)
 LAYOUT = {"target": "target", "draft": "draft", "codec": "codec", "groups": "groups.pcg"}
 ONNX_STAGE = "onnx"
+SETTINGS = "settings.json"  # the voice's own settings, played at unless the caller names others
 
 
 def read_manifest(folder: str | Path) -> dict | None:
@@ -54,6 +57,22 @@ def is_prepared(folder: str | Path, stages: tuple[str, ...] | None = None) -> bo
     return all(stage_done(folder, manifest, name) for name in wanted)
 
 
+def voice_settings(folder: str | Path) -> dict:
+    """The prepared voice's own settings (e.g. the built-in voice's temperature; decoding and sampling
+    only, checked by `resolve_settings`, which puts them under the config file and the flags); {} where
+    none are recorded."""
+    path = Path(folder) / SETTINGS
+    if not path.is_file():
+        return {}
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not readable ({err})") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: not a table of settings")
+    return settings
+
+
 def checkpoint_paths(folder: str | Path) -> dict[str, str]:
     """The checkpoints (and group table) a prepared folder holds, by `ModelPaths` field."""
     folder = Path(folder)
@@ -66,5 +85,5 @@ def onnx_paths(folder: str | Path, paths: dict[str, str]) -> dict[str, str]:
     return {**paths, **{name: str(root / name) for name in ("target", "draft", "codec") if name in paths}}
 
 
-__all__ = ["MANIFEST", "FORMAT", "VERSION", "ONNX_FOLDER", "LAYOUT", "ONNX_STAGE", "read_manifest", "stage_done",
-           "is_prepared", "checkpoint_paths", "onnx_paths"]
+__all__ = ["MANIFEST", "FORMAT", "VERSION", "ONNX_FOLDER", "LAYOUT", "ONNX_STAGE", "SETTINGS", "read_manifest",
+           "stage_done", "is_prepared", "voice_settings", "checkpoint_paths", "onnx_paths"]

@@ -59,11 +59,9 @@ def read_voice(pack_dir: str | Path, files: tuple[str, ...] | None = None) -> di
 def check_voice_settings(settings: dict, where: Path | str) -> dict:
     """`settings` if a voice may hold them (decoding and sampling keys only, valid values); else a
     ValueError naming `where`."""
-    from pcgtts.runtime.config import KEYS, resolve_settings
+    from pcgtts.runtime.config import check_voice_keys, resolve_settings
 
-    wrong = [key for key in settings if key not in KEYS or KEYS[key][:2] != ("synthesis", "decode")]
-    if wrong:
-        raise ValueError(f"{where}: a voice may set decoding and sampling settings only, not {', '.join(wrong)}")
+    check_voice_keys(settings, where)
     resolve_settings({}, voice=settings)  # the values themselves (e.g. a negative temperature)
     return settings
 

@@ -240,3 +240,81 @@ def test_the_shipped_group_table_is_the_one_expansion_builds(tmp_path):
     theta = theta_for_mean_size(rows, groups["mean_size"], groups["cap"])
     build_groups_for_model(target, theta, groups["cap"], progress=False).save(tmp_path / "groups.pcg")
     assert (tmp_path / "groups.pcg").read_bytes() == _shipped_table_bytes(VOICE)
+
+
+# ---------------------------------------------------------------- the built-in voice's export in the background
+
+def _expanded_cache(tmp_path: Path, exported: bool = False) -> Path:
+    """A cache folder whose manifest records the built-in voice expanded (and with `exported`, its onnxruntime
+    graphs made), stand-in files in place."""
+    from pcgtts.runtime.prepared import FORMAT, MANIFEST, VERSION
+
+    folder = tmp_path / "voice-cache"
+    stages = {"expand": {"inputs": {}, "files": ["target"]}}
+    if exported:
+        stages["onnx"] = {"inputs": {}, "files": ["onnx-int8/target"]}
+    for file in (file for stage in stages.values() for file in stage["files"]):
+        (folder / file).mkdir(parents=True)
+    (folder / MANIFEST).write_text(json.dumps({"format": FORMAT, "version": VERSION, "plan": list(stages),
+                                               "stages": stages}))
+    return folder
+
+
+def test_the_first_use_runs_torch_while_a_background_process_exports_unless_switched_off(tmp_path, monkeypatch):
+    from pcgtts import builtin
+    from pcgtts.runtime.config import ModelPaths
+
+    folder = _expanded_cache(tmp_path)
+    started = []
+    monkeypatch.setattr(builtin, "start_background_export", lambda cache: started.append(cache))
+    models = ModelPaths(target=str(folder / "target"))
+    assert not builtin.exporting_in_background(models) and not started  # switched off (the suite does): export first
+    monkeypatch.setenv(builtin.BACKGROUND_ENV, "1")
+    assert builtin.exporting_in_background(models) and started == [folder]
+    done = _expanded_cache(tmp_path / "done", exported=True)
+    assert not builtin.exporting_in_background(ModelPaths(target=str(done / "target")))  # made: nothing to do
+    assert started == [folder]
+
+
+def test_the_background_export_runs_apart_logs_to_the_cache_and_only_one_works_on_a_folder(tmp_path, monkeypatch):
+    from pcgtts import builtin
+    from pcgtts.tools.prepare import preparing
+
+    folder = _expanded_cache(tmp_path)
+    monkeypatch.setattr(builtin, "BACKGROUND_EXPORT", "import os, sys; print('exporting', *sys.argv[1:], "
+                                                      "os.environ['PCGTTS_BACKGROUND_EXPORT'], os.getsid(0) == os.getpid())")
+    process = builtin.start_background_export(folder, VOICE)
+    assert process.wait(timeout=60) == 0
+    assert (folder / builtin.EXPORT_LOG).read_text() == f"exporting {folder} {VOICE} 0 True\n"  # its own session
+    with preparing(folder):  # another preparation at work on the folder: none is started
+        assert builtin.start_background_export(folder, VOICE) is None
+        # and one started just before the other took the lock gives way to it, saying so in its log
+        code = f"from pcgtts.builtin import background_export_main; background_export_main({str(folder)!r}, {str(VOICE)!r})"
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "another prepare is working on" in run.stdout, (run.stdout, run.stderr)
+
+
+def test_the_built_in_voice_prepared_elsewhere_plays_as_the_built_in_voice(tmp_path, monkeypatch):
+    """`pcgtts prepare --out DIR` of the built-in voice, then `--prepared DIR`: its presets by name and its
+    own settings (its temperature), under the caller's."""
+    from pcgtts.builtin import named_presets, voice_settings
+    from pcgtts.runtime.config import resolve_settings
+    from pcgtts.tools.prepare import prepare_builtin
+
+    def fake_expand(pack_dir, out):  # the stand-in checkpoints; the rest of the stage is real
+        paths = {"target": out / "target", "draft": out / "draft", "codec": out / "codec", "groups": out / "groups.pcg"}
+        for name, path in paths.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir() if name != "groups" else path.write_bytes(b"")
+        return paths
+
+    monkeypatch.setattr("pcgtts.train.package.expand_voice", fake_expand)
+    out = tmp_path / "ready"
+    prepare_builtin(out, VOICE, onnx=False, progress=False)
+    own = voice_settings(VOICE)
+    assert own["temperature"] == 0.2
+    settings = resolve_settings({"prepared": str(out)})
+    assert settings.synthesis.decode.sampling.temperature == own["temperature"]
+    assert named_presets(settings.models).resolve("slt") and "slt" in {v["name"] for v in
+                                                                      named_presets(settings.models).listing()}
+    assert resolve_settings({"prepared": str(out), "temperature": 0.7}).synthesis.decode.sampling.temperature == 0.7

@@ -227,8 +227,11 @@ def _onnx_stage(models: ModelPaths, progress: bool) -> Stage:
 
 def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, progress: bool = True) -> dict[str, str]:
     """Prepare the built-in voice (its committed folder `pack_dir`) into `out`: expanded (with its group
-    table), and with `onnx` exported for onnxruntime. {stage: "made" or "skipped"}."""
-    from pcgtts.runtime.voicepack import voice_digest
+    table, its preset voices beside the target and its own settings, so that `--prepared` plays it as the
+    built-in voice), and with `onnx` exported for onnxruntime. {stage: "made" or "skipped"}."""
+    from pcgtts.runtime.config import PRESETS_FOLDER
+    from pcgtts.runtime.prepared import SETTINGS
+    from pcgtts.runtime.voicepack import check_voice_settings, voice_digest
 
     out, pack = Path(out), Path(pack_dir)
     if not (pack / "voice.json").is_file():
@@ -243,8 +246,12 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
             paths = expand_voice(pack, staging / "expanded")
         for name, rel in LAYOUT.items():
             Path(paths[name]).rename(staging / rel)
+        if (pack / PRESETS_FOLDER / "voices.json").is_file():  # found beside the target, as any checkpoint's
+            shutil.copytree(pack / PRESETS_FOLDER, staging / LAYOUT["target"] / PRESETS_FOLDER)
+        meta = json.loads((pack / "voice.json").read_text())
+        (staging / SETTINGS).write_text(json.dumps(check_voice_settings(meta.get("settings", {}), pack / "voice.json")))
 
-    stages = [Stage("expand", tuple(LAYOUT.values()), expand, {"voice": voice_digest(pack)})]
+    stages = [Stage("expand", (*LAYOUT.values(), SETTINGS), expand, {"voice": voice_digest(pack)})]
     if onnx:
         stages.append(_onnx_stage(ModelPaths(**{name: str(out / rel) for name, rel in LAYOUT.items()}), progress))
     return run_stages(out, stages, "preparing the built-in voice", progress)
