@@ -497,3 +497,17 @@ def test_speak_out_dev_null_writes_into_it(tiny_models, tmp_path, capsys):
     after = os.stat("/dev/null")
     assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
     assert not [p for p in os.listdir("/dev") if p.startswith(".null.")]
+
+
+# -- what a newcomer sees ------------------------------------------------------------------------
+
+def test_loading_the_codec_with_its_encoder_shows_no_progress_bar(demo_codec_dir, capfd):
+    from transformers.utils import logging as hf_logging
+
+    from pcgtts.runtime.audio.codec import Codec
+
+    capfd.readouterr()
+    Codec.from_pretrained(demo_codec_dir, decode_only=False)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err and "it/s" not in captured.err, captured.err
+    assert hf_logging.is_progress_bar_enabled()  # put back for whoever loads next

@@ -9,6 +9,7 @@ loads the whole model and uses our torch reimplementation of its feature extract
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -22,6 +23,23 @@ from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
 log = logging.getLogger(__name__)
 
 _DECODER_PREFIXES = ("quantizer.", "acoustic_decoder.")
+
+
+@contextlib.contextmanager
+def quiet_loading():
+    """transformers without its "Loading weights" progress bar and INFO chatter for the block (a
+    reference encode loads the full codec each time a server or a command starts one)."""
+    from transformers.utils import logging as hf_logging
+
+    bars, level = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _read_config(codec_dir: Path):
@@ -77,7 +95,8 @@ class Codec:
         codec_dir = Path(codec_dir)
         config = _read_config(codec_dir)
         if not decode_only:
-            model = Xcodec2Model.from_pretrained(str(codec_dir), dtype=dtype).to(device).eval()
+            with quiet_loading():
+                model = Xcodec2Model.from_pretrained(str(codec_dir), dtype=dtype).to(device).eval()
             return cls(model.quantizer, model.acoustic_decoder, codec_dir, model, device)
         from safetensors import safe_open
 
