@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcgtts.quality.consistency import judge_paragraph, rate_drift, run_consistency, speech_seconds, syllables
+from pcgtts.quality.consistency import judge_paragraph, position_drift, run_consistency, speech_seconds, syllables
 
 SR = 16000
 TEXTS = [f"Sentence number {w} is spoken at an even pace today." for w in
@@ -29,10 +29,12 @@ def test_speech_seconds_trims_leading_and_trailing_silence():
     assert speech_seconds(np.zeros(SR, np.float32)) == 0.0
 
 
-def test_rate_drift_is_the_fitted_change_relative_to_the_start():
-    assert rate_drift([4.0] * 10) == pytest.approx(0.0)
-    assert rate_drift(np.linspace(4.0, 5.0, 10)) == pytest.approx(0.25)
-    assert np.isnan(rate_drift([4.0]))
+def test_position_drift_cancels_each_sentences_own_pace():
+    pace = np.array([6.5, 5.8, 5.6, 4.9, 5.1, 6.1, 4.6, 4.4])  # sentences differ, position does not matter
+    assert position_drift(pace, pace) == pytest.approx(0.0)
+    slowing = np.exp(np.log(0.8) * np.arange(8) / 7)  # 20 % slower at the last position than the first
+    assert position_drift(pace * slowing, pace * slowing[::-1]) == pytest.approx(-0.2)
+    assert np.isnan(position_drift([4.0], [4.0]))
 
 
 def fixed_embed(vectors):
@@ -44,16 +46,20 @@ def test_a_steady_voice_holds_and_a_drifting_one_does_not():
     rng = np.random.default_rng(0)
     base = rng.normal(size=256)
     steady = [base + 0.1 * rng.normal(size=256) for _ in TEXTS]
-    audios = [tone(syllables(t) / 4.0) for t in TEXTS]  # 4 syllables a second throughout
-    ok = judge_paragraph(audios, TEXTS, fixed_embed(steady))
+    # every sentence at its own pace (syllables over seconds differ by sentence), whatever its position
+    pace = {t: 4.0 + 0.5 * i % 3 for i, t in enumerate(TEXTS)}
+    in_order = [tone(syllables(t) / pace[t]) for t in TEXTS]
+    ok = judge_paragraph(in_order, in_order[::-1], TEXTS, fixed_embed(steady))
     assert ok["identity_holds"] and ok["rate_holds"]
     assert abs(ok["rate_drift"]) < 0.02
 
-    # the last sentence turns into another speaker; sentences slow down by 30 % over the paragraph
+    # the last sentence turns into another speaker; each position is 30 % slower by the end
     other = rng.normal(size=256)
     drifting = steady[:-1] + [other]
-    slowing = [tone(syllables(t) / 4.0 * (1 + 0.3 * i / (len(TEXTS) - 1))) for i, t in enumerate(TEXTS)]
-    bad = judge_paragraph(slowing, TEXTS, fixed_embed(drifting))
+    slower = [1 + 0.3 * i / (len(TEXTS) - 1) for i in range(len(TEXTS))]
+    in_order = [tone(syllables(t) / pace[t] * slower[i]) for i, t in enumerate(TEXTS)]
+    in_reverse = [tone(syllables(t) / pace[t] * slower[i]) for i, t in enumerate(TEXTS[::-1])]
+    bad = judge_paragraph(in_order, in_reverse, TEXTS, fixed_embed(drifting))
     assert not bad["identity_holds"]
     assert not bad["rate_holds"] and bad["rate_drift"] < -0.2
 
@@ -69,14 +75,15 @@ def test_run_consistency_speaks_every_sentence_per_voice_and_seed():
     base = {v: rng.normal(size=64) for v in ("a", "b")}
     calls = iter([base[v] + 0.05 * rng.normal(size=64) for v in ("a", "a", "b", "b") for _ in TEXTS])
     result = run_consistency(speak, ["a", "b"], TEXTS, seeds=(0, 1), embed=lambda audio: next(calls))
-    assert len(said) == 2 * 2 * len(TEXTS)
+    assert len(said) == 2 * 2 * 2 * len(TEXTS)  # voices x seeds x (in order, in reverse) x sentences
+    assert [text for _, seed, text in said if seed == 1000][:2] == TEXTS[::-1][:2]
     assert result["per_voice"]["a"]["readings"] == 2
     assert result["per_voice"]["b"]["identity_holds"] == 2 and result["per_voice"]["b"]["rate_holds"] == 2
 
 
 def test_a_paragraph_too_short_to_judge_is_refused():
     with pytest.raises(ValueError, match="at least"):
-        judge_paragraph([tone(1.0)] * 3, TEXTS[:3], lambda a: np.ones(4))
+        judge_paragraph([tone(1.0)] * 3, [tone(1.0)] * 3, TEXTS[:3], lambda a: np.ones(4))
 
 
 def parse(*argv):
