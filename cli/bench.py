@@ -156,7 +156,7 @@ def _bench(args) -> int:
               for case in todo]
     records: list[list[dict]] = [[] for _ in todo]
     total = len(todo) * (args.warmup + args.runs * len(texts))
-    with tqdm(total=total, desc="bench", unit="utt", file=sys.stderr) as bar:
+    with tqdm(total=total, desc="bench", unit="utt", file=sys.stderr, disable=None) as bar:  # a bar on a terminal only
         for case, synth in zip(todo, synths):
             for i in range(args.warmup):
                 measure(synth, texts[i % len(texts)], case_config(base.config, case, args.seed, max_tokens), args.speed)

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from pcgtts.cli.flags import comma_list
@@ -187,14 +188,23 @@ def run(args) -> int:
 
 
 class ProgressBar:
-    """tqdm progress bar fed by the training loops' progress callbacks."""
+    """Progress of the training loops' callbacks: a tqdm bar on a terminal; elsewhere (a log file, a
+    background job) a plain line at most every `every_s` seconds and at the end, not a bar's redraws."""
 
-    def __init__(self, desc: str, unit: str):
+    def __init__(self, desc: str, unit: str, every_s: float = 30.0):
         from tqdm import tqdm
 
         self.bar, self.desc, self.unit, self._tqdm = None, desc, unit, tqdm
+        self.terminal, self.every_s, self._last = sys.stderr.isatty(), every_s, None
 
     def __call__(self, done, total, value=None):
+        if not self.terminal:
+            now = time.monotonic()
+            if self._last is None or now - self._last >= self.every_s or done >= total:
+                self._last = now
+                extra = f" ({value:.3f})" if value is not None else ""
+                print(f"{self.desc}: {done}/{total} {self.unit}{extra}", file=sys.stderr, flush=True)
+            return
         if self.bar is None:
             self.bar = self._tqdm(total=total, desc=self.desc, unit=self.unit, file=sys.stderr)
             self.bar.update(done - 1)

@@ -62,3 +62,13 @@ def test_all_runs_each_step_with_its_commands_defaults(tmp_path, monkeypatch):
         assert got.lab_command == name
     assert seen["codec"].threads == 2 and seen["lm"].codec == tmp_path / "codec" / "export"
     assert seen["corpus"].markov_sentences == 0 and seen["codec"].acoustic is False
+
+
+def test_training_progress_off_a_terminal_is_plain_lines_not_a_bar(capsys):
+    from pcgtts.cli.lab import ProgressBar
+
+    bar = ProgressBar("lm", "step", every_s=3600.0)  # pytest's captured stderr is not a terminal
+    for step in range(1, 101):
+        bar(step, 100, 0.5)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["lm: 1/100 step (0.500)", "lm: 100/100 step (0.500)"]
