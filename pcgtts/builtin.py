@@ -56,8 +56,8 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
     if not is_prepared(cache, ("expand",)):
         from pcgtts.tools.prepare import prepare_builtin
 
-        log.warning("expanding the built-in voice into %s (once; about a minute on a 2-core CPU; "
-                    "`pcgtts prepare` does it ahead)", cache)
+        log.warning("expanding the built-in voice into %s (once, about 15 s on a 2-core CPU; `pcgtts prepare` "
+                    "does it ahead)", cache)
         prepare_builtin(cache, pack_dir, onnx=False)
         _note_earlier_expansions(cache)
     return ModelPaths(**checkpoint_paths(cache), presets=builtin_preset_folder(pack_dir))

@@ -25,7 +25,7 @@ def test_the_committed_pages_are_what_the_json_gives_and_within_their_limits():
 
 def copy_of_the_tree(tmp_path: Path) -> Path:
     for page in results_pages.PAGES:
-        for path in (page.path, page.data, page.method):
+        for path in (page.path, page.data, page.method, *([page.first_speak] if page.first_speak else [])):
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / path, tmp_path / path)
     (tmp_path / results_pages.CARD).parent.mkdir(parents=True, exist_ok=True)
