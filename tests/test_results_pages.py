@@ -88,6 +88,23 @@ def test_an_eval_results_file_becomes_rows_with_intervals_in_percent(tmp_path):
     assert "-0.4 ± 4.6" in (root / "QUALITY.md").read_text()
 
 
+def test_a_consistency_run_becomes_one_row_per_voice(tmp_path):
+    root = copy_of_the_tree(tmp_path)
+    voice = {"readings": 2, "identity_holds": 2, "rate_holds": 1, "worst_rate_drift": 0.107,
+             "first_last_cosine": [0.91, 0.89], "near_cosine_floor": [0.82, 0.83]}
+    result = {"mode": "consistency", "summaries": [], "per_voice": {"heart-high": voice}}
+    (root / "run").mkdir()
+    (root / "run" / "results.json").write_text(json.dumps(result))
+    results_pages.add_file(root, root / "run", "consistency", "pcgtts eval --mode consistency", "2026-12-01", "abcdef1")
+    table = next(t for t in results_pages.load(root / "benchmarks/results/quality.json")["tables"]
+                 if t["id"] == "consistency")
+    row = next(r for r in table["rows"] if r["label"] == "heart-high")
+    assert row["figures"] == {"first_last_cos": 0.9, "near_floor": 0.825, "id_holds": "2 / 2", "rate_drift": 10.7,
+                              "rate_holds": "1 / 2"}
+    results_pages.write_files(root)
+    assert "| heart-high | 0.900 | 0.825 | 2 / 2 | +10.7 | 1 / 2 |" in (root / "QUALITY.md").read_text()
+
+
 @pytest.mark.parametrize("argv", [["--table", "cpu-builtin-int8"], ["--command", "x"], ["--add", "f.json"],
                                   ["--add", "f.json", "--table", "t", "--command", "c", "--check"]])
 def test_flags_that_would_be_ignored_are_refused_before_any_work(argv, capsys):

@@ -105,6 +105,11 @@ FIGURES: dict[str, Figure] = {
     "d_sim": Figure("ΔSim", 3, True),
     "nll": Figure("held-out NLL nats", 3),
     "gain": Figure("conditioning gain nats", 2),
+    "first_last_cos": Figure("cos(first, last)", 3),
+    "near_floor": Figure("floor of nearby pairs", 3),
+    "id_holds": Figure("identity holds"),
+    "rate_drift": Figure("worst rate drift %", 1, True),
+    "rate_holds": Figure("rate within 10 %"),
     "detail": Figure("measured"),
 }
 ROW_KEYS = {"label", "figures", "baseline", "date", "commit", "cmd", "card"}
@@ -345,8 +350,26 @@ def rows_from_bench(report: dict) -> list[dict]:
     return rows
 
 
+def rows_from_consistency(result: dict) -> list[dict]:
+    """An `eval --mode consistency` results.json's voices as rows: identity and pace from the first sentence
+    to the last, each pair of readings judged against the voice's own spread."""
+    rows = []
+    for name, v in result["per_voice"].items():
+        cosines = [c for c in v["first_last_cosine"] if c is not None]
+        figures = {"first_last_cos": round(sum(cosines) / len(cosines), 3) if cosines else None,
+                   "near_floor": round(sum(v["near_cosine_floor"]) / len(v["near_cosine_floor"]), 3),
+                   "id_holds": f"{v['identity_holds']} / {v['readings']}",
+                   "rate_drift": _round(100 * v["worst_rate_drift"], 1) if v["worst_rate_drift"] is not None else None,
+                   "rate_holds": f"{v['rate_holds']} / {v['readings']}"}
+        rows.append({"label": name, "figures": {k: x for k, x in figures.items() if x is not None},
+                     "baseline": "the voice's own nearby sentences"})
+    return rows
+
+
 def rows_from_eval(result: dict) -> list[dict]:
     """A `pcgtts eval --out` results.json's cases as rows (without date, commit or command)."""
+    if result.get("mode") == "consistency":
+        return rows_from_consistency(result)
     rows = []
     for s in result["summaries"]:
         figures = {"n": s.get("utterances") or (s.get("wer") or {}).get("n"), "x_ar": _round(s.get("speedup_vs_ar")),
