@@ -58,7 +58,7 @@ def trained_voice(pack_dir: Path | None = None, cache_root: Path | None = None) 
 
         log.warning("expanding the built-in voice into %s (once, about 15 s on a 2-core CPU; `pcgtts prepare` "
                     "does it ahead)", cache)
-        prepare_builtin(cache, pack_dir, onnx=False)
+        prepare_builtin(cache, pack_dir, onnx=False, wait=True)  # two first uses at once: one waits for the other
         _note_earlier_expansions(cache)
     return ModelPaths(**checkpoint_paths(cache), presets=builtin_preset_folder(pack_dir))
 

@@ -234,3 +234,29 @@ def test_out_errors_name_the_users_path_not_a_probe(tmp_path):
         assert text.startswith(f"--out {path}: ") and re.search(message, text), text
         assert "probe" not in text and ".partial" not in text, text
     assert check_output_dir(tmp_path / "new") == tmp_path / "new" and list(tmp_path.iterdir()) == [a_file]
+
+
+def test_a_first_use_waits_for_another_preparation_of_its_folder_instead_of_failing(tmp_path):
+    import threading
+
+    from pcgtts.tools.prepare import FolderBusy, preparing
+
+    held, release, order = threading.Event(), threading.Event(), []
+
+    def holder():
+        with preparing(tmp_path):
+            held.set()
+            release.wait(10)
+            order.append("holder done")
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10)
+    with pytest.raises(FolderBusy):  # a command is refused at once
+        with preparing(tmp_path):
+            pass
+    threading.Timer(0.3, release.set).start()
+    with preparing(tmp_path, wait=True):  # the built-in voice's first use waits its turn
+        order.append("waiter in")
+    thread.join(10)
+    assert order == ["holder done", "waiter in"]

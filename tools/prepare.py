@@ -78,17 +78,24 @@ class FolderBusy(ValueError):
 
 
 @contextlib.contextmanager
-def preparing(out: Path):
+def preparing(out: Path, wait: bool = False):
     """Hold `out`'s lock (an exclusive `flock` on out/LOCK, which holds the holder's pid) while the
-    block runs; another holder is a one-line `FolderBusy` at once. The kernel drops a lock when its
-    process ends, however it ends, so a lock file a killed run left behind is simply taken over."""
+    block runs; another holder is a one-line `FolderBusy` at once, or with `wait` is waited for (said
+    once in the log). The kernel drops a lock when its process ends, however it ends, so a lock file a
+    killed run left behind is simply taken over."""
     import fcntl
 
     path = out / LOCK
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    raise
+                log.warning("waiting for another prepare of %s (%s) to finish", out, _holder(path))
+                fcntl.flock(fd, fcntl.LOCK_EX)
         except BlockingIOError:
             os.close(fd)
             raise FolderBusy(f"another prepare is working on {out} ({_holder(path)}); wait for it to end, "
@@ -126,12 +133,13 @@ def _holder(path: Path) -> str:
     return "pid unknown"
 
 
-def run_stages(out: Path, stages: list[Stage], desc: str, progress: bool = True) -> dict[str, str]:
+def run_stages(out: Path, stages: list[Stage], desc: str, progress: bool = True, wait: bool = False) -> dict[str, str]:
     """Run `stages` (in ORDER) into `out`: {stage: "made" or "skipped"}. Stages recorded but no longer
     planned are removed with their files (and the stages after them made again). One preparation of
-    a folder at a time: another one already at work is a `FolderBusy` error (`preparing`)."""
+    a folder at a time: another one already at work is a `FolderBusy` error (`preparing`), or with
+    `wait` is waited for, and what it made is then skipped."""
     out.mkdir(parents=True, exist_ok=True)
-    with preparing(out):
+    with preparing(out, wait):
         return _run_stages(out, stages, desc, progress)
 
 
@@ -225,10 +233,12 @@ def _onnx_stage(models: ModelPaths, progress: bool) -> Stage:
 
 # ---------------------------------------------------------------- the built-in voice
 
-def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, progress: bool = True) -> dict[str, str]:
+def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, progress: bool = True,
+                    wait: bool = False) -> dict[str, str]:
     """Prepare the built-in voice (its committed folder `pack_dir`) into `out`: expanded (with its group
     table, its preset voices beside the target and its own settings, so that `--prepared` plays it as the
-    built-in voice), and with `onnx` exported for onnxruntime. {stage: "made" or "skipped"}."""
+    built-in voice), and with `onnx` exported for onnxruntime. {stage: "made" or "skipped"}. With `wait`,
+    another process preparing `out` is waited for rather than refused."""
     from pcgtts.runtime.config import PRESETS_FOLDER
     from pcgtts.runtime.prepared import SETTINGS
     from pcgtts.runtime.voicepack import check_voice_settings, voice_digest
@@ -254,7 +264,7 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
     stages = [Stage("expand", (*LAYOUT.values(), SETTINGS), expand, {"voice": voice_digest(pack)})]
     if onnx:
         stages.append(_onnx_stage(ModelPaths(**{name: str(out / rel) for name, rel in LAYOUT.items()}), progress))
-    return run_stages(out, stages, "preparing the built-in voice", progress)
+    return run_stages(out, stages, "preparing the built-in voice", progress, wait)
 
 
 # ---------------------------------------------------------------- a user's checkpoint
