@@ -133,10 +133,34 @@ def _add_draft(cmds, name: str) -> argparse.ArgumentParser:
 
 
 def _add_package(cmds, name: str) -> argparse.ArgumentParser:
-    p = cmds.add_parser(name, help="the compact committed form of the trained voice (fp16, factorised)")
+    p = cmds.add_parser(name, help="the compact committed form of the trained voice (fp16, factorised); "
+                                   "replacing a voice, only if it is not worse (the release gate)",
+                        description="Write the trained voice into --out. When --out already holds a voice (the "
+                                    "shipped one), the new voice is written to a staging folder, both speak the "
+                                    "quality test set's first --gate-sentences sentences with each of --gate-seeds, "
+                                    "and the new one replaces the old only if neither the default voice nor any "
+                                    "shared preset reads worse (paired WER, 95 % interval), no preset is told apart "
+                                    "less, no shipped preset is dropped and its drafts accept no less (pcg, "
+                                    "eagle-pcg); otherwise it is refused and --out is left as it was. The comparison "
+                                    "goes into voice.json and the model card.")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="lab folder holding lm/, draft/, codec/export")
+    p.add_argument("--voice", type=Path, default=None,
+                   help="a voice folder packed already (e.g. LAB/pack) to put into --out instead of the lab's folders")
     p.add_argument("--out", type=Path, default=None, help="voice folder (default: the package's pcgtts/voice)")
-    p.add_argument("--name", required=True, help="version name recorded in voice.json, e.g. lab-v1")
+    p.add_argument("--name", help="version name recorded in voice.json, e.g. lab-v1 (required unless --voice)")
+    p.add_argument("--presets", type=Path, help="folder of preset voices (voices.json + .voice files) to ship with "
+                                                "it (default: keep those of the voice in --out)")
+    gate = p.add_argument_group("release gate (when --out already holds a voice)")
+    gate.add_argument("--accept-worse", metavar="REASON",
+                      help="ship it even if the gate finds it worse; the reason is recorded with the comparison")
+    gate.add_argument("--drop-presets", type=comma_list(str), default=[], metavar="NAMES",
+                      help="shipped presets the new voice leaves out on purpose (comma list)")
+    gate.add_argument("--gate-sentences", type=_positive_int, default=20,
+                      help="test sentences each voice speaks (of quality/testset_v1.json's 20; default 20)")
+    gate.add_argument("--gate-seeds", type=comma_list(int), default=[0, 1], help="seeds per sentence (default 0,1)")
+    gate.add_argument("--gate-temperature", type=float,
+                      help="one temperature for both voices (default: each voice's own, from its voice.json)")
+    gate.add_argument("--gate-report", type=Path, help="write the gate's JSON (per-utterance records too) here")
     p.add_argument("--heads", type=Path, help="multi-token heads file trained for the target (optional)")
     p.add_argument("--eagle", type=Path, help="EAGLE draft file trained for the target (optional)")
     p.add_argument("--mean-group-size", type=_positive_int, default=140, help="θ of the built group table (paper: ~140)")
@@ -309,20 +333,69 @@ def _cmd_presets(args) -> dict:
 
 def _cmd_package(args) -> dict:
     from pcgtts.builtin import VOICE_DIR
-    from pcgtts.train.package import pack_voice
+    from pcgtts.quality.gate import GateConfig
+    from pcgtts.train.package import install_staged, pack_voice, read_voice, stage_voice
 
-    needed = [args.root / "lm" / "checkpoint.pt", args.root / "draft" / "checkpoint.pt",
-              args.root / "codec" / "export" / "model.safetensors"]
-    for path in needed + [p for p in (args.heads, args.eagle, args.figures) if p is not None]:
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found")
-    figures = json.loads(args.figures.read_text()) if args.figures else {}
-    out = pack_voice(args.out or VOICE_DIR, args.root / "lm", args.root / "draft", args.root / "codec" / "export",
-                     name=args.name, heads_file=args.heads, eagle_file=args.eagle,
-                     mean_group_size=args.mean_group_size, figures=figures,
-                     settings={"temperature": args.temperature} if args.temperature is not None else None)
-    size = sum(p.stat().st_size for p in out.iterdir())
-    return {"voice": str(out), "megabytes": round(size / 2**20, 1), "name": args.name}
+    out = args.out or VOICE_DIR
+    if args.voice is not None:
+        if not (args.voice / "voice.json").is_file():
+            raise FileNotFoundError(f"{args.voice}: no voice.json, not a voice folder")
+        given = [flag for flag, value in (("--name", args.name), ("--heads", args.heads), ("--eagle", args.eagle),
+                                          ("--figures", args.figures), ("--temperature", args.temperature),
+                                          ("--presets", args.presets)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: --voice puts a packed voice in place as it is")
+    else:
+        if not args.name:
+            raise ValueError("--name is required (the version name recorded in voice.json)")
+        needed = [args.root / "lm" / "checkpoint.pt", args.root / "draft" / "checkpoint.pt",
+                  args.root / "codec" / "export" / "model.safetensors"]
+        for path in needed + [p for p in (args.heads, args.eagle, args.figures) if p is not None]:
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} not found")
+    if args.presets is not None and not (args.presets / "voices.json").is_file():
+        raise FileNotFoundError(f"{args.presets}: no voices.json (a folder of preset voices)")
+    if args.accept_worse is not None and not args.accept_worse.strip():
+        raise ValueError("--accept-worse needs a reason")
+    if args.gate_report is not None and not args.gate_report.parent.is_dir():
+        raise FileNotFoundError(f"--gate-report: folder {args.gate_report.parent} not found")
+    config = GateConfig(sentences=args.gate_sentences, seeds=tuple(args.gate_seeds), temperature=args.gate_temperature)
+    if config.sentences > 20:
+        raise ValueError(f"--gate-sentences must lie in [2, 20] (the quality test set's sentences), got {config.sentences}")
+    shipped = (out / "voice.json").is_file()
+    if shipped:
+        read_voice(out, files=())  # the voice it is compared with, checked before anything is made
+    else:
+        log.info("%s holds no voice yet: nothing to compare with, no release gate", out)
+    gate, report = (_release_gate(out, config, args) if shipped else None), {}
+
+    if args.voice is not None:
+        out = install_staged(stage_voice(args.voice, out), out, gate and (lambda staging: report.update(gate(staging))))
+    else:
+        presets = args.presets or (out / "voices" if (out / "voices" / "voices.json").is_file() else None)
+        figures = json.loads(args.figures.read_text()) if args.figures else {}
+        out = pack_voice(out, args.root / "lm", args.root / "draft", args.root / "codec" / "export",
+                         name=args.name, heads_file=args.heads, eagle_file=args.eagle,
+                         mean_group_size=args.mean_group_size, figures=figures,
+                         settings={"temperature": args.temperature} if args.temperature is not None else None,
+                         presets=presets, gate=gate and (lambda staging: report.update(gate(staging))))
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    summary = {"voice": str(out), "megabytes": round(size / 2**20, 1), "name": read_voice(out, files=())["name"]}
+    if report:
+        summary.update({"gate": "accepted worse: " + report["accepted_worse"] if report["accepted_worse"] else "passed",
+                        "gate_seconds": report["seconds"]})
+    return summary
+
+
+def _release_gate(shipped: Path, config, args):
+    """The package command's gate: the staged voice against the one in `shipped`."""
+    from pcgtts.quality.gate import gate_voice
+
+    def gate(staging: Path) -> dict:
+        return gate_voice(shipped, staging, config, args.accept_worse, args.drop_presets, report=args.gate_report,
+                          progress=log.info)
+
+    return gate
 
 
 def _cmd_all(args) -> dict:

@@ -30,6 +30,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -50,9 +51,12 @@ def _save_half(state: dict[str, torch.Tensor], path: Path) -> None:
 def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, codec_dir: str | Path, *,
                name: str, heads_file: str | Path | None = None, eagle_file: str | Path | None = None,
                mean_group_size: int = 140,
-               group_cap: int = 512, figures: dict | None = None, settings: dict | None = None) -> Path:
+               group_cap: int = 512, figures: dict | None = None, settings: dict | None = None,
+               presets: str | Path | None = None, gate: Callable[[Path], object] | None = None) -> Path:
     """Write the compact voice folder from the lab's `lm`, `draft` and `codec/export` folders.
-    `settings`: what the voice is played at when the user names none (`builtin.voice_settings`)."""
+    `settings`: what the voice is played at when the user names none (`builtin.voice_settings`);
+    `presets`: a folder of preset voices to ship with it (`set_presets`); `gate(staging)`: run on the
+    complete voice in its staging folder before it replaces `out_dir` (`install_staged`)."""
     from pcgtts.runtime.voicepack import check_voice_settings
 
     out = Path(out_dir)
@@ -78,9 +82,43 @@ def pack_voice(out_dir: str | Path, lm_dir: str | Path, draft_dir: str | Path, c
     (tmp / "voice.json").write_text(json.dumps(meta, indent=2) + "\n")
     if (out / "MODEL_CARD.md").is_file():
         shutil.copyfile(out / "MODEL_CARD.md", tmp / "MODEL_CARD.md")
+    if presets is not None:
+        set_presets(tmp, presets)
+    return install_staged(tmp, out, gate)
+
+
+def stage_voice(src_dir: str | Path, out_dir: str | Path) -> Path:
+    """A copy of the voice folder `src_dir` (checked: every file with its recorded checksum) in the staging
+    folder beside `out_dir`, for `install_staged`: a voice packed elsewhere (e.g. LAB/pack) put in place."""
+    src, out = Path(src_dir), Path(out_dir)
+    read_voice(src)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    return tmp
+
+
+def install_staged(staging: str | Path, out_dir: str | Path, gate: Callable[[Path], object] | None = None) -> Path:
+    """Move the complete voice in `staging` into `out_dir`, replacing what is there, once `gate(staging)`
+    (if given) returns; when it raises, the staging folder is removed and `out_dir` is left untouched."""
+    tmp, out = Path(staging), Path(out_dir)
+    if gate is not None:
+        try:
+            gate(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def record_gate(pack_dir: str | Path, entry: dict) -> None:
+    """Record the release gate's comparison with the voice this one replaces in voice.json ("gate")."""
+    pack = Path(pack_dir)
+    meta = read_voice(pack, files=())
+    meta["gate"] = entry
+    _write_meta(pack, meta)
 
 
 def _write_lm(role: str, folder: Path, dst: Path) -> dict:
@@ -361,4 +399,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "add_to_voice", "replace_codec", "set_presets", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "stage_voice", "install_staged", "record_gate", "add_to_voice", "replace_codec", "set_presets", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "FORMAT", "VERSION"]
