@@ -118,7 +118,7 @@ def fake_judges(monkeypatch):
     import pcgtts.quality.metrics as metrics
 
     def open_pack(folder, cache_root=None, temperature=None, max_tokens=None):
-        return FakeVoice(json.loads((folder / "voice.json").read_text())["fake_flaws"])
+        return FakeVoice(json.loads((folder / "voice.json").read_text()).get("fake_flaws", ()))
 
     monkeypatch.setattr(gate, "open_pack", open_pack)
     monkeypatch.setattr(metrics, "recognizer", lambda: type("R", (), {"transcribe": staticmethod(fake_transcribe)}))
@@ -131,7 +131,7 @@ def _package(*argv):
 
 
 def _snapshot(folder):
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_package_refuses_a_worse_voice_and_leaves_the_shipped_one(tmp_path, fake_judges, capsys):
@@ -167,6 +167,33 @@ def test_package_installs_a_voice_that_is_not_worse(tmp_path, fake_judges, capsy
     # a second gate replaces the card's comparison, not appends another
     _package("--voice", _voice_folder(tmp_path / "pack2", "lab-v9"), "--out", shipped)
     assert (shipped / "MODEL_CARD.md").read_text().count("## Comparison with the voice it replaced") == 1
+
+
+def test_package_from_lab_folders_is_gated_and_keeps_the_presets(tmp_path, fake_judges, monkeypatch, capsys):
+    """The lab's route (--root): the packed voice is staged with the shipped presets and refused when worse."""
+    import shutil
+    from pathlib import Path
+
+    import pcgtts.quality.gate as gate
+    from test_lab_package import _lab_folders
+
+    lab = tmp_path / "lab"
+    codec = _lab_folders(lab)
+    codec.rename(lab / "codec_export")
+    (lab / "codec").mkdir()
+    (lab / "codec_export").rename(lab / "codec" / "export")
+    shipped = _voice_folder(tmp_path / "voice", "lab-v7")
+    shutil.copytree(Path(__file__).resolve().parents[1] / "pcgtts" / "voice" / "voices", shipped / "voices")
+    before = _snapshot(shipped)
+    monkeypatch.setattr(gate, "open_pack", lambda folder, *a, **k: FakeVoice(("mumbles",) if folder.name == "voice.tmp"
+                                                                             else ()))
+    with pytest.raises(SystemExit, match="worse than the shipped 'lab-v7': default wer"):
+        _package("--root", lab, "--out", shipped, "--name", "lab-v8")
+    assert _snapshot(shipped) == before and not (tmp_path / "voice.tmp").exists()
+    _package("--root", lab, "--out", shipped, "--name", "lab-v8", "--accept-worse", "a test")
+    meta = json.loads((shipped / "voice.json").read_text())
+    assert meta["name"] == "lab-v8" and meta["gate"]["accepted_worse"] == "a test"
+    assert "voices/heart.voice" in meta["sha256"] and (shipped / "target.safetensors").is_file()
 
 
 def test_package_bad_gate_flags_fail_before_work(tmp_path, no_models):
