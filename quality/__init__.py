@@ -7,6 +7,7 @@
     swap.py       Table 2: intra-group vs random token swaps
     melgroups.py  Table 3: groups from the codec's decoded sound of each token
     plots.py      accuracy / speed-up curves over θ, β and draft length
+    gate.py       the release gate: a new built-in voice against the shipped one (`pcgtts train package`)
 
 The `pcgtts eval` command is cli/evaluate.py.
 """
