@@ -1,7 +1,8 @@
 """Every setting as a frozen, validated dataclass, and the one function that resolves them.
 
     Settings
-      models     ModelPaths       target, draft, codec, groups, heads, transitions, eagle, presets
+      models     ModelPaths       target, draft, codec, clone_codec, groups, heads, transitions, eagle,
+                                  presets, prepared
       device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, compile, threads,
                                   prefix_cache
       synthesis  SynthesisConfig  seed, max_sentence_chars, spell_numbers, tokens_per_char, min_tokens,
@@ -317,6 +318,9 @@ def preset_folder(models: ModelPaths) -> str | None:
 class DeviceConfig:
     compute_device: str = "cpu"  # cpu | cuda | cuda:N
     dtype: str = "float32"
+    # The codec whose decoder renders speech prompted with a reference voice (a preset, a cloned voice,
+    # ref_audio); None: `codec` renders every voice. Its encoder must be `codec`'s (same codes).
+    clone_codec: str | None = None
     backend: str = "auto"  # see BACKENDS; made concrete by `runtime/lm/loader.py: resolve_backend`
     max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
     quantize: str = "none"  # "int8": int8 linear layers (torch backend, CPU, float32)
@@ -550,7 +554,7 @@ def prepared_settings(settings: Settings) -> Settings:
     models = settings.models
     if models.prepared is None:
         return settings
-    given = [name for name in ("target", "draft", "codec", "groups", "heads", "transitions", "eagle")
+    given = [name for name in ("target", "draft", "codec", "clone_codec", "groups", "heads", "transitions", "eagle")
              if getattr(models, name) is not None]
     if given:
         raise ValueError(f"a prepared folder names its own models: give either prepared or "

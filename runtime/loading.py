@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class LoadedModels:
     """What a `Synthesizer` runs: the target and draft LMs, the codec, the group table on the target's
-    device, and the proposers on the target's states (`proposers.HeadProposer` / `EagleProposer`)."""
+    device, the proposers on the target's states (`proposers.HeadProposer` / `EagleProposer`), and the
+    codec that decodes speech prompted with a reference voice (None: `codec` decodes every voice)."""
 
     target: LM
     draft: LM | None
@@ -34,13 +35,12 @@ class LoadedModels:
     groups: DeviceGroupTable | None = None
     heads: object | None = None
     eagle: object | None = None
+    clone_codec: SpeechCodec | None = None
 
 
 def load_models(models: ModelPaths, device: DeviceConfig, config: SynthesisConfig,
                 force_export: bool = False) -> LoadedModels:
     """Load resolved model paths on `device` (checked first: `check_models`)."""
-    from pcgtts.runtime.audio.codec import Codec
-    from pcgtts.runtime.audio.onnx_codec import OrtCodec, is_exported_codec
     from pcgtts.runtime.lm.loader import load_lm, resolve_backend
 
     device = resolve_backend(device, models.target)
@@ -70,15 +70,30 @@ def load_models(models: ModelPaths, device: DeviceConfig, config: SynthesisConfi
         table = table.to_device(target_lm.device)
     heads_file, transitions_file, eagle_file = proposer_files(models)
     heads, eagle = load_heads(heads_file, transitions_file, target_lm), load_eagle(eagle_file, target_lm)
-    if is_exported_codec(models.codec):
-        codec_model = OrtCodec(models.codec, threads=threads, force=force_export)
-    else:
-        codec_model = Codec.from_pretrained(models.codec, device=device.compute_device, decode_only=True)
-        if device.compute_device == "cpu" and config.stream.codec_thread:
-            log.info("the codec decodes with PyTorch beside the LM: its per-op hand-offs of Python's GIL slow "
-                     "the decode loop (lab-v1: 12-23 %%); `pcgtts export codec --codec %s "
-                     "--out DIR` and --codec DIR avoid them", models.codec)
-    return LoadedModels(target_lm, draft_lm, codec_model, table, heads, eagle)
+    codec_model = load_codec(models.codec, device, config, threads, force_export)
+    clone_model = None
+    if models.clone_codec is not None:
+        same = Path(models.clone_codec).resolve() == Path(models.codec).resolve()
+        clone_model = codec_model if same else load_codec(models.clone_codec, device, config, threads, force_export,
+                                                          flag="--clone-codec")
+    return LoadedModels(target_lm, draft_lm, codec_model, table, heads, eagle, clone_model)
+
+
+def load_codec(folder: str, device: DeviceConfig, config: SynthesisConfig, threads: int | None,
+               force_export: bool = False, flag: str = "--codec") -> SpeechCodec:
+    """A codec's decoder: an exported decoder folder on onnxruntime, an X-codec2 checkpoint with PyTorch
+    on the compute device."""
+    from pcgtts.runtime.audio.codec import Codec
+    from pcgtts.runtime.audio.onnx_codec import OrtCodec, is_exported_codec
+
+    if is_exported_codec(folder):
+        return OrtCodec(folder, threads=threads, force=force_export)
+    codec_model = Codec.from_pretrained(folder, device=device.compute_device, decode_only=True)
+    if device.compute_device == "cpu" and config.stream.codec_thread:
+        log.info("the codec decodes with PyTorch beside the LM: its per-op hand-offs of Python's GIL slow "
+                 "the decode loop (lab-v1: 12-23 %%); `pcgtts export codec --codec %s "
+                 "--out DIR` and %s DIR avoid them", folder, flag)
+    return codec_model
 
 
 def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig) -> None:
@@ -96,7 +111,7 @@ def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig)
                          f"{device.backend!r}: set backend = \"torch\" or steps_per_sync = 0")
     if models.codec is None:
         raise ValueError("a codec directory (X-codec2, Hugging Face format) is required")
-    for name in ("target", "draft", "codec"):
+    for name in ("target", "draft", "codec", "clone_codec"):
         path = getattr(models, name)
         if path is not None and not Path(path).is_dir():
             raise ValueError(f"{name} model directory not found: {path}")

@@ -285,6 +285,13 @@ class StreamJob:
 
 def produce(job: StreamJob) -> None:
     """The worker thread: decode each sentence and push its audio through the window decoder."""
+def window_codec(synth, context: np.ndarray | None):
+    """The codec that decodes a stream: the clone codec when its prompt ends in reference codes (a
+    preset or cloned voice) and the synthesizer has one, else the codec."""
+    clone = getattr(synth, "clone_codec", None)
+    return clone if clone is not None and context is not None and len(context) else synth.codec
+
+
     synth = job.synth
     prompts, budgets, config, stats, put = job.prompts, job.budgets, job.config, job.stats, job.put
     try:
@@ -299,7 +306,7 @@ def produce(job: StreamJob) -> None:
         # A cloned voice's reference codes end every prompt: they are the first chunk's left
         # context, as in a one-shot decode of reference + speech.
         context = synth.target.vocab.prompt_codes(prompts[0]).numpy() if prompts else None
-        window = WindowDecoder(synth.codec.decode, config.stream, context=context)
+        window = WindowDecoder(window_codec(synth, context).decode, config.stream, context=context)
         done = 0  # samples handed out so far
 
         def emit(samples: np.ndarray, last: bool) -> bool:

@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 class Synthesizer:
     def __init__(self, target: LM, draft: LM | None, codec: SpeechCodec, groups: DeviceGroupTable | None = None,
                  config: SynthesisConfig = SynthesisConfig(), heads=None, eagle=None,
-                 scripts: tuple[str, ...] | None = None, presets: Presets | None = None):
+                 scripts: tuple[str, ...] | None = None, presets: Presets | None = None,
+                 clone_codec: SpeechCodec | None = None):
         # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
         # from codec.source_dir); groups on the target's device, or None (pcg then unavailable);
         # heads: the target's multi-token heads (a proposers.HeadProposer) for the mtp-* policies;
@@ -60,10 +61,12 @@ class Synthesizer:
         # scripts: the writing systems the voice was trained on (("Latin",), ("Latin", "CJK"): the
         # first word of a letter's Unicode name); text mostly in another logs a warning. None: not
         # known, nothing checked. presets: the named voices shipped with the target (`voice="NAME"`).
+        # clone_codec: the decoder of speech prompted with a reference voice (a preset, a cloned voice,
+        # ref_audio); None: `codec` decodes every voice. References are encoded by `codec`'s encoder.
         if draft is not None:
             target.vocab.check_same_layout(draft.vocab)
         self.target, self.draft, self.codec, self.groups, self.heads = target, draft, codec, groups, heads
-        self.eagle = eagle
+        self.eagle, self.clone_codec = eagle, clone_codec
         self.presets = presets if presets is not None else Presets()
         self.scripts = check_scripts(scripts)
         self.tokenizer = target.tokenizer
@@ -103,7 +106,7 @@ class Synthesizer:
         check_scripts(scripts)
         loaded = load_models(models, device, config, force_export)
         synth = cls(loaded.target, loaded.draft, loaded.codec, loaded.groups, config, loaded.heads, loaded.eagle,
-                    scripts, Presets.load(preset_folder(models)))
+                    scripts, Presets.load(preset_folder(models)), loaded.clone_codec)
         synth.planner.plan(config.decode)
         synth.planner.warm_prefix()
         return synth
