@@ -6,9 +6,9 @@
       device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, compile, threads,
                                   prefix_cache
       synthesis  SynthesisConfig  seed, max_sentence_chars, spell_numbers, tokens_per_char, min_tokens,
-                                  run_ahead_s, abandon_after_s
-        decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, pcg_thinning_trials,
-                                  mtp_top_m, mtp_threshold, viterbi_top_k, steps_per_sync,
+                                  min_tokens_per_char, min_speech_tokens, run_ahead_s, abandon_after_s
+        decode   DecodeConfig     policy, draft_length, adaptive_draft, ssd_beta, max_new_tokens, min_new_tokens,
+                                  pcg_thinning_trials, mtp_top_m, mtp_threshold, viterbi_top_k, steps_per_sync,
                                   compile_steps
           sampling SamplingConfig temperature, top_p
         stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
@@ -149,6 +149,9 @@ class DecodeConfig:
     adaptive_draft: bool = True
     ssd_beta: float = 0.4  # SSD's tolerance added to min(1, target/draft)
     max_new_tokens: int = 2000  # speech tokens per utterance (40 s of audio)
+    # no stop token before this many speech tokens (its probability 0, the rest renormalised, in every
+    # policy's target distributions alike); the synthesizer raises it per sentence (min_tokens_per_char)
+    min_new_tokens: int = 0
     pcg_thinning_trials: int = 16  # residual-sampler trials drawn at once before the exact fallback
     mtp_top_m: int = 2  # mtp-topm / mtp-viterbi: a proposal passes when among the target's M best (Speech-LLaMA: 2)
     mtp_threshold: float = 0.1  # mtp-threshold: a proposal passes when the target gives it at least this probability
@@ -182,7 +185,7 @@ class DecodeConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        for name in ("draft_length", "max_new_tokens"):
+        for name in ("draft_length", "max_new_tokens", "min_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -194,6 +197,8 @@ class DecodeConfig:
             raise ValueError(f"ssd_beta must be >= 0, got {self.ssd_beta}")
         if not (1 <= self.max_new_tokens <= MAX_NEW_TOKENS):
             raise ValueError(f"max_new_tokens must lie in [1, {MAX_NEW_TOKENS}], got {self.max_new_tokens}")
+        if not (0 <= self.min_new_tokens <= MAX_NEW_TOKENS):
+            raise ValueError(f"min_new_tokens must lie in [0, {MAX_NEW_TOKENS}], got {self.min_new_tokens}")
         if self.pcg_thinning_trials < 1:
             raise ValueError(f"pcg_thinning_trials must be >= 1, got {self.pcg_thinning_trials}")
         if self.mtp_top_m < 1 or self.viterbi_top_k < 1:
@@ -262,6 +267,12 @@ class SynthesisConfig:
     # `min_tokens + tokens_per_char * chars` is a runaway (a known LLaSA failure) and is cut.
     tokens_per_char: float = 12.0
     min_tokens: int = 50
+    # A sentence is not allowed to end before `min_tokens_per_char` speech tokens per letter or digit
+    # (DecodeConfig.min_new_tokens): on a short text ("Yes.") the model may otherwise draw the stop token
+    # at once and say nothing. Ordinary speech takes 4-6 tokens per letter. The minimum is at least
+    # `min_speech_tokens` (0.3 s: "Yes." needs it); both 0 turn it off.
+    min_tokens_per_char: float = 2.0
+    min_speech_tokens: int = 15
     # How far generation may run ahead of the consumer, in seconds of audio: enough for smooth playback
     # (a chunk is at most 0.5 s), little enough that a stream nobody reads stops costing CPU at once.
     run_ahead_s: float = 4.0
@@ -275,6 +286,12 @@ class SynthesisConfig:
                 raise ValueError(f"seed must lie in [0, 2**63 - 1], got {self.seed}")
         if self.tokens_per_char <= 0 or self.min_tokens < 1:
             raise ValueError("tokens_per_char must be > 0 and min_tokens >= 1")
+        if isinstance(self.min_speech_tokens, bool) or not isinstance(self.min_speech_tokens, int) \
+                or self.min_speech_tokens < 0:
+            raise ValueError(f"min_speech_tokens must be an integer >= 0, got {self.min_speech_tokens!r}")
+        if isinstance(self.min_tokens_per_char, bool) or not isinstance(self.min_tokens_per_char, (int, float)) \
+                or not self.min_tokens_per_char >= 0:
+            raise ValueError(f"min_tokens_per_char must be a number >= 0, got {self.min_tokens_per_char!r}")
         if not self.run_ahead_s > 0:
             raise ValueError(f"run_ahead_s must be > 0, got {self.run_ahead_s}")
         if self.abandon_after_s <= 0:
@@ -285,6 +302,13 @@ class SynthesisConfig:
     def token_budget(self, text: str) -> int:
         return min(self.decode.max_new_tokens, int(self.min_tokens + self.tokens_per_char * len(text)))
 
+    def token_minimum(self, text: str) -> int:
+        """The speech tokens `text` gets before its stop token may be drawn: `min_tokens_per_char` per
+        letter or digit, at least `min_speech_tokens` and `decode.min_new_tokens`, at most the budget."""
+        letters = sum(char.isalnum() for char in text)
+        per_char = int(self.min_tokens_per_char * letters)
+        return min(self.token_budget(text), max(self.decode.min_new_tokens, self.min_speech_tokens, per_char))
+
 
 @dataclass(frozen=True)
 class ModelPaths:
@@ -293,6 +317,9 @@ class ModelPaths:
     target: str | None = None  # LLaSA-format checkpoint directory (or an ONNX / TensorRT export of it)
     draft: str | None = None  # draft checkpoint (same speech-token layout as the target)
     codec: str | None = None  # X-codec2 directory, Hugging Face format (or its ONNX export)
+    # The codec whose decoder renders speech prompted with a reference voice (a preset, a cloned voice,
+    # ref_audio); None: `codec` renders every voice. Its encoder must be `codec`'s (same codes).
+    clone_codec: str | None = None
     groups: str | None = None  # .pcg group table of the target, for policy pcg
     heads: str | None = None  # multi-token heads (mtp-* policies); default <target>/mtp_heads.safetensors
     transitions: str | None = None  # .pct code transitions (mtp-viterbi); default <target>/transitions.pct
@@ -318,9 +345,6 @@ def preset_folder(models: ModelPaths) -> str | None:
 class DeviceConfig:
     compute_device: str = "cpu"  # cpu | cuda | cuda:N
     dtype: str = "float32"
-    # The codec whose decoder renders speech prompted with a reference voice (a preset, a cloned voice,
-    # ref_audio); None: `codec` renders every voice. Its encoder must be `codec`'s (same codes).
-    clone_codec: str | None = None
     backend: str = "auto"  # see BACKENDS; made concrete by `runtime/lm/loader.py: resolve_backend`
     max_length: int = 4096  # KV-cache slots per sequence (prompt + reference codes + speech)
     quantize: str = "none"  # "int8": int8 linear layers (torch backend, CPU, float32)

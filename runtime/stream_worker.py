@@ -131,11 +131,13 @@ class SameThreadCodec:
 class StreamJob:
     """One stream's state, apart from the models: its queue, worker thread, lock ownership."""
 
-    def __init__(self, synth, prompts: list, budgets: list[int], config: SynthesisConfig):
+    def __init__(self, synth, prompts: list, budgets: list[int], config: SynthesisConfig,
+                 minimums: list[int] | None = None):
         if not synth.stream_lock.acquire(blocking=False):
             raise RuntimeError("this Synthesizer is already streaming to a reader; finish or close that stream "
                                "first (or use one Synthesizer per concurrent stream)")
         self.synth, self.prompts, self.budgets, self.config = synth, prompts, budgets, config
+        self.minimums = minimums if minimums is not None else [config.decode.min_new_tokens] * len(prompts)
         self.stats = StreamStats()
         self.queue: queue.Queue = queue.Queue()
         self.run_ahead = max(1, round(config.run_ahead_s * SAMPLE_RATE))  # samples queued at most (and one chunk)
@@ -283,8 +285,6 @@ class StreamJob:
         self._release_lock()
 
 
-def produce(job: StreamJob) -> None:
-    """The worker thread: decode each sentence and push its audio through the window decoder."""
 def window_codec(synth, context: np.ndarray | None):
     """The codec that decodes a stream: the clone codec when its prompt ends in reference codes (a
     preset or cloned voice) and the synthesizer has one, else the codec."""
@@ -292,6 +292,8 @@ def window_codec(synth, context: np.ndarray | None):
     return clone if clone is not None and context is not None and len(context) else synth.codec
 
 
+def produce(job: StreamJob) -> None:
+    """The worker thread: decode each sentence and push its audio through the window decoder."""
     synth = job.synth
     prompts, budgets, config, stats, put = job.prompts, job.budgets, job.config, job.stats, job.put
     try:
@@ -322,10 +324,10 @@ def window_codec(synth, context: np.ndarray | None):
         # on the codec's side of it either.
         chunk_samples = config.stream.chunk_tokens * SAMPLES_PER_TOKEN
         try:
-            for prompt, budget in zip(prompts, budgets):
+            for prompt, budget, minimum in zip(prompts, budgets, job.minimums):
                 sentence = DecodeStats()
                 stats.sentences.append(sentence)
-                decode_config = replace(config.decode, max_new_tokens=budget)
+                decode_config = replace(config.decode, max_new_tokens=budget, min_new_tokens=minimum)
                 for burst in decode(synth.target, synth.draft, prompt, decode_config, generator, synth.groups,
                                     sentence, costs=costs, proposer=synth.planner.proposer(decode_config.policy),
                                     acceptance=acceptance):

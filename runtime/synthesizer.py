@@ -192,9 +192,9 @@ class Synthesizer:
         if config.spell_numbers:
             text = spell_numbers(text)
         self._warn_foreign_script(text)
-        prompts, budgets = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
+        prompts, budgets, minimums = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
         self._cancel_unread_stream()
-        job = StreamJob(self, prompts, budgets, config)
+        job = StreamJob(self, prompts, budgets, config, minimums)
         self._current = weakref.ref(job)
         return SynthesisStream(job)
 
@@ -214,13 +214,15 @@ class Synthesizer:
             log.warning("cancelled the earlier stream of this Synthesizer, which was not being read, to start "
                         "a new one")
 
-    def _fit(self, pieces: list[str], voice: Voice | None, config: SynthesisConfig) -> tuple[list, list[int]]:
-        """Prompts and token budgets, splitting any piece whose prompt + budget would overflow the
-        KV cache (so a sentence is never cut by the cache for being long)."""
+    def _fit(self, pieces: list[str], voice: Voice | None,
+             config: SynthesisConfig) -> tuple[list, list[int], list[int]]:
+        """Prompts, token budgets and minimum lengths (`SynthesisConfig.token_minimum`), splitting any
+        piece whose prompt + budget would overflow the KV cache (so a sentence is never cut by the
+        cache for being long)."""
         models = [lm for lm in (self.target, self.draft) if lm is not None]
         capacity = min(lm.max_length for lm in models) - config.decode.draft_length - 2
         codes = torch.as_tensor(voice.codes) if voice is not None else None
-        prompts, budgets = [], []
+        prompts, budgets, minimums = [], [], []
         todo = list(pieces)
         while todo:
             piece = todo.pop(0)
@@ -229,13 +231,14 @@ class Synthesizer:
             if len(prompt) + budget <= capacity:
                 prompts.append(prompt)
                 budgets.append(budget)
+                minimums.append(config.token_minimum(piece))
             elif len(piece) > 20:
                 todo[:0] = split_sentences(piece, max(20, len(piece) // 2))
             else:
                 raise ValueError(f"the prompt ({len(prompt)} tokens, with the reference voice's codes) leaves no "
                                  f"room in the KV cache of {capacity} tokens; use a shorter reference or raise "
                                  f"max_length")
-        return prompts, budgets
+        return prompts, budgets, minimums
 
     def synthesize(self, text: str, **kwargs) -> np.ndarray:
         """The whole waveform (float32, 16 kHz), by consuming `stream` (same arguments, same checks).

@@ -64,7 +64,7 @@ def test_long_sentences_are_split_to_fit_the_cache_and_cuts_are_reported(tiny_sy
     piece runs to its budget (random weights never stop), and each cut is on the chunks and logged."""
     text = " ".join(["word"] * 40) + "."
     config = replace(tiny_synth.config, tokens_per_char=2.0)
-    prompts, budgets = tiny_synth._fit([text], None, config)
+    prompts, budgets, _ = tiny_synth._fit([text], None, config)
     assert len(prompts) >= 2
     capacity = tiny_synth.target.max_length - config.decode.draft_length - 2
     assert all(len(p) + b <= capacity for p, b in zip(prompts, budgets))

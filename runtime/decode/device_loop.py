@@ -11,6 +11,8 @@ state the host loop keeps in Python lives in device tensors (`DeviceState`):
   last      the newest token (full-vocabulary id), fed at `position` by the next step
   prev      the token at `position - 1`
   out       the restricted indices emitted so far, `count` of them (later slots: scratch)
+  minimum   the minimum length: target rows deciding token number count + i < minimum give the
+            stop token probability 0 (`sampling.forbid_stop`), in the plain and the verify step
 
 A speculative step of draft length L (static: one graph per L):
   1. the draft is fed [prev, last] at [position - 1, position], then each proposal in turn, and
@@ -43,7 +45,7 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import MAX_DRAFT_LENGTH, DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.acceptance.tensor import draw_uniforms, verify
-from pcgtts.runtime.decode.sampling import logits_to_probs, sample
+from pcgtts.runtime.decode.sampling import forbid_stop, logits_to_probs, sample
 from pcgtts.runtime.decode.steps import emitted, start_sequence
 from pcgtts.runtime.lm.llama import Llama
 from pcgtts.runtime.lm.torch_lm import TorchLM
@@ -60,6 +62,7 @@ class DeviceState:
     out: torch.Tensor  # int64 [capacity]
     count: torch.Tensor  # int64 [1]
     accepted: torch.Tensor  # int64 [MAX_DRAFT_LENGTH]: proposals accepted at draft position i (the first L used), summed
+    minimum: torch.Tensor  # int64 [1]: no stop token before this many speech tokens (`DecodeConfig.min_new_tokens`)
 
     @classmethod
     def zeros(cls, capacity: int, device) -> "DeviceState":
@@ -68,7 +71,7 @@ class DeviceState:
             return torch.zeros(size, dtype=torch.long, device=device)
 
         return cls(position=zero(1), last=zero(1), prev=zero(1), out=zero(capacity), count=zero(1),
-                   accepted=zero(MAX_DRAFT_LENGTH))
+                   accepted=zero(MAX_DRAFT_LENGTH), minimum=zero(1))
 
     def counters(self) -> tuple[torch.Tensor, ...]:
         """Every tensor a step advances but the output buffer (what a warm-up run must restore)."""
@@ -90,8 +93,8 @@ class StepSpec:
 def plain_step(target: Llama, vocab: SpeechVocab, state: DeviceState, spec: StepSpec,
                generator: torch.Generator) -> None:
     """One target forward at `position` and one draw, written into `state` in place."""
-    logits = target(state.last.view(1, 1), state.position)[0, -1]  # [V_r]
-    token = sample(logits_to_probs(logits, spec.sampling), generator).view(1)
+    logits = forbid_stop(target(state.last.view(1, 1), state.position)[0, -1:], state.count, state.minimum)  # [1, V_r]
+    token = sample(logits_to_probs(logits[0], spec.sampling), generator).view(1)
     state.out.index_copy_(0, state.count, token)
     state.count.add_(1)
     state.position.add_(1)
@@ -113,7 +116,8 @@ def speculative_step(target: Llama, draft: Llama, vocab: SpeechVocab, state: Dev
         ids, positions = vocab.restricted_to_token_ids(token), state.position + i + 1
     draft_tokens = torch.cat(proposals)  # [L]
     fed = torch.cat([state.last, vocab.restricted_to_token_ids(draft_tokens)])  # [L + 1]
-    target_probs = logits_to_probs(target(fed.view(1, -1), state.position + steps)[0], spec.sampling)  # [L + 1, V_r]
+    target_logits = forbid_stop(target(fed.view(1, -1), state.position + steps)[0], state.count, state.minimum)
+    target_probs = logits_to_probs(target_logits, spec.sampling)  # [L + 1, V_r]
     verdict = verify(spec.rule, draft_tokens[None], torch.stack(rows)[None], target_probs[None],
                      draw_uniforms(1, length, generator, device), generator, groups=groups,
                      ssd_beta=spec.ssd_beta, thinning_trials=spec.thinning_trials, sync_free=True)
@@ -212,9 +216,10 @@ class DeviceLoop:
                                           self.generator, self.groups, warm)
         return self.steps[spec]
 
-    def reset(self, prompt_ids: torch.Tensor, generator: torch.Generator) -> None:
-        """Point the state at a prompt whose every token but the last both caches already hold, and
-        seed the loop's generator from `generator` (a seeded caller gets the same tokens every run)."""
+    def reset(self, prompt_ids: torch.Tensor, generator: torch.Generator, min_tokens: int = 0) -> None:
+        """Point the state at a prompt whose every token but the last both caches already hold, with
+        no stop token before `min_tokens` speech tokens, and seed the loop's generator from
+        `generator` (a seeded caller gets the same tokens every run)."""
         seed = torch.randint(0, 2 ** 62, (1,), generator=generator, device=generator.device)
         self.generator.manual_seed(int(seed))
         ids = prompt_ids.to(self.target.device).view(-1)
@@ -224,6 +229,7 @@ class DeviceLoop:
         s.prev.copy_(ids[-2:-1])
         s.count.zero_()
         s.accepted.zero_()
+        s.minimum.fill_(min_tokens)
 
 
 def _loop_generator(device: torch.device) -> torch.Generator:
@@ -271,7 +277,7 @@ def decode_on_device(target, draft, prompt_ids: torch.Tensor, config: DecodeConf
         start_sequence(lm, prompt_ids)
     loop = device_loop(target, draft if spec.draft_length else None, groups)
     step = loop.step(spec)  # captured (on CUDA) before `reset` seeds the generator the warm-up drew from
-    loop.reset(prompt_ids, generator)
+    loop.reset(prompt_ids, generator, config.min_new_tokens)
     width, read = spec.draft_length + 1, 0
     position = len(prompt_ids) - 1
     if spec.draft_length:

@@ -13,6 +13,10 @@ acceptance/). One step:
   4. the proposer hears the verdict (a draft LM rolls its cache back; a state proposer reads the
      accepted rows' states) and the tokens are handed out, cut at the stop token and the budget.
 
+With a minimum length (`config.min_new_tokens`), the target's rows that decide speech tokens
+before it give the stop token probability 0 (`sampling.forbid_stop`) in the plain step and the
+verify pass alike, so every rule verifies against the same distributions plain decoding draws from
+(a proposal of the stop token there is rejected as any token the target gives 0 is).
 One host sync per step: the accepted count and the tokens, read back together. At temperature 0
 every rule that samples verifies greedily, so speculative output equals plain greedy decoding.
 No I/O, logging or tokenization happens here; token ids in, restricted-vocabulary indices out.
@@ -135,7 +139,8 @@ def _loop(target: LM, proposer, prompt_ids: torch.Tensor, config: DecodeConfig, 
 
         if L == 0:  # a plain step: one target forward and one draw
             token, hidden, t0 = plain_step(target, last, sampling, plain_digits, generator, timer, field,
-                                           with_hidden=reads_states)
+                                           with_hidden=reads_states, first=stats.emitted,
+                                           min_tokens=config.min_new_tokens)
             n, tokens = 0, [int(token)]  # the step's one host sync
             stats.trace.append((timer("time_verify", t0), 1))
         else:
@@ -148,7 +153,8 @@ def _loop(target: LM, proposer, prompt_ids: torch.Tensor, config: DecodeConfig, 
             timer("time_draft", t0)
             ids = torch.cat([last, vocab.restricted_to_token_ids(proposals)])
             target_rows, hidden, t0 = verify_pass(target, ids, sampling, target_digits, timer, reads_states,
-                                                  keep_logits=config.rule in ("strict", "topm"))
+                                                  keep_logits=config.rule in ("strict", "topm"),
+                                                  first=stats.emitted, min_tokens=config.min_new_tokens)
             n, tokens = judge(proposals, draft_rows, target_rows, generator)  # the step's one host sync
             target.rollback(start + 1 + n)
             stats.trace.append((timer("time_verify", t0), n + 1))

@@ -31,6 +31,20 @@ def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Ten
     return probs
 
 
+def forbid_stop(scores: torch.Tensor, first: int | torch.Tensor, minimum: int | torch.Tensor) -> torch.Tensor:
+    """A minimum length: scores [..., R, W] (logits, or a digit head's scores: the stop token's column
+    is the last in both) whose row i decides speech token number `first + i` (0 = the utterance's first),
+    with the stop column at -inf in every row where `first + i < minimum`. Every distribution made
+    from them then gives the stop token probability 0 (the rest renormalised), and no argmax picks
+    it. Ints (the host loop): `scores` itself once no row is concerned; tensors (the device loop):
+    no host sync, the same shapes every step."""
+    if isinstance(first, int) and isinstance(minimum, int) and first >= minimum:
+        return scores
+    row = first + torch.arange(scores.shape[-2], device=scores.device)
+    stop = scores[..., -1:].masked_fill((row < minimum).unsqueeze(-1), float("-inf"))
+    return torch.cat([scores[..., :-1], stop], dim=-1)
+
+
 def sample_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling. weights: [..., V] >= 0 (unnormalised); uniforms: [...] in [0, 1).
 

@@ -13,7 +13,7 @@ import torch
 
 from pcgtts.runtime.decode.cost_model import StepCosts
 from pcgtts.runtime.decode.rows import DenseRows, DigitRows, Rows
-from pcgtts.runtime.decode.sampling import logits_to_probs, sample, sample_by_digits
+from pcgtts.runtime.decode.sampling import forbid_stop, logits_to_probs, sample, sample_by_digits
 from pcgtts.runtime.lm.protocol import LM
 
 
@@ -88,30 +88,37 @@ def has_room(lm: LM, needed: int) -> bool:
 
 
 def plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: torch.Generator, timer: Timer,
-               field_name: str, with_hidden: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-    """Forward `ids` and draw the next token -> (token [], the final-normed states [T, D] when
+               field_name: str, with_hidden: bool = False, first: int = 0,
+               min_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, float]:
+    """Forward `ids` and draw the next token, speech token number `first` (no stop before
+    `min_tokens`: `sampling.forbid_stop`) -> (token [], the final-normed states [T, D] when
     `with_hidden` or drawing by digit (else None), the time after the forward was timed)."""
     t0 = time.perf_counter()
     if digits:  # no 65,537-wide row at all
         scores, hidden = lm.forward_scores(ids)
         t0 = timer(field_name, t0)
-        return sample_by_digits(scores[-1], digits, sampling.temperature, generator), hidden, t0
+        scores = forbid_stop(scores[-1:], first, min_tokens)[0]
+        return sample_by_digits(scores, digits, sampling.temperature, generator), hidden, t0
     logits, hidden = lm.forward_hidden(ids) if with_hidden else (lm.forward(ids), None)
     t0 = timer(field_name, t0)
-    return sample(logits_to_probs(logits[-1], sampling), generator), hidden, t0
+    return sample(logits_to_probs(forbid_stop(logits[-1:], first, min_tokens)[0], sampling), generator), hidden, t0
 
 
 def verify_pass(lm: LM, ids: torch.Tensor, sampling, digits: int, timer: Timer, with_hidden: bool,
-                keep_logits: bool) -> tuple[Rows, torch.Tensor | None, float]:
+                keep_logits: bool, first: int = 0, min_tokens: int = 0) -> tuple[Rows, torch.Tensor | None, float]:
     """The target's pass over [last, x_1 .. x_L] -> (its L + 1 distributions as the rules read them:
     digit scores (`digits` > 0) or probabilities, the final-normed states [L + 1, D] when
-    `with_hidden` (else None), the time after the forward was timed as "time_target")."""
+    `with_hidden` (else None), the time after the forward was timed as "time_target"). Row i decides
+    speech token number `first + i`: no stop before `min_tokens` (`sampling.forbid_stop`), so every
+    rule reads the same constrained distributions a plain step draws from."""
     t0 = time.perf_counter()
     if digits:  # the exact rules read the target's digit scores: no [L + 1, V] rows at all
         scores, hidden = lm.forward_scores(ids)
+        scores = forbid_stop(scores, first, min_tokens)
         return DigitRows(scores, digits, sampling.temperature), hidden, timer("time_target", t0)
     logits, hidden = lm.forward_hidden(ids) if with_hidden else (lm.forward(ids), None)  # [L + 1, V], [L + 1, D]
     t0 = timer("time_target", t0)
+    logits = forbid_stop(logits, first, min_tokens)
     return DenseRows(logits_to_probs(logits, sampling), logits if keep_logits else None), hidden, t0
 
 

@@ -154,7 +154,7 @@ def draw_digit_code(scores: list[float], digits: int, temperature: float, unifor
             digit += 1
         code += digit * place
         place *= levels
-    p_stop = 1.0 / (1.0 + math.exp(min(log_speech - z[-1], 700.0)))
+    p_stop = 1.0 / (1.0 + math.exp(min(log_speech - z[-1], 700.0))) if z[-1] > -math.inf else 0.0  # -inf: forbidden
     return levels ** digits if uniforms[0] < p_stop else code
 
 

@@ -14,7 +14,8 @@ Rules (all over the restricted vocabulary of runtime/text/vocab.py, stop token =
           min(1, target(x)/draft(x)); recover from norm(max(0, target - draft)). Exact: the
           emitted token is distributed as the target.
   ssd     SSD (Lin et al., Interspeech 2025): accept if u < min(1, target/draft) + beta; recover
-          as SD. beta = 0 is SD; beta > 0 trades exactness for acceptance.
+          as SD. beta = 0 is SD; beta > 0 trades exactness for acceptance (never for a token the
+          target gives probability 0).
   pcg     Principled Coarse-Graining (Yanuka et al.), Algorithm 1 with equal-split weights.
           Groups G_k overlap; S(t) = {k : t in G_k}, N(t) = |S(t)|, and the coarse
           distributions are P_c(k) = sum_{t in G_k} draft(t)/N(t), Q_c(k) likewise for the

@@ -59,9 +59,10 @@ def _prefix(accept: np.ndarray) -> int:
 
 
 def _accepted(on_target: np.ndarray, on_draft: np.ndarray, uniforms: np.ndarray, beta: float = 0.0) -> int:
-    """How many proposals the ratio test keeps: u < min(1, target / draft) + beta, in order."""
+    """How many proposals the ratio test keeps: u < min(1, target / draft) + beta, in order; never a
+    token the target rules out (probability 0: a stop before the minimum length), whatever beta."""
     ratio = on_target / np.maximum(on_draft, _TINY)
-    return _prefix(uniforms < np.minimum(ratio, np.float32(1.0)) + np.float32(beta))
+    return _prefix((uniforms < np.minimum(ratio, np.float32(1.0)) + np.float32(beta)) & (on_target > 0))
 
 
 def _sd_dense(tokens: np.ndarray, draft_probs: torch.Tensor, target_probs: torch.Tensor, uniforms: np.ndarray,

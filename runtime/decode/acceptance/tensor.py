@@ -96,7 +96,7 @@ def verify_sd(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_prob
     on_target = target_probs[:, :l].gather(-1, draft_tokens[..., None]).squeeze(-1)
     # The draft never samples a token it gives probability 0; the clamp only avoids a NaN.
     ratio = on_target / on_draft.clamp_min(torch.finfo(on_draft.dtype).tiny)
-    n = _accepted_prefix(uniforms < ratio.clamp(max=1.0) + beta)
+    n = _accepted_prefix((uniforms < ratio.clamp(max=1.0) + beta) & (on_target > 0))  # beta never admits a 0
     target_row = _row(target_probs, n)  # [B, V]: the bonus row, or the rejected position's
     all_accepted = n == l
     rows = _rejected_rows(all_accepted, _sync_free(sync_free, n))
