@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", help="a LLaSA-format checkpoint folder (Hugging Face LlamaForCausalLM + tokenizer) "
                                         "to prepare (default: the built-in voice)")
     p.add_argument("--codec", help="its X-codec2 folder, Hugging Face format (needs --checkpoint)")
+    p.add_argument("--clone-codec", help="an X-codec2 folder with --codec's encoder and another decoder, which "
+                                         "renders voices with a reference (presets, cloned voices; needs --checkpoint)")
     p.add_argument("--out", help="the prepared folder (needed with --checkpoint; default for the built-in voice: "
                                  "the cache folder it is loaded from)")
     p.add_argument("--group-size", type=positive(float),
@@ -60,7 +62,8 @@ def _run(args) -> tuple[Path, dict[str, str]]:
     from pcgtts.runtime.files import check_output_dir
 
     if args.checkpoint is None:
-        given = [flag for flag, value in (("--codec", args.codec), ("--group-size", args.group_size),
+        given = [flag for flag, value in (("--codec", args.codec), ("--clone-codec", args.clone_codec),
+                                          ("--group-size", args.group_size),
                                           ("--draft-layers", args.draft_layers), ("--eagle-steps", args.eagle_steps))
                  if value is not None]
         if given:
@@ -85,7 +88,8 @@ def _run(args) -> tuple[Path, dict[str, str]]:
         prep = CheckpointPreparation(Path(args.checkpoint), Path(args.codec),
                                      group_size=args.group_size if args.group_size is not None else DEFAULT_GROUP_SIZE,
                                      draft_layers=args.draft_layers, eagle_steps=args.eagle_steps or 0,
-                                     onnx=not args.no_onnx)
+                                     onnx=not args.no_onnx,
+                                     clone_codec=Path(args.clone_codec) if args.clone_codec is not None else None)
         check_checkpoint(prep)  # a one-line error before any work
         out = Path(args.out)
         report = prepare_checkpoint(prep, out)

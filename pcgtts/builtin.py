@@ -29,7 +29,7 @@ from pathlib import Path
 from pcgtts.runtime.config import PRESETS_FOLDER, ModelPaths, Settings, preset_folder
 from pcgtts.runtime.voicepack import check_voice_settings
 from pcgtts.runtime.config import runs_int8_graphs
-from pcgtts.runtime.prepared import ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, is_prepared
+from pcgtts.runtime.prepared import EXPORTED, ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, is_prepared
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def onnx_export_available() -> bool:
 
 def onnx_models(models: ModelPaths) -> ModelPaths:
     """`models` with the target and draft replaced by their weight-only int8 onnxruntime exports
-    and the codec by its float32 decoder graph, made once in `ONNX_FOLDER` beside the target (each
+    and the codec (and the clone codec, when the voice has one) by its float32 decoder graph, made once in `ONNX_FOLDER` beside the target (each
     checked against PyTorch, staged and then moved into place, so an interrupted export is made
     again next time; the trained voice's as a stage of its prepared folder). The codec's graph runs a
     window without holding Python's GIL, so the LM's loop is not slowed by the codec thread's per-op
@@ -157,7 +157,7 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
             log.warning("exporting the built-in voice for onnxruntime into %s: once, about a minute on a 2-core "
                         "CPU (each graph checked against PyTorch)", root)
             export_models(models, root, missing, "exporting the built-in voice")
-    exported = {name: str(root / name) for name in ("target", "draft", "codec") if getattr(models, name) is not None}
+    exported = {name: str(root / name) for name in EXPORTED if getattr(models, name) is not None}
     return replace(models, **exported)
 
 
@@ -167,9 +167,9 @@ def _missing_exports(models: ModelPaths, root: Path) -> list[str]:
     from pcgtts.runtime.lm.graph_meta import exported_kind
 
     def exported(name: str) -> bool:
-        return is_exported_codec(root / name) if name == "codec" else exported_kind(root / name) == "onnx"
+        return is_exported_codec(root / name) if "codec" in name else exported_kind(root / name) == "onnx"
 
-    return [name for name in ("target", "draft", "codec") if getattr(models, name) is not None and not exported(name)]
+    return [name for name in EXPORTED if getattr(models, name) is not None and not exported(name)]
 
 
 def with_builtin_models(settings: Settings) -> Settings:

@@ -121,3 +121,151 @@ def test_the_built_in_voice_refuses_a_clone_codec_without_a_target():
 
     with pytest.raises(ValueError, match="clone_codec given without a target"):
         with_builtin_models(resolve_settings({"clone_codec": "x"}))
+
+
+def test_a_prepared_folder_names_its_clone_codec(tmp_path):
+    from pcgtts.runtime.prepared import checkpoint_paths, onnx_paths
+
+    for name in ("target", "codec", "clone_codec"):
+        (tmp_path / name).mkdir()
+    paths = checkpoint_paths(tmp_path)
+    assert paths["clone_codec"] == str(tmp_path / "clone_codec")
+    assert onnx_paths(tmp_path, paths)["clone_codec"] == str(tmp_path / "onnx-int8" / "clone_codec")
+    (tmp_path / "clone_codec").rmdir()
+    assert "clone_codec" not in checkpoint_paths(tmp_path)
+
+
+# --- the built-in voice's pack: clone_codec.safetensors, checksummed, expanded beside the codec ----------
+
+@pytest.fixture(scope="module")
+def voice_pack(tmp_path_factory, demo_codec_dir):
+    """A small committed voice (tiny factorised target and draft, the demo codec)."""
+    from dataclasses import asdict
+
+    from pcgtts.train.lm import LMModelConfig, build_model, lab_tokenizer
+    from pcgtts.train.package import pack_voice
+    from pcgtts.train.progress import save_checkpoint
+
+    root = tmp_path_factory.mktemp("lab")
+    cfg = LMModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    for name, extra in (("lm", {}), ("draft", {"layers": [0, 1]})):
+        (root / name).mkdir()
+        save_checkpoint(root / name / "checkpoint.pt", {"model": build_model(cfg, lab_tokenizer(), seed=3).state_dict(),
+                                                        "model_config": asdict(cfg), "step": 1, **extra})
+    return pack_voice(root / "voice", root / "lm", root / "draft", demo_codec_dir, name="test")
+
+
+def _stub_group_table(monkeypatch):
+    """The group table stubbed (building one over 65,536 codes is slow)."""
+    import pcgtts.export.group_table as group_table
+    import pcgtts.groups.build as build
+
+    class Table:
+        def save(self, path):
+            Path(path).write_bytes(b"")
+
+    monkeypatch.setattr(build, "theta_for_mean_size", lambda *args: 0.5)
+    monkeypatch.setattr(group_table, "build_groups_for_model", lambda *args, **kwargs: Table())
+
+
+def _expand_without_groups(pack, out, monkeypatch):
+    from pcgtts.train.package import expand_voice
+
+    _stub_group_table(monkeypatch)
+    return expand_voice(pack, out, progress=False)
+
+
+def test_a_voice_pack_carries_a_clone_codec_checksummed_and_expands_it(voice_pack, clone_codec_dir, demo_codec_dir,
+                                                                       tmp_path, monkeypatch):
+    from safetensors import safe_open
+
+    from pcgtts.runtime.audio.codec import Codec
+    from pcgtts.runtime.voicepack import read_voice
+    from pcgtts.train.codec import ENCODER_PARTS
+    from pcgtts.train.package import CLONE_CODEC_FILE, add_clone_codec
+
+    pack = Path(shutil.copytree(voice_pack, tmp_path / "voice"))
+    assert "clone_codec" not in _expand_without_groups(pack, tmp_path / "plain", monkeypatch)
+    add_clone_codec(pack, clone_codec_dir)
+    meta = read_voice(pack)
+    assert CLONE_CODEC_FILE in meta["sha256"] and meta["clone_codec"]["encoder"] == "codec"
+    with safe_open(str(pack / CLONE_CODEC_FILE), framework="pt") as f:  # the decoder side only, fp16
+        keys = list(f.keys())
+        assert keys and not any(k.split(".")[0] in ENCODER_PARTS for k in keys)
+        assert {str(f.get_tensor(k).dtype) for k in keys} == {"torch.float16"}
+    paths = _expand_without_groups(pack, tmp_path / "expanded", monkeypatch)
+    codes = np.arange(30, dtype=np.int64)
+    expanded = Codec.from_pretrained(paths["clone_codec"], decode_only=True).decode(codes)
+    assert np.allclose(expanded, Codec.from_pretrained(clone_codec_dir, decode_only=True).decode(codes), atol=2e-2)
+    assert not np.allclose(expanded, Codec.from_pretrained(paths["codec"], decode_only=True).decode(codes), atol=2e-2)
+
+    damaged = pack / CLONE_CODEC_FILE
+    damaged.write_bytes(damaged.read_bytes()[:-1] + bytes([damaged.read_bytes()[-1] ^ 1]))
+    with pytest.raises(ValueError, match=r"clone_codec\.safetensors is missing or damaged"):
+        read_voice(pack)
+
+
+def test_a_clone_codec_with_another_encoder_is_refused_and_the_voice_kept(voice_pack, tmp_path):
+    from pcgtts.tools.demo_codec import write_demo_codec
+    from pcgtts.train.package import add_clone_codec
+
+    pack = Path(shutil.copytree(voice_pack, tmp_path / "voice"))
+    before = (pack / "voice.json").read_text()
+    with pytest.raises(ValueError, match="its encoder differs from the voice's"):
+        add_clone_codec(pack, write_demo_codec(tmp_path / "other", seed=5))
+    assert (pack / "voice.json").read_text() == before and not list(pack.glob("clone_codec*"))
+
+
+def test_the_built_in_voice_with_a_clone_codec_is_prepared_with_it(voice_pack, clone_codec_dir, tmp_path,
+                                                                  monkeypatch):
+    from pcgtts.runtime.config import resolve_settings
+    from pcgtts.tools.prepare import prepare_builtin
+    from pcgtts.train.package import add_clone_codec
+
+    pack = Path(shutil.copytree(voice_pack, tmp_path / "voice"))
+    add_clone_codec(pack, clone_codec_dir)
+    _stub_group_table(monkeypatch)
+    prepare_builtin(tmp_path / "ready", pack, onnx=False, progress=False)
+    models = resolve_settings({"prepared": str(tmp_path / "ready"), "backend": "torch"}).models
+    assert models.clone_codec == str(tmp_path / "ready" / "clone_codec")
+    assert (Path(models.clone_codec) / "model.safetensors").is_file()
+
+
+# --- a user's checkpoint: `pcgtts prepare --checkpoint C --codec X --clone-codec Y` -----------------------
+
+def test_a_prepared_checkpoint_carries_its_clone_codec(tiny_models, clone_codec_dir, tmp_path, capsys):
+    from pcgtts.cli import main
+    from pcgtts.runtime.config import resolve_settings
+    from pcgtts.tools.prepare import CheckpointPreparation, prepare_checkpoint
+
+    target, codec, out = str(tiny_models["target"]), str(tiny_models["codec"]), tmp_path / "out"
+    for flags, message in ((["--clone-codec", str(clone_codec_dir)], "--clone-codec need --checkpoint"),
+                           (["--checkpoint", target, "--codec", codec, "--clone-codec", str(tmp_path / "missing"),
+                             "--out", str(out)], "--clone-codec .*missing: folder not found"),
+                           (["--checkpoint", target, "--codec", codec, "--clone-codec", target, "--out", str(out)],
+                            "--clone-codec .*: not an X-codec2 folder")):
+        assert main(["prepare", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and __import__("re").search(message, err), (flags, err)
+    assert not out.exists()
+    prep = CheckpointPreparation(tiny_models["target"], tiny_models["codec"], draft_layers=1, onnx=False,
+                                 clone_codec=clone_codec_dir)
+    assert prepare_checkpoint(prep, out, progress=False)["clone_codec"] == "made"
+    models = resolve_settings({"prepared": str(out)}).models
+    assert models.clone_codec == str(out / "clone_codec") and models.codec == str(out / "codec")
+    assert (out / "clone_codec" / "model.safetensors").read_bytes() == (clone_codec_dir / "model.safetensors").read_bytes()
+
+
+def test_the_clone_codec_exports_for_onnxruntime_like_the_codec(clone_codec_dir, tiny_target, demo_codec_dir,
+                                                               tmp_path):
+    from pcgtts.runtime.audio.codec import Codec
+    from pcgtts.runtime.audio.onnx_codec import OrtCodec, is_exported_codec
+    from pcgtts.tools.prepare import export_for_onnxruntime
+
+    export_for_onnxruntime("clone_codec", clone_codec_dir, tmp_path / "clone_codec")
+    assert is_exported_codec(tmp_path / "clone_codec")
+    codes = np.arange(30, dtype=np.int64)
+    assert np.allclose(OrtCodec(tmp_path / "clone_codec").decode(codes),
+                       Codec.from_pretrained(clone_codec_dir, decode_only=True).decode(codes), atol=1e-3)
+    # an exported decoder folder runs on onnxruntime, as for --codec
+    assert isinstance(_synth(tiny_target, demo_codec_dir, tmp_path / "clone_codec").clone_codec, OrtCodec)

@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcgtts.runtime.config import ModelPaths
-from pcgtts.runtime.prepared import (FORMAT, LAYOUT, MANIFEST, ONNX_FOLDER, ONNX_STAGE, VERSION, read_manifest,
-                                     stage_done)
+from pcgtts.runtime.prepared import (EXPORTED, FORMAT, LAYOUT, MANIFEST, ONNX_FOLDER, ONNX_STAGE, VERSION,
+                                     read_manifest, stage_done)
 
 log = logging.getLogger(__name__)
 
 STAGING = ".staging"  # inside the output folder: a stage's files until it is complete
 LOCK = ".prepare.lock"  # inside the output folder: held by the one preparation working on it
-ORDER = ("expand", "codec", "target", "groups", "draft", "eagle", ONNX_STAGE)  # a redone stage redoes those after it
+ORDER = ("expand", "codec", "clone_codec", "target", "groups", "draft", "eagle", ONNX_STAGE)  # a redone stage redoes those after it
 DEFAULT_GROUP_SIZE, GROUP_CAP = 48, 512  # mean group size (140 cost the built-in voice intelligibility, 48 did not: QUALITY.md) and cap
 
 
@@ -197,12 +197,12 @@ def _run_stages(out: Path, stages: list[Stage], desc: str, progress: bool) -> di
 
 def export_for_onnxruntime(name: str, source: str | Path, out: Path) -> None:
     """Export one model into `out`: an LM ("target" or "draft") as a checked weight-only int8 graph (a
-    target with the proposers trained for it, found beside it), the codec ("codec") as its checked
-    float32 decoder graph."""
-    if name == "codec":
+    target with the proposers trained for it, found beside it), a codec ("codec", "clone_codec") as its
+    checked float32 decoder graph."""
+    if name in ("codec", "clone_codec"):
         from pcgtts.export.codec_graph import export_codec
 
-        log.info("exporting the codec decoder into %s", out)
+        log.info("exporting the %s decoder into %s", name.replace("_", " "), out)
         export_codec(source, out)
         return
     from pcgtts.export.onnx_lm import export_lm
@@ -225,7 +225,7 @@ def export_models(models: ModelPaths, root: Path, names: list[str], desc: str, p
 
 
 def _onnx_stage(models: ModelPaths, progress: bool) -> Stage:
-    names = [name for name in ("target", "draft", "codec") if getattr(models, name) is not None]
+    names = [name for name in EXPORTED if getattr(models, name) is not None]
     return Stage(ONNX_STAGE, tuple(f"{ONNX_FOLDER}/{name}" for name in names),
                  lambda staging: export_models(models, staging / ONNX_FOLDER, names,
                                                "exporting for onnxruntime", progress))
@@ -247,6 +247,8 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
     if not (pack / "voice.json").is_file():
         raise ValueError(f"{pack}: no voice.json (no trained voice ships with this install); "
                          "give --checkpoint and --codec to prepare a checkpoint of your own")
+    has_clone = "clone_codec" in json.loads((pack / "voice.json").read_text())  # a second decoder for references
+    layout = {name: rel for name, rel in LAYOUT.items() if name != "clone_codec" or has_clone}
 
     def expand(staging: Path) -> None:
         from pcgtts.export.noise import held_back
@@ -254,16 +256,16 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
 
         with held_back("the built-in voice's expansion", streams=False):  # its group table draws a bar
             paths = expand_voice(pack, staging / "expanded")
-        for name, rel in LAYOUT.items():
+        for name, rel in layout.items():
             Path(paths[name]).rename(staging / rel)
         if (pack / PRESETS_FOLDER / "voices.json").is_file():  # found beside the target, as any checkpoint's
             shutil.copytree(pack / PRESETS_FOLDER, staging / LAYOUT["target"] / PRESETS_FOLDER)
         meta = json.loads((pack / "voice.json").read_text())
         (staging / SETTINGS).write_text(json.dumps(check_voice_settings(meta.get("settings", {}), pack / "voice.json")))
 
-    stages = [Stage("expand", (*LAYOUT.values(), SETTINGS), expand, {"voice": voice_digest(pack)})]
+    stages = [Stage("expand", (*layout.values(), SETTINGS), expand, {"voice": voice_digest(pack)})]
     if onnx:
-        stages.append(_onnx_stage(ModelPaths(**{name: str(out / rel) for name, rel in LAYOUT.items()}), progress))
+        stages.append(_onnx_stage(ModelPaths(**{name: str(out / rel) for name, rel in layout.items()}), progress))
     return run_stages(out, stages, "preparing the built-in voice", progress, wait)
 
 
@@ -271,7 +273,8 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
 
 @dataclass(frozen=True)
 class CheckpointPreparation:
-    """What `prepare_checkpoint` makes of a LLaSA-format checkpoint and its codec."""
+    """What `prepare_checkpoint` makes of a LLaSA-format checkpoint and its codec (and, optionally, the
+    codec whose decoder renders voices with a reference: `ModelPaths.clone_codec`)."""
 
     checkpoint: Path
     codec: Path
@@ -279,10 +282,13 @@ class CheckpointPreparation:
     draft_layers: tuple[int, ...] | int | None = None  # a count spread over the depth, or indices; None: a quarter
     eagle_steps: int = 0  # > 0: train an EAGLE draft for the target this many steps
     onnx: bool = True
+    clone_codec: Path | None = None  # same encoder as `codec`, another decoder
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", Path(self.checkpoint))
         object.__setattr__(self, "codec", Path(self.codec))
+        if self.clone_codec is not None:
+            object.__setattr__(self, "clone_codec", Path(self.clone_codec))
         if not 1 <= self.group_size <= GROUP_CAP:
             raise ValueError(f"group size must lie in [1, {GROUP_CAP}], got {self.group_size:g}")
         if self.eagle_steps < 0:
@@ -298,8 +304,8 @@ def check_checkpoint(prep: CheckpointPreparation) -> int:
     from pcgtts.runtime.lm.checkpoint import check_weight_shapes, read_config, weight_files
     from pcgtts.runtime.lm.graph_meta import exported_kind
 
-    for flag, folder in (("--checkpoint", prep.checkpoint), ("--codec", prep.codec)):
-        if not folder.is_dir():
+    for flag, folder in (("--checkpoint", prep.checkpoint), ("--codec", prep.codec), ("--clone-codec", prep.clone_codec)):
+        if folder is not None and not folder.is_dir():
             raise ValueError(f"{flag} {folder}: folder not found")
     if exported_kind(prep.checkpoint) is not None:
         raise ValueError(f"--checkpoint {prep.checkpoint}: an exported graph folder, not a checkpoint; give the "
@@ -315,6 +321,8 @@ def check_checkpoint(prep: CheckpointPreparation) -> int:
     if not (prep.checkpoint / "tokenizer.json").is_file():
         raise ValueError(f"--checkpoint {prep.checkpoint}: not a LLaSA checkpoint (no tokenizer.json)")
     check_codec_folder(prep.codec)
+    if prep.clone_codec is not None:
+        check_codec_folder(prep.clone_codec, "--clone-codec")
     check_weight_shapes(prep.checkpoint)  # its errors name the folder or the damaged file
     layers = int(config.get("num_hidden_layers", 0))
     wanted = prep.draft_layers
@@ -393,6 +401,9 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
 
     stages = [Stage("codec", (LAYOUT["codec"],), copy(prep.codec, LAYOUT["codec"]),
                     {"source": str(prep.codec.resolve()), "files": folder_fingerprint(prep.codec)}),
+              *([Stage("clone_codec", (LAYOUT["clone_codec"],), copy(prep.clone_codec, LAYOUT["clone_codec"]),
+                       {"source": str(prep.clone_codec.resolve()), "files": folder_fingerprint(prep.clone_codec)})]
+                if prep.clone_codec is not None else []),
               Stage("target", (LAYOUT["target"],), copy(prep.checkpoint, LAYOUT["target"]),
                     {"source": str(prep.checkpoint.resolve()), "files": folder_fingerprint(prep.checkpoint)}),
               Stage("groups", (LAYOUT["groups"],), groups, {"mean_size": prep.group_size, "cap": GROUP_CAP}),
@@ -400,7 +411,8 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
     if prep.eagle_steps:
         stages.append(Stage("eagle", (f"{LAYOUT['target']}/{EAGLE_FILE}",), eagle, {"steps": prep.eagle_steps}))
     if prep.onnx:
-        models = ModelPaths(**{name: str(out / LAYOUT[name]) for name in ("target", "draft", "codec")})
+        models = ModelPaths(**{name: str(out / LAYOUT[name]) for name in EXPORTED
+                               if name != "clone_codec" or prep.clone_codec is not None})
         stages.append(_onnx_stage(models, progress))
     return run_stages(out, stages, f"preparing {prep.checkpoint.name}", progress)
 

@@ -9,6 +9,10 @@ row is the sum of its digits' rows), so a 65,536-row embedding costs 32 rows. Fo
     target.safetensors  factorised target (fp16)
     draft.safetensors   factorised draft (fp16), a layer subset of the target, fine-tuned
     codec.safetensors   the Xcodec2Model state dict (fp16); its config is in voice.json
+    clone_codec.safetensors optional: the decoder side (everything after the quantizer) of a second
+                        Xcodec2Model, fp16, that decodes speech in voices with a reference (presets,
+                        cloned voices: `ModelPaths.clone_codec`); its encoder is codec.safetensors'
+                        (left out of the file), its config in voice.json "clone_codec" (`add_clone_codec`)
     mtp_heads.safetensors   optional multi-token heads
     eagle_draft.safetensors optional EAGLE draft (runtime/lm/eagle.py)
     draft_head_codes.npy    optional: the codes the draft's head covers (used-codes head)
@@ -216,6 +220,57 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
     _write_meta(pack, meta)
 
 
+CLONE_CODEC_FILE = "clone_codec.safetensors"
+
+
+def _decoder_side(key: str) -> bool:
+    """Whether a codec tensor belongs to its decoder side (the codes' embedding and the decoder), not
+    to the encoder that makes the codes."""
+    from pcgtts.train.codec import ENCODER_PARTS
+
+    return key.split(".")[0] not in ENCODER_PARTS
+
+
+def add_clone_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
+    """Put a second codec (an X-codec2 folder, Hugging Face format: a lab `codec/export`) into a committed
+    voice, as the decoder of speech in voices with a reference (`ModelPaths.clone_codec`); the voice's
+    own codec keeps decoding its own voice. Its encoder must be the voice's, to fp16 (same codes), and
+    its tensors the voice codec's; only its decoder side is stored. Refused before the voice is touched."""
+    from safetensors.torch import load_file, save_file
+
+    pack, codec_dir = Path(pack_dir), Path(codec_dir)
+    meta = read_voice(pack, files=("codec.safetensors",))
+    if not (codec_dir / "model.safetensors").is_file() or not (codec_dir / "config.json").is_file():
+        raise ValueError(f"{codec_dir}: not an X-codec2 folder (no model.safetensors and config.json)")
+    own = load_file(str(pack / "codec.safetensors"))
+    new = {k: v.to(torch.float16) for k, v in load_file(str(codec_dir / "model.safetensors")).items()}
+    if own.keys() != new.keys():
+        raise ValueError(f"{codec_dir}: another codec layout than the voice's (different tensors)")
+    changed = sorted(k for k in own if not _decoder_side(k) and not torch.equal(own[k], new[k]))
+    if changed:
+        raise ValueError(f"{codec_dir}: its encoder differs from the voice's ({changed[0]}, ...), so it would "
+                         "not decode the codes the voice's encoder makes; fine-tune with --freeze-encoder")
+    tmp = pack / f"{CLONE_CODEC_FILE}.tmp"
+    save_file({k: v.contiguous() for k, v in new.items() if _decoder_side(k)}, str(tmp))
+    tmp.chmod(0o644)
+    tmp.replace(pack / CLONE_CODEC_FILE)
+    meta["clone_codec"] = {"config": json.loads((codec_dir / "config.json").read_text()), "encoder": "codec"}
+    meta["sha256"][CLONE_CODEC_FILE] = file_sha256(pack / CLONE_CODEC_FILE)
+    _write_meta(pack, meta)
+
+
+def _expand_clone_codec(pack: Path, meta: dict, out: Path) -> Path:
+    """The voice's clone codec as a Hugging Face X-codec2 folder: its decoder side with the codec's encoder."""
+    from safetensors.torch import load_file, save_file
+
+    state = {k: v for k, v in load_file(str(pack / "codec.safetensors")).items() if not _decoder_side(k)}
+    state.update(load_file(str(pack / CLONE_CODEC_FILE)))
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(meta["clone_codec"]["config"], indent=2))
+    save_file({k: v.float() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def set_presets(pack_dir: str | Path, folder: str | Path) -> None:
     """Replace a committed voice's preset voices (its `voices/` folder) with those in `folder`
     (voices.json + .voice files, checked first), recording each file's sha256 in voice.json."""
@@ -361,7 +416,8 @@ def expand_lm(pack_dir: str | Path, role: str, out_dir: str | Path) -> Path:
 
 
 def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = True) -> dict[str, Path]:
-    """Expand a voice folder into {target, draft, codec, groups} in `out_dir` (atomically)."""
+    """Expand a voice folder into {target, draft, codec, groups} (and clone_codec when it has one) in
+    `out_dir` (atomically)."""
     from safetensors.torch import load_file, save_file
 
     from pcgtts.groups.build import theta_for_mean_size
@@ -383,6 +439,8 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     save_file({k: v.float() for k, v in load_file(str(pack / "codec.safetensors")).items()},
               str(codec / "model.safetensors"), metadata={"format": "pt"})
     paths["codec"] = codec
+    if "clone_codec" in meta:  # the second decoder, for voices with a reference
+        paths["clone_codec"] = _expand_clone_codec(pack, meta, tmp / "clone_codec")
     rows, _, fingerprint = load_speech_embeddings(paths["target"])
     for name in (HEADS_FILE, EAGLE_FILE):  # re-keyed to the expanded (fp32) target they were trained with
         if (pack / name).is_file():
@@ -399,4 +457,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "stage_voice", "install_staged", "record_gate", "add_to_voice", "replace_codec", "set_presets", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "stage_voice", "install_staged", "record_gate", "add_to_voice", "replace_codec", "set_presets", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "add_clone_codec", "CLONE_CODEC_FILE", "FORMAT", "VERSION"]
