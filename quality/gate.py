@@ -11,8 +11,9 @@ new one is moved into place only when nothing got worse beyond its interval:
   nearest-neighbour cases among the presets (`presets.run_presets`), passed = 1, paired the same way;
   worse = the interval's high end below 0;
 - **draft acceptance**, per speculative policy (pcg, eagle-pcg): each utterance's accepted / drafted
-  tokens in the default voice on the runtime's own route, paired; worse = the high end below 0. A
-  policy the old voice runs and the new one cannot (no EAGLE draft) is worse too;
+  tokens in the default voice on the runtime's own route at its fixed draft length, paired;
+  worse = the high end below 0. A policy the old voice runs and the new one cannot (no EAGLE draft)
+  is worse too;
 - a preset the old voice has and the new one drops, unless it is named as dropped on purpose.
 
 A refusal names every failure in one line; `accept_worse="REASON"` lets the voice through, and the
@@ -98,17 +99,19 @@ class SynthesizerRunner:
         self.decode = decode
         self.temperature = decode.sampling.temperature
 
-    def _run(self, text: str, voice: str, seed: int, policy: str):
+    def _run(self, text: str, voice: str, seed: int, policy: str, **decode):
         from pcgtts.quality.harness import synthesize_one
 
-        config = replace(self.synth.config, seed=seed, decode=replace(self.decode, policy=policy))
+        config = replace(self.synth.config, seed=seed, decode=replace(self.decode, policy=policy, **decode))
         return synthesize_one(self.synth, text, config, voice)
 
     def speak(self, text: str, voice: str, seed: int) -> np.ndarray:
         return self._run(text, voice, seed, "ar")[0]
 
     def acceptance(self, text: str, policy: str, seed: int) -> float | None:
-        stats = self._run(text, DEFAULT_VOICE, seed, policy)[1]
+        # at the fixed draft length: the adaptive one follows this machine's step timings, and where
+        # speculation does not pay it drafts nothing, so it would not measure the drafts
+        stats = self._run(text, DEFAULT_VOICE, seed, policy, adaptive_draft=False)[1]
         return stats["accepted"] / stats["drafted"] if stats["drafted"] else None
 
     def runs(self, policy: str) -> bool:
@@ -158,20 +161,20 @@ def measure(runner: VoiceRunner, names: Sequence[str], sentences: Sequence[str],
     from pcgtts.quality.presets import run_presets
 
     presets = [n for n in names if n != DEFAULT_VOICE]
-    wer: dict[str, dict[str, float]] = {}
+    wer: dict[str, dict[str, float]] = {name: {} for name in names}  # in the order named: default first
     identity: dict[str, dict[str, float]] = {}
     if len(presets) >= 2:
         scored = run_presets(runner.speak, presets, sentences, seeds, embed=embed, transcribe=transcribe,
                              progress=progress)
         for r in scored["records"]:
-            wer.setdefault(r["voice"], {})[_key(r["sentence"], r["seed"])] = r["wer"]
+            wer[r["voice"]][_key(r["sentence"], r["seed"])] = r["wer"]
         for c in scored["cases"]:
             identity.setdefault(c["voice"], {})[_key(c["sentence"], c["seed"])] = float(c["passed"])
-    for name in [n for n in names if n not in wer]:
+    for name in [n for n in names if not wer[n]]:
         for seed in seeds:
             for i, text in enumerate(sentences):
                 progress(f"{name} seed {seed} sentence {i + 1}/{len(sentences)}")
-                wer.setdefault(name, {})[_key(i, seed)] = error_rates(text, transcribe(runner.speak(text, name, seed)))[0]
+                wer[name][_key(i, seed)] = error_rates(text, transcribe(runner.speak(text, name, seed)))[0]
     acceptance: dict[str, dict[str, float | None]] = {}
     for policy in policies:
         if not runner.runs(policy):
@@ -323,11 +326,12 @@ def card_section(result: dict) -> str:
              f"Written by `pcgtts train package`'s gate: {new} against {old}, the same {result['sentences']} "
              f"test sentences x {len(result['seeds'])} seeds (quality/testset_v1.json). WER: PocketSphinx, plain "
              "decoding at each voice's own temperature; identity: a preset's utterance is nearest its own among "
-             "the presets; acceptance: accepted / drafted tokens per utterance in the default voice. Difference: "
+             "the presets; acceptance: accepted / drafted tokens per utterance in the default voice, at the "
+             "fixed draft length. Difference: "
              f"new - old on the same (sentence, seed) with its paired {100 * result['confidence']:.0f} % interval. "
              "The LLaSA-1B stand-in (`pcgtts models scale`) keeps the voice's logits, so its pcg acceptance is "
              "this one.", "",
-             f"| measure | voice | {old} | {new} | difference (points) | worse |", "|---|---|---|---|---|---|"]
+             f"| measure | voice | old: {old} | new: {new} | difference (points) | worse |", "|---|---|---|---|---|---|"]
     for row in result["rows"]:
         diff = Estimate(**{k: (math.nan if v is None else v) for k, v in row["diff"].items()})
         lines.append(f"| {row['metric']} | {row['voice']} | {_pct(row['old'])} | {_pct(row['new'])} | "
