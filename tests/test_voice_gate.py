@@ -223,6 +223,7 @@ def test_synthesizer_runner_measures_a_tiny_voice(tiny_models, tiny_groups_file)
     sentences = ["One two three.", "Four five six."]
     a = measure(runner, ["default"], sentences, (0,), ("pcg", "eagle-pcg"), lambda audio: "one two", None)
     b = measure(runner, ["default"], sentences, (0,), ("pcg", "eagle-pcg"), lambda audio: "one two", None)
-    assert set(a["acceptance"]) == {"pcg"} and all(0 <= r <= 1 for r in a["acceptance"]["pcg"].values())
+    # measured at the fixed draft length: every utterance drafts, whatever this machine's timings
+    assert set(a["acceptance"]) == {"pcg"} and all(r is not None and 0 <= r <= 1 for r in a["acceptance"]["pcg"].values())
     assert a["wer"]["default"] == {"0:0": pytest.approx(1 / 3), "1:0": 1.0}
     assert compare(a, b)["failures"] == []
