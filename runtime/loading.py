@@ -119,11 +119,31 @@ def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig)
         path = getattr(models, name)
         if path is not None and not Path(path).is_file():
             raise ValueError(f"{name} file not found: {path}")
+    if models.clone_codec is not None:
+        check_codec_kind(models.clone_codec, "clone_codec")
     heads, transitions, eagle = check_proposers(models, policy, device.backend)
     check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
                  heads=heads is not None, transitions=transitions is not None, eagle=eagle is not None)
     check_compute_device(device.compute_device)
     check_checkpoints(models)
+
+
+def check_codec_kind(folder: str, name: str) -> None:
+    """A one-line ValueError unless `folder` is a codec: an exported decoder, or an X-codec2 folder
+    (its config.json's model_type), read before anything loads."""
+    import json
+
+    from pcgtts.runtime.audio.onnx_codec import is_exported_codec
+
+    if is_exported_codec(folder):
+        return
+    try:
+        kind = json.loads((Path(folder) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    if kind != "xcodec2":
+        raise ValueError(f"{name} {folder}: not an X-codec2 folder (config.json with model_type 'xcodec2') "
+                         "nor a decoder exported by `pcgtts export codec`")
 
 
 def check_checkpoints(models: ModelPaths) -> None:

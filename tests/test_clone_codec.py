@@ -100,6 +100,8 @@ def test_a_missing_clone_codec_is_refused_before_loading(tiny_target, demo_codec
     monkeypatch.setattr(loader, "load_lm", refuse)
     with pytest.raises(ValueError, match="clone_codec model directory not found: .*nowhere"):
         _synth(tiny_target, demo_codec_dir, tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="clone_codec .*: not an X-codec2 folder"):
+        _synth(tiny_target, demo_codec_dir, tiny_target)  # an LM checkpoint in its place
 
 
 def test_the_setting_comes_from_a_config_file_and_the_cli(tmp_path):
@@ -269,3 +271,11 @@ def test_the_clone_codec_exports_for_onnxruntime_like_the_codec(clone_codec_dir,
                        Codec.from_pretrained(clone_codec_dir, decode_only=True).decode(codes), atol=1e-3)
     # an exported decoder folder runs on onnxruntime, as for --codec
     assert isinstance(_synth(tiny_target, demo_codec_dir, tmp_path / "clone_codec").clone_codec, OrtCodec)
+
+
+def test_the_server_passes_the_clone_codec_to_the_runtime():
+    from pcgtts.runtime.config import ModelPaths
+    from pcgtts.serve.config import ServerConfig
+
+    settings = ServerConfig(models=ModelPaths(target="t", codec="c", clone_codec="c2")).runtime_settings()
+    assert (settings["codec"], settings["clone_codec"]) == ("c", "c2")
