@@ -126,17 +126,25 @@ def open_pack(pack_dir: str | Path, cache_root: str | Path | None = None, temper
     """A voice folder (pcgtts/voice's layout) loaded as the built-in voice is: prepared into the cache
     folder the built-in voice uses (`cache_root`, default the user's cache; `voice-<voice.json digest>`),
     played at its own settings and presets, on torch in float32 (the model its int8 graphs export)."""
+    import json
+
+    from pcgtts.runtime.config import PRESETS_FOLDER
     from pcgtts.runtime.files import cache_root as default_root
+    from pcgtts.runtime.prepared import checkpoint_paths, is_prepared
     from pcgtts.runtime.synthesizer import Synthesizer, pretrained_settings
-    from pcgtts.runtime.voicepack import voice_digest
+    from pcgtts.runtime.voicepack import check_voice_settings, voice_digest
     from pcgtts.tools.prepare import prepare_builtin
 
     pack = Path(pack_dir)
     if not (pack / "voice.json").is_file():
         raise ValueError(f"{pack}: no voice.json, not a voice folder")
     cache = Path(cache_root if cache_root is not None else default_root()) / f"voice-{voice_digest(pack)}"
-    prepare_builtin(cache, pack, onnx=False, progress=False, wait=True)  # skipped when prepared already
-    settings = pretrained_settings(prepared=str(cache), backend="torch")
+    if not is_prepared(cache, ("expand",)):  # expanded once; an export of its graphs at work is not waited for
+        prepare_builtin(cache, pack, onnx=False, progress=False, wait=True)
+    own = check_voice_settings(json.loads((pack / "voice.json").read_text()).get("settings", {}), pack / "voice.json")
+    presets = pack / PRESETS_FOLDER
+    settings = pretrained_settings(**checkpoint_paths(cache), backend="torch", **own,
+                                   presets=str(presets) if (presets / "voices.json").is_file() else None)
     synth = Synthesizer.load(settings.models, settings.device, settings.synthesis)
     return SynthesizerRunner(synth, temperature, max_tokens)
 
