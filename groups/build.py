@@ -55,7 +55,8 @@ def neighbour_lists(embeddings: torch.Tensor, theta: float, top_k: int | None = 
     step = block_rows or _block_rows(n, device)
     capped = top_k is not None and top_k < n
     rows_out, cols_out = [], []
-    for start in tqdm(range(0, n, step), desc="groups", unit="block", disable=not progress):
+    for start in tqdm(range(0, n, step), desc="groups", unit="block",
+                      disable=None if progress else True):  # a bar on a terminal only
         stop = min(n, start + step)
         # Cosine is symmetric: without a top-k cap only the upper triangle (columns >= start)
         # is computed and the pairs are mirrored below, halving the matrix products.
