@@ -74,7 +74,7 @@ class VoiceStore:
     def get(self, name: str) -> Voice | None:
         """The Voice called `name` (None for the model's own voice); KeyError if there is none."""
         if name in self.presets.names or name in self.presets.aliases:
-            return self.presets.voice(name)
+            return self.presets.prompt(name)
         if self.is_builtin(name):
             return None
         path = self.path(name)

@@ -102,6 +102,15 @@ def test_a_preset_name_speaks_as_its_voice_file(prompted, presets_dir):
     assert [v["name"] for v in prompted.voices()][:2] == ["bright", "dark"]
 
 
+def test_the_default_preset_is_the_models_own_voice_unprompted(prompted, presets_dir):
+    own = prompted.synthesize("Pick a voice.", seed=3)
+    assert np.array_equal(prompted.synthesize("Pick a voice.", voice="bright", seed=3), own)
+    assert np.array_equal(prompted.synthesize("Pick a voice.", voice="alloy", seed=3), own)  # its alias
+    assert np.array_equal(prompted.synthesize("Pick a voice.", voice="default", seed=3), own)
+    prompted_by_its_file = prompted.synthesize("Pick a voice.", voice=str(presets_dir / "bright.voice"), seed=3)
+    assert not np.array_equal(prompted_by_its_file, own)
+
+
 def test_an_unknown_voice_name_is_refused_before_any_work(prompted):
     with pytest.raises(ValueError, match="presets: bright, dark"):
         prompted.stream("Hello.", voice="nobody")

@@ -6,12 +6,14 @@
 
 A preset is a voice file (reference codes + transcript, `runtime/audio/voice.py`) that the target
 was trained to follow as a voice prompt. `default` names the preset the target speaks as when no
-voice is given (it is then not prompted at all). Aliases (OpenAI's voice names, for example) map
-onto presets. The built-in voice's presets live in its voice folder; any target may carry its
+voice is given: the model's own voice, so naming it (or an alias of it) speaks unprompted too, as
+no voice does (`prompt`), and it is heard through the model's own codec; its file is the reference
+it was learnt from. Aliases (OpenAI's voice names, for example) map onto presets. The built-in voice's presets live in its voice folder; any target may carry its
 own in `<target>/voices`.
 
     presets = Presets.load(folder)
     presets.voice("nova")            # the Voice of the preset "nova" names (an alias)
+    presets.prompt("alloy")          # what it is spoken with: None for the default preset (no prompt)
     presets.listing()                # [{"name": ..., "description": ..., "default": ...}, {"name": "alloy", "alias_of": ...}]
 """
 
@@ -116,8 +118,14 @@ class Presets:
         if path.is_file() and is_recording(path):
             raise ValueError(f"{voice} is an audio file: {audio_hint}")
         if isinstance(voice, str) and not path.exists():
-            return self.voice(voice)
+            return self.prompt(voice)
         return Voice.load(path)
+
+    def prompt(self, name: str) -> Voice | None:
+        """The voice prompt preset (or alias) `name` speaks with: None for the default preset (the model's
+        own voice, unprompted), else its Voice."""
+        name = self.resolve(name)
+        return None if name == self.default else self.voice(name)
 
     def voice(self, name: str) -> Voice:
         """The Voice of preset (or alias) `name`, read once."""
