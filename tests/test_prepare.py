@@ -302,7 +302,8 @@ def test_the_built_in_voice_prepared_elsewhere_plays_as_the_built_in_voice(tmp_p
     from pcgtts.tools.prepare import prepare_builtin
 
     def fake_expand(pack_dir, out):  # the stand-in checkpoints; the rest of the stage is real
-        paths = {"target": out / "target", "draft": out / "draft", "codec": out / "codec", "groups": out / "groups.pcg"}
+        paths = {"target": out / "target", "draft": out / "draft", "codec": out / "codec", "groups": out / "groups.pcg",
+                 "clone_codec": out / "clone_codec"}  # the voice's second decoder
         for name, path in paths.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir() if name != "groups" else path.write_bytes(b"")
