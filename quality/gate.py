@@ -339,11 +339,25 @@ def card_section(result: dict) -> str:
              f"new - old on the same (sentence, seed) with its paired {100 * result['confidence']:.0f} % interval. "
              "The LLaSA-1B stand-in (`pcgtts models scale`) keeps the voice's logits, so its pcg acceptance is "
              "this one.", "",
-             f"| measure | voice | old: {old} | new: {new} | difference (points) | worse |", "|---|---|---|---|---|---|"]
-    for row in result["rows"]:
+             f"| voice | WER: {old} → {new} | ΔWER (points) | identity: {old} → {new} | Δidentity | worse |",
+             "|---|---|---|---|---|---|"]
+
+    def cells(row: dict | None) -> tuple[str, str]:
+        if row is None:
+            return "", ""
         diff = Estimate(**{k: (math.nan if v is None else v) for k, v in row["diff"].items()})
-        lines.append(f"| {row['metric']} | {row['voice']} | {_pct(row['old'])} | {_pct(row['new'])} | "
-                     f"{diff.format(100, signed=True)} | {'**yes**' if row['worse'] else 'no'} |")
+        return f"{_pct(row['old'])} → {_pct(row['new'])}", diff.format(100, signed=True)
+
+    voices = list(dict.fromkeys(row["voice"] for row in result["rows"] if row["metric"] != "acceptance"))
+    for voice in voices:
+        mine = {row["metric"]: row for row in result["rows"] if row["voice"] == voice}
+        worse = any(row["worse"] for row in mine.values())
+        lines.append(f"| {voice} | {' | '.join(cells(mine.get('wer')))} | {' | '.join(cells(mine.get('identity')))} | "
+                     f"{'**yes**' if worse else 'no'} |")
+    accepted = [row for row in result["rows"] if row["metric"] == "acceptance"]
+    if accepted:
+        lines += ["", "Acceptance in the default voice: " + "; ".join(
+            f"{row['voice']} {' '.join(cells(row))}{' (**worse**)' if row['worse'] else ''}" for row in accepted) + "."]
     if result["dropped"]:
         lines += ["", f"Presets dropped: {', '.join(result['dropped'])}."]
     if result.get("accepted_worse"):

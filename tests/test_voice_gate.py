@@ -153,7 +153,7 @@ def test_package_refuses_a_worse_voice_and_leaves_the_shipped_one(tmp_path, fake
     assert meta["gate"]["old"]["name"] == "lab-v7" and not meta["gate"]["passed"]
     card = (shipped / "MODEL_CARD.md").read_text()
     assert "## Comparison with the voice it replaced" in card and reason in card and "lab-v8 details" in card
-    assert "| wer | default |" in card and "| acceptance | pcg |" in card
+    assert "| default | 0.0 % → 47.3 % | +47.3 ± 4.6 |" in card and "Acceptance in the default voice: pcg " in card
 
 
 def test_package_installs_a_voice_that_is_not_worse(tmp_path, fake_judges, capsys):
