@@ -3,6 +3,7 @@ of OpenAI-shaped errors and streamed WAV bodies."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -71,3 +72,23 @@ def read_wav(data: bytes):
     _, fmt, channels, rate, _, _, bits = struct.unpack("<IHHIIHH", data[16:36])
     assert (fmt, channels, bits) == (1, 1, 16) and data[36:40] == b"data"
     return rate, np.frombuffer(data[44:], dtype="<i2")
+
+
+def websocket_session(server, messages) -> tuple[list[dict], int]:
+    """Send `messages` then end; (the JSON messages received up to done, audio bytes received)."""
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{server.port}/v1/audio/speech/stream", additional_headers=auth(),
+                 open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "ready"
+        for message in [*messages, {"type": "end"}]:
+            ws.send(json.dumps(message))
+        received, audio = [], 0
+        while True:
+            frame = ws.recv(timeout=60)
+            if isinstance(frame, bytes):
+                audio += len(frame)
+                continue
+            received.append(json.loads(frame))
+            if received[-1]["type"] == "done":
+                return received, audio

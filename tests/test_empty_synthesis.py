@@ -115,24 +115,10 @@ def test_the_server_answers_an_error_before_any_byte_when_the_model_makes_no_spe
 
 def test_a_websocket_sentence_the_model_makes_no_speech_for_is_an_error_and_the_session_goes_on(server, monkeypatch):
     pytest.importorskip("websockets")
-    from serve_helpers import auth
-    from websockets.sync.client import connect
+    from serve_helpers import websocket_session
 
     end_at_once(monkeypatch, sentences=1)
-    with connect(f"ws://127.0.0.1:{server.port}/v1/audio/speech/stream", additional_headers=auth(),
-                 open_timeout=10) as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "ready"
-        ws.send(json.dumps({"type": "text", "text": "Yes. Then a sentence that is spoken. "}))
-        ws.send(json.dumps({"type": "end"}))
-        messages, audio = [], 0
-        while True:
-            frame = ws.recv(timeout=60)
-            if isinstance(frame, bytes):
-                audio += len(frame)
-                continue
-            messages.append(json.loads(frame))
-            if messages[-1]["type"] == "done":
-                break
+    messages, audio = websocket_session(server, [{"type": "text", "text": "Yes. Then a sentence that is spoken. "}])
     errors = [m for m in messages if m["type"] == "error"]
     assert len(errors) == 1 and errors[0]["error"]["code"] == "empty_synthesis", messages
     assert [m["index"] for m in messages if m["type"] == "sentence.end"] == [1] and audio > 0, messages

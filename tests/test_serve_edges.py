@@ -23,7 +23,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import assert_openai_error, auth, read_wav, start_server  # noqa: E402
+from serve_helpers import assert_openai_error, auth, read_wav, start_server, websocket_session  # noqa: E402
 
 from pcgtts.runtime.config import MAX_SEED, MAX_TEMPERATURE  # noqa: E402
 
@@ -373,28 +373,8 @@ def small_server(tiny_lm_factory, demo_codec_dir, tmp_path_factory):
     running.stop()
 
 
-def websocket_session(server, messages) -> tuple[list[dict], int]:
-    """Send `messages` then end; (the JSON messages received up to done, audio bytes received)."""
-    pytest.importorskip("websockets")
-    from websockets.sync.client import connect
-
-    with connect(f"ws://127.0.0.1:{server.port}/v1/audio/speech/stream", additional_headers=auth(),
-                 open_timeout=10) as ws:
-        assert json.loads(ws.recv(timeout=10))["type"] == "ready"
-        for message in [*messages, {"type": "end"}]:
-            ws.send(json.dumps(message))
-        received, audio = [], 0
-        while True:
-            frame = ws.recv(timeout=60)
-            if isinstance(frame, bytes):
-                audio += len(frame)
-                continue
-            received.append(json.loads(frame))
-            if received[-1]["type"] == "done":
-                return received, audio
-
-
 def test_websocket_text_past_the_limit_without_a_sentence_end_is_spoken_in_pieces(small_server):
+    pytest.importorskip("websockets")
     words = [f"word{i}" for i in range(40)]  # ~270 characters, no sentence end
     text = " ".join(words)
     parts = [text[i:i + 90] for i in range(0, len(text), 90)]  # each message within the limit, cut mid-word
