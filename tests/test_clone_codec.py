@@ -177,6 +177,7 @@ def _expand_without_groups(pack, out, monkeypatch):
     return expand_voice(pack, out, progress=False)
 
 
+@pytest.mark.slow  # expands a voice pack / exports a graph: seconds each
 def test_a_voice_pack_carries_a_clone_codec_checksummed_and_expands_it(voice_pack, clone_codec_dir, demo_codec_dir,
                                                                        tmp_path, monkeypatch):
     from safetensors import safe_open
@@ -258,6 +259,7 @@ def test_a_prepared_checkpoint_carries_its_clone_codec(tiny_models, clone_codec_
     assert (out / "clone_codec" / "model.safetensors").read_bytes() == (clone_codec_dir / "model.safetensors").read_bytes()
 
 
+@pytest.mark.slow  # expands a voice pack / exports a graph: seconds each
 def test_the_clone_codec_exports_for_onnxruntime_like_the_codec(clone_codec_dir, tiny_target, demo_codec_dir,
                                                                tmp_path):
     from pcgtts.runtime.audio.codec import Codec
