@@ -219,6 +219,7 @@ def test_a_clone_codec_with_another_encoder_is_refused_and_the_voice_kept(voice_
     assert (pack / "voice.json").read_text() == before and not list(pack.glob("clone_codec*"))
 
 
+@pytest.mark.slow  # whole preparations: seconds
 def test_the_built_in_voice_with_a_clone_codec_is_prepared_with_it(voice_pack, clone_codec_dir, tmp_path,
                                                                   monkeypatch):
     from pcgtts.runtime.config import resolve_settings

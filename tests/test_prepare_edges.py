@@ -144,6 +144,7 @@ raise SystemExit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # whole preparations: seconds
 def test_a_folder_being_prepared_is_refused_at_once_and_sigterm_stops_it_as_ctrl_c_does(tiny_models, tmp_path,
                                                                                          capsys):
     from pcgtts.cli import main
