@@ -143,3 +143,27 @@ def test_the_quality_harness_scores_a_sentence_without_speech_as_empty_audio(tin
     monkeypatch.setattr(loop, "emitted", no_speech)
     audio, figures = synthesize_one(tiny_synth, "Yes.", tiny_synth.config, None)
     assert audio.size == 0 and figures["tokens"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.shipped_voice
+def test_the_shipped_voice_stays_itself_and_keeps_its_pace_across_the_paragraph():
+    """The default voice reads the 12-sentence paragraph in order and in reverse (seed 0, plain decoding on
+    torch at its own temperature): the last sentence is as like the first as its nearby sentences are to
+    each other, and its pace moves by at most 10 % from the first position to the last."""
+    pytest.importorskip("resemblyzer")
+    from pcgtts import Synthesizer
+    from pcgtts.builtin import VOICE_DIR
+    from pcgtts.quality.testset import load_paragraph
+
+    if not (VOICE_DIR / "voice.json").is_file():
+        pytest.skip("no trained voice is committed in pcgtts/voice")
+    synth = Synthesizer.from_pretrained(policy="ar", backend="torch")
+
+    def speak(text, voice, seed):
+        return synth.synthesize(text, voice=voice, seed=seed)
+
+    result = run_consistency(speak, ["default"], load_paragraph(), seeds=(0,))
+    reading = result["readings"][0]
+    assert reading["identity_holds"], reading
+    assert reading["rate_holds"], reading
