@@ -197,20 +197,13 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
     fits, and anything else is refused before the voice is touched."""
     from safetensors.torch import load_file
 
-    from pcgtts.train.codec import ENCODER_PARTS
-
     pack = Path(pack_dir)
     meta = read_voice(pack, files=("codec.safetensors",))
     tmp = pack / "codec.safetensors.tmp"
     entry = _write_codec(Path(codec_dir), tmp)
     try:
-        old, new = load_file(str(pack / "codec.safetensors")), load_file(str(tmp))
-        if old.keys() != new.keys():
-            raise ValueError(f"{codec_dir}: another codec layout than the voice's (different tensors)")
-        changed = sorted(k for k in old if k.split(".")[0] in ENCODER_PARTS and not torch.equal(old[k], new[k]))
-        if changed:
-            raise ValueError(f"{codec_dir}: its encoder differs from the voice's ({changed[0]}, ...), so its codes "
-                             "are not the ones the target was trained on; fine-tune with --freeze-encoder")
+        check_same_encoder(load_file(str(pack / "codec.safetensors")), load_file(str(tmp)), codec_dir,
+                           "its codes are not the ones the target was trained on")
     except BaseException:
         tmp.unlink()
         raise
@@ -221,6 +214,19 @@ def replace_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
 
 
 CLONE_CODEC_FILE = "clone_codec.safetensors"
+
+
+def check_same_encoder(own: dict[str, torch.Tensor], new: dict[str, torch.Tensor], codec_dir: Path | str,
+                       consequence: str) -> None:
+    """A ValueError naming `codec_dir` unless the codec state `new` has the voice codec `own`'s tensors
+    and, bit for bit, its encoder side (everything up to and including the quantizer); `consequence`
+    says what a different encoder would break."""
+    if own.keys() != new.keys():
+        raise ValueError(f"{codec_dir}: another codec layout than the voice's (different tensors)")
+    changed = sorted(k for k in own if not _decoder_side(k) and not torch.equal(own[k], new[k]))
+    if changed:
+        raise ValueError(f"{codec_dir}: its encoder differs from the voice's ({changed[0]}, ...), so {consequence}; "
+                         "fine-tune with --freeze-encoder")
 
 
 def _decoder_side(key: str) -> bool:
@@ -242,14 +248,9 @@ def add_clone_codec(pack_dir: str | Path, codec_dir: str | Path) -> None:
     meta = read_voice(pack, files=("codec.safetensors",))
     if not (codec_dir / "model.safetensors").is_file() or not (codec_dir / "config.json").is_file():
         raise ValueError(f"{codec_dir}: not an X-codec2 folder (no model.safetensors and config.json)")
-    own = load_file(str(pack / "codec.safetensors"))
     new = {k: v.to(torch.float16) for k, v in load_file(str(codec_dir / "model.safetensors")).items()}
-    if own.keys() != new.keys():
-        raise ValueError(f"{codec_dir}: another codec layout than the voice's (different tensors)")
-    changed = sorted(k for k in own if not _decoder_side(k) and not torch.equal(own[k], new[k]))
-    if changed:
-        raise ValueError(f"{codec_dir}: its encoder differs from the voice's ({changed[0]}, ...), so it would "
-                         "not decode the codes the voice's encoder makes; fine-tune with --freeze-encoder")
+    check_same_encoder(load_file(str(pack / "codec.safetensors")), new, codec_dir,
+                       "it would not decode the codes the voice's encoder makes")
     tmp = pack / f"{CLONE_CODEC_FILE}.tmp"
     save_file({k: v.contiguous() for k, v in new.items() if _decoder_side(k)}, str(tmp))
     tmp.chmod(0o644)
