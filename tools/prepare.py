@@ -247,8 +247,8 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
     if not (pack / "voice.json").is_file():
         raise ValueError(f"{pack}: no voice.json (no trained voice ships with this install); "
                          "give --checkpoint and --codec to prepare a checkpoint of your own")
-    has_clone = "clone_codec" in json.loads((pack / "voice.json").read_text())  # a second decoder for references
-    layout = {name: rel for name, rel in LAYOUT.items() if name != "clone_codec" or has_clone}
+    meta = json.loads((pack / "voice.json").read_text())
+    layout = {name: rel for name, rel in LAYOUT.items() if name != "clone_codec" or "clone_codec" in meta}
 
     def expand(staging: Path) -> None:
         from pcgtts.export.noise import held_back
@@ -260,7 +260,6 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
             Path(paths[name]).rename(staging / rel)
         if (pack / PRESETS_FOLDER / "voices.json").is_file():  # found beside the target, as any checkpoint's
             shutil.copytree(pack / PRESETS_FOLDER, staging / LAYOUT["target"] / PRESETS_FOLDER)
-        meta = json.loads((pack / "voice.json").read_text())
         (staging / SETTINGS).write_text(json.dumps(check_voice_settings(meta.get("settings", {}), pack / "voice.json")))
 
     stages = [Stage("expand", (*layout.values(), SETTINGS), expand, {"voice": voice_digest(pack)})]
