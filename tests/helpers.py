@@ -11,13 +11,14 @@ from pcgtts.runtime.decode.steps import DecodeStats
 
 
 def decode_codes(target, proposer, prompt, policy, sampling, tokens=40, seed=0, groups=None, draft_length=3,
-                 costs=None, **extra):
-    """Decode `prompt` with `policy` (a hidden-state proposer, or None) -> (codes, DecodeStats); a
-    fixed draft length unless `adaptive_draft=True` is passed (the loop's mechanics are tested per L)."""
+                 costs=None, draft=None, **extra):
+    """Decode `prompt` with `policy` (a hidden-state proposer, or None; a `draft` LM for the draft
+    policies) -> (codes, DecodeStats); a fixed draft length unless `adaptive_draft=True` is passed (the
+    loop's mechanics are tested per L). Other keywords are `DecodeConfig` fields."""
     extra.setdefault("adaptive_draft", False)
     config = DecodeConfig(policy=policy, max_new_tokens=tokens, draft_length=draft_length, sampling=sampling, **extra)
     stats = DecodeStats()
-    out = [t for burst in decode(target, None, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
+    out = [t for burst in decode(target, draft, prompt, config, torch.Generator().manual_seed(seed), groups, stats,
                                  proposer=proposer, costs=costs) for t in burst]
     return out, stats
 

@@ -17,11 +17,10 @@ from pcgtts.runtime.config import DecodeConfig, SamplingConfig, SynthesisConfig
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.proposers import EagleProposer, HeadProposer
 from pcgtts.runtime.decode.sampling import forbid_stop
-from pcgtts.runtime.decode.steps import DecodeStats
 from pcgtts.runtime.lm.digit_head import argmax_digit_code, draw_digit_code
 from pcgtts.runtime.text.prompt import build_prompt
 
-from helpers import assert_same_marginal, random_draft, random_heads
+from helpers import assert_same_marginal, decode_codes, random_draft, random_heads
 
 GREEDY = SamplingConfig(temperature=0.0)
 WARM = SamplingConfig(temperature=0.8)
@@ -50,13 +49,8 @@ def stop_bias(*lms, bias: float = 60.0):
 
 def run(target, draft, prompt, policy, sampling, minimum, *, proposer=None, groups=None, seed=0, tokens=30,
         **extra):
-    config = DecodeConfig(policy=policy, max_new_tokens=tokens, min_new_tokens=minimum, draft_length=3,
-                          sampling=sampling, adaptive_draft=False, **extra)
-    stats = DecodeStats()
-    generator = torch.Generator().manual_seed(seed)
-    out = [t for burst in decode(target, draft, prompt, config, generator, groups, stats, proposer=proposer)
-           for t in burst]
-    return out, stats
+    return decode_codes(target, proposer, prompt, policy, sampling, tokens=tokens, seed=seed, groups=groups,
+                        draft=draft, min_new_tokens=minimum, **extra)
 
 
 @pytest.fixture(scope="module")
