@@ -80,10 +80,9 @@ def named_presets(models: ModelPaths):
 
 def voice_cache(pack_dir: Path | None = None, cache_root: Path | None = None) -> Path:
     """The folder the built-in voice is prepared into: one per voice.json (a changed voice gets a new one)."""
-    from pcgtts.runtime.files import cache_root as default_root
-    from pcgtts.runtime.voicepack import voice_digest
+    from pcgtts.runtime.voicepack import voice_cache_folder
 
-    return (cache_root or default_root()) / f"voice-{voice_digest(pack_dir if pack_dir is not None else VOICE_DIR)}"
+    return voice_cache_folder(pack_dir if pack_dir is not None else VOICE_DIR, cache_root)
 
 
 def _note_earlier_expansions(cache: Path) -> None:

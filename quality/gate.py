@@ -36,12 +36,12 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from pcgtts.quality.stats import paired_diff
+from pcgtts.runtime.audio.presets import DEFAULT_VOICE  # the model's own voice, unprompted
 
 log = logging.getLogger(__name__)
 
 GATE_POLICIES = ("pcg", "eagle-pcg")  # the speculative routes whose acceptance is compared
 CARD_HEADING = "## Comparison with the voice it replaced"
-DEFAULT_VOICE = "default"  # the model's own voice, unprompted (`runtime.audio.presets.DEFAULT_VOICE`)
 
 
 class GateRefused(ValueError):
@@ -129,16 +129,15 @@ def open_pack(pack_dir: str | Path, cache_root: str | Path | None = None, temper
     import json
 
     from pcgtts.runtime.config import PRESETS_FOLDER
-    from pcgtts.runtime.files import cache_root as default_root
     from pcgtts.runtime.prepared import checkpoint_paths, is_prepared
     from pcgtts.runtime.synthesizer import Synthesizer, pretrained_settings
-    from pcgtts.runtime.voicepack import check_voice_settings, voice_digest
+    from pcgtts.runtime.voicepack import check_voice_settings, voice_cache_folder
     from pcgtts.tools.prepare import prepare_builtin
 
     pack = Path(pack_dir)
     if not (pack / "voice.json").is_file():
         raise ValueError(f"{pack}: no voice.json, not a voice folder")
-    cache = Path(cache_root if cache_root is not None else default_root()) / f"voice-{voice_digest(pack)}"
+    cache = voice_cache_folder(pack, cache_root)  # the built-in voice's, when it is this voice
     if not is_prepared(cache, ("expand",)):  # expanded once; an export of its graphs at work is not waited for
         prepare_builtin(cache, pack, onnx=False, progress=False, wait=True)
     own = check_voice_settings(json.loads((pack / "voice.json").read_text()).get("settings", {}), pack / "voice.json")

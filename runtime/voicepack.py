@@ -37,6 +37,14 @@ def voice_digest(pack_dir: str | Path) -> str:
     return hashlib.sha256((Path(pack_dir) / "voice.json").read_bytes()).hexdigest()[:16]
 
 
+def voice_cache_folder(pack_dir: str | Path, cache_root: str | Path | None = None) -> Path:
+    """The folder a voice folder is prepared into: one per voice.json (`voice_digest`), in `cache_root`
+    (default the user's cache, `files.cache_root`)."""
+    from pcgtts.runtime.files import cache_root as default_root
+
+    return Path(cache_root if cache_root is not None else default_root()) / f"voice-{voice_digest(pack_dir)}"
+
+
 def read_voice(pack_dir: str | Path, files: tuple[str, ...] | None = None) -> dict:
     """voice.json, checked: format, version, every file (or only `files`) present with its recorded
     checksum."""
@@ -81,4 +89,5 @@ def init_weights(model: torch.nn.Module, pack_dir: str | Path, role: str, model_
     log.info("initialised the %s from %s (%s)", role, pack_dir, meta["name"])
     return meta
 
-__all__ = ["init_weights", "check_voice_settings", "FORMAT", "VERSION", "FILES", "file_sha256", "voice_digest", "read_voice"]
+__all__ = ["init_weights", "check_voice_settings", "FORMAT", "VERSION", "FILES", "file_sha256", "voice_digest", "voice_cache_folder",
+           "read_voice"]
