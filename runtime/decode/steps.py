@@ -97,11 +97,20 @@ def plain_step(lm: LM, ids: torch.Tensor, sampling, digits: int, generator: torc
     if digits:  # no 65,537-wide row at all
         scores, hidden = lm.forward_scores(ids)
         t0 = timer(field_name, t0)
-        scores = forbid_stop(scores[-1:], first, min_tokens)[0]
-        return sample_by_digits(scores, digits, sampling.temperature, generator), hidden, t0
+        return draw_next(scores[-1:], sampling, digits, generator, first, min_tokens), hidden, t0
     logits, hidden = lm.forward_hidden(ids) if with_hidden else (lm.forward(ids), None)
     t0 = timer(field_name, t0)
-    return sample(logits_to_probs(forbid_stop(logits[-1:], first, min_tokens)[0], sampling), generator), hidden, t0
+    return draw_next(logits[-1:], sampling, 0, generator, first, min_tokens), hidden, t0
+
+
+def draw_next(row: torch.Tensor, sampling, digits: int, generator: torch.Generator, first: int = 0,
+              min_tokens: int = 0) -> torch.Tensor:
+    """A plain step's draw from its last row [1, W] (a digit head's scores when `digits` > 0, else the
+    logits): speech token number `first`, no stop before `min_tokens` (`sampling.forbid_stop`) -> token []."""
+    row = forbid_stop(row, first, min_tokens)[0]
+    if digits:
+        return sample_by_digits(row, digits, sampling.temperature, generator)
+    return sample(logits_to_probs(row, sampling), generator)
 
 
 def verify_pass(lm: LM, ids: torch.Tensor, sampling, digits: int, timer: Timer, with_hidden: bool,

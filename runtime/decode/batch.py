@@ -1,0 +1,290 @@
+"""Continuous batching: many streams' plain (`ar`) decodes stepped together over one model copy.
+
+A `BatchDecoder` owns a `BatchedLM` (runtime/lm/batched.py: one KV slot per stream over the
+target's weights) and one thread that runs the batch. A stream takes a slot for its whole life
+(`lease()`, refused at once with `BatchFull` when every slot is held: never a wait) and decodes its
+sentences through it (`SlotLease.decode`, an iterator of bursts like `loop.decode`). At each step
+boundary the thread admits the decodes that arrived (prefilling each into its own slot while the
+others keep their KV), then runs one forward over the last token of every decode that has room,
+and draws each slot's next token with that stream's own settings and generator, the minimum length
+(`sampling.forbid_stop`) and budget applied as `loop.py` applies them (`steps.draw_next`,
+`steps.emitted`). Each stream's tokens reach it through its own queue; a decode whose queue holds
+`ahead_tokens` unread tokens sits out the steps until its reader takes them (a stream nobody reads
+stops costing compute), and one whose reader is gone (closed, cancelled, failed) leaves the batch
+at the next step boundary; its slot is free again once its lease is closed.
+
+A decode alone in the batch draws exactly what `loop.decode` draws for it (the same forward, bit
+for bit, and the same draws from its generator). In a step of several slots a slot's logits differ
+from its logits alone in the last bits (`batched.py`), so a greedy or seeded stream's tokens do not
+depend on its neighbours unless a draw falls within that rounding of a tie or a CDF boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.decode.sampling import digits_to_draw
+from pcgtts.runtime.decode.steps import DecodeStats, draw_next, emitted
+from pcgtts.runtime.lm.batched import BatchedLM
+
+log = logging.getLogger(__name__)
+
+AHEAD_TOKENS = 64  # unread tokens a decode may queue before it sits out steps (1.3 s of audio)
+OCCUPANCY_WINDOW = 100  # steps the recent occupancy is kept for
+_END = object()
+
+
+class BatchFull(RuntimeError):
+    """Every slot of the batch is held by a stream: refused at once, nothing waits."""
+
+
+def check_batchable(config: DecodeConfig) -> None:
+    """A one-line ValueError unless `config` decodes plainly with the target (what the batch runs)."""
+    if config.policy != "ar" or config.steps_per_sync:
+        raise ValueError(f"the batch decodes policy 'ar' on the host loop, not policy {config.policy!r}"
+                         + (" with steps_per_sync" if config.steps_per_sync else ""))
+
+
+@dataclass(eq=False)
+class BatchJob:
+    """One sentence's decode in a slot: its settings, generator, counters and the queue its reader takes."""
+
+    slot: int
+    prompt: torch.Tensor
+    config: DecodeConfig
+    generator: torch.Generator
+    stats: DecodeStats
+    out: deque = field(default_factory=deque)  # bursts, then _END or an exception
+    unread: int = 0  # tokens in `out`
+    started: bool = False  # prefilled into its slot
+    done: bool = False  # finished (the stop token, a limit or an error): no more steps
+    cancelled: bool = False  # its reader is gone
+    last: torch.Tensor | None = None  # the newest token id, fed by the next step
+
+
+class BatchDecoder:
+    """`slots` streams' plain decodes over one `BatchedLM`, stepped together by one thread."""
+
+    def __init__(self, lm: BatchedLM, ahead_tokens: int = AHEAD_TOKENS):
+        if ahead_tokens < 1:
+            raise ValueError(f"ahead_tokens must be >= 1, got {ahead_tokens}")
+        self.lm, self.ahead_tokens = lm, ahead_tokens
+        self.cond = threading.Condition()
+        self.free = list(range(lm.slots))  # slots no lease holds
+        self.jobs: list[BatchJob] = []  # submitted and not yet dropped
+        self.closed_slots: set[int] = set()  # leases closed while their job still ran: freed when it leaves
+        self.thread: threading.Thread | None = None
+        self.occupancy: list[int] = []  # decodes per step, the last `OCCUPANCY_WINDOW` steps
+        self.steps = 0
+
+    # -- admission ------------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        return self.lm.slots
+
+    @property
+    def leased(self) -> int:
+        """Slots held by streams now."""
+        with self.cond:
+            return self.lm.slots - len(self.free)
+
+    @property
+    def decoding(self) -> int:
+        """Decodes in the batch now (started, not finished)."""
+        with self.cond:
+            return sum(1 for job in self.jobs if not job.done and not job.cancelled)
+
+    def lease(self) -> "SlotLease":
+        """A slot for one stream's life; `BatchFull` at once when every slot is held."""
+        with self.cond:
+            if not self.free:
+                raise BatchFull(f"all {self.lm.slots} batch slots are streaming; close a stream first "
+                                f"(or raise max_batch)")
+            slot = self.free.pop(0)
+        return SlotLease(self, slot)
+
+    def submit(self, job: BatchJob) -> None:
+        with self.cond:
+            self.jobs.append(job)
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="pcgtts-batch", daemon=True)
+                self.thread.start()
+            self.cond.notify_all()
+
+    def give_back(self, slot: int, job: BatchJob | None) -> None:
+        """A lease ends: its slot is free once its job (if any) has left the batch."""
+        with self.cond:
+            if job is not None and job in self.jobs and not job.done:
+                job.cancelled = True
+                self.closed_slots.add(slot)
+                self.cond.notify_all()
+            elif slot not in self.free:
+                self.free.append(slot)
+                self.free.sort()
+
+    def release(self) -> bool:
+        """Free the slots' caches when no stream holds a slot; whether they were freed."""
+        with self.cond:
+            if len(self.free) < self.lm.slots:
+                return False
+            self.lm.release()
+            return True
+
+    # -- the batch's thread ---------------------------------------------------------------------
+
+    def _ready(self) -> list[BatchJob]:
+        """(under the lock) Drop the jobs whose reader is gone, freeing closed leases' slots; the jobs
+        that may step now."""
+        for job in [j for j in self.jobs if j.cancelled or j.done]:
+            self.jobs.remove(job)
+            if job.slot in self.closed_slots:
+                self.closed_slots.discard(job.slot)
+                self.free.append(job.slot)
+                self.free.sort()
+        return [j for j in self.jobs if not j.done and j.unread < self.ahead_tokens]
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                ready = self._ready()
+                while not ready:
+                    if not self.jobs:  # nothing to wait for: the thread ends, a later submit starts one
+                        self.thread = None
+                        return
+                    self.cond.wait(timeout=1.0)
+                    ready = self._ready()
+            try:
+                self._step(ready)
+            except BaseException as err:  # every decode of the step hears it; the batch goes on
+                log.exception("a batched step failed")
+                self._deliver({job: err for job in ready})
+
+    def _start(self, job: BatchJob) -> None:
+        prompt = job.prompt.view(-1)
+        self.lm.prefill(job.slot, prompt[:-1])  # every prompt token but the last, which the first step feeds
+        job.last = prompt[-1:].to(self.lm.device)
+        job.started = True
+
+    def _step(self, ready: list[BatchJob]) -> None:
+        results: dict[BatchJob, object] = {}
+        stepping = []
+        for job in ready:
+            try:
+                if not job.started:
+                    self._start(job)
+            except Exception as err:  # this decode's own failure (e.g. its prompt overflows the cache)
+                results[job] = err
+                continue
+            stats, config = job.stats, job.config
+            if stats.emitted >= config.max_new_tokens:
+                stats.finish = "max_tokens"
+            elif not self.lm.has_room(job.slot, 1):
+                stats.finish = "cache_full"
+            else:
+                stepping.append(job)
+                continue
+            results[job] = _END
+        if stepping:
+            t0 = time.perf_counter()
+            scores = self.lm.step_scores([job.slot for job in stepping], torch.cat([job.last for job in stepping])[:, None])
+            t1 = time.perf_counter()
+            draws = []
+            for i, job in enumerate(stepping):
+                sampling = job.config.sampling
+                digits = digits_to_draw(self.lm, sampling)
+                row = scores[i, -1:] if digits else self.lm.model.scores_to_logits(scores[i, -1:])
+                draws.append(draw_next(row, sampling, digits, job.generator, job.stats.emitted,
+                                       job.config.min_new_tokens))
+            tokens = torch.stack(draws).tolist()  # the step's one host sync
+            now = time.perf_counter()
+            vocab = self.lm.vocab
+            for job, token in zip(stepping, tokens):
+                stats = job.stats
+                stats.steps += 1
+                stats.target_forwards += 1
+                stats.time_target += t1 - t0
+                stats.time_verify += now - t1
+                stats.trace.append((now, 1))
+                job.last = vocab.token_ids([token], self.lm.device)
+                burst = emitted([token], vocab.stop_index, job.config.max_new_tokens, stats)
+                results[job] = [burst, _END] if stats.finish else [burst]
+            self.steps += 1
+            self.occupancy.append(len(stepping))
+            del self.occupancy[:-OCCUPANCY_WINDOW]
+        self._deliver(results)
+
+    def _deliver(self, results: dict) -> None:
+        with self.cond:
+            for job, result in results.items():
+                items = result if isinstance(result, list) else [result]
+                for item in items:
+                    if isinstance(item, list):
+                        if not item:
+                            continue
+                        job.unread += len(item)
+                    else:
+                        job.done = True
+                    job.out.append(item)
+            self.cond.notify_all()
+
+
+class SlotLease:
+    """One stream's hold on a batch slot: its sentences decode through it one after another."""
+
+    def __init__(self, batch: BatchDecoder, slot: int):
+        self.batch, self.slot = batch, slot
+        self.job: BatchJob | None = None
+        self.closed = False
+
+    def decode(self, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
+               stats: DecodeStats | None = None) -> Iterator[list[int]]:
+        """Bursts of speech codes for `prompt_ids` [T] from this slot, as `loop.decode` yields them."""
+        check_batchable(config)
+        if self.closed:
+            raise RuntimeError("this batch slot was given back")
+        if self.job is not None and not (self.job.done or self.job.cancelled):
+            raise RuntimeError("this slot is still decoding its last sentence")
+        job = BatchJob(self.slot, prompt_ids, config, generator, stats if stats is not None else DecodeStats())
+        return self._read(job)
+
+    def _read(self, job: BatchJob) -> Iterator[list[int]]:
+        batch = self.batch
+        self.job = job
+        batch.submit(job)
+        try:
+            while True:
+                with batch.cond:
+                    while not job.out:
+                        if batch.thread is None and not job.done:  # its thread is gone without a word
+                            raise RuntimeError("the batch's decoding thread stopped")
+                        batch.cond.wait(timeout=0.5)
+                    item = job.out.popleft()
+                    if isinstance(item, list):
+                        job.unread -= len(item)
+                        batch.cond.notify_all()  # it may step again
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            with batch.cond:
+                job.cancelled = True  # it leaves the batch at the next step boundary (no-op once done)
+                batch.cond.notify_all()
+
+    def close(self) -> None:
+        """Give the slot back (its decode, if one runs, leaves the batch at the next step). Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        job = self.job if self.job is not None and not self.job.done else None
+        self.batch.give_back(self.slot, job)

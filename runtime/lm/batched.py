@@ -1,0 +1,166 @@
+"""`BatchedLM`: several sequences' static KV caches over one loaded torch model's weights.
+
+A `TorchLM` owns one sequence's cache; a `BatchedLM` holds `slots` more beside it, one per stream,
+each with its own length, over the same `Llama` modules (no second copy of the weights). A step
+carries the new token(s) of any set of slots in one forward: the projections and the MLP read the
+weights once for all of them (what batching wins), while each slot attends over its own cache
+rows. A prefill fills one slot in the blocks a `TorchLM` prefill uses (`SequenceMixin.block_starts`)
+while the other slots keep their KV; a slot keeps the leading blocks it shares with its previous
+prompt (the chat template's head), as a `TorchLM` prefill does. Rolling a slot back is O(1): its
+length is a number, later writes overwrite the rest, which causality hides.
+
+One slot alone computes what the `TorchLM` computes, bit for bit (the same kernels on the same
+shapes). In a step of several slots each row of the matrix products is summed in another order
+than a 1-row product sums it (BLAS picks its kernel by the row count), so a slot's logits then
+differ from its logits alone in the last bits (about 1e-6 relative): greedy and seeded draws
+agree unless a draw falls within that rounding of a tie or of a boundary of its CDF.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from pcgtts.runtime.lm.llama import rope_cos_sin
+from pcgtts.runtime.lm.protocol import check_fits, common_prefix
+from pcgtts.runtime.lm.torch_lm import TorchLM
+
+MAX_SLOTS = 256  # sequences one BatchedLM holds at most
+
+
+class BatchedLM:
+    """`slots` sequences' KV caches of `max_length` tokens over `lm`'s weights (eager steps)."""
+
+    def __init__(self, lm: TorchLM, slots: int, max_length: int | None = None):
+        if not isinstance(lm, TorchLM):
+            raise ValueError(f"batched decoding runs on the torch backend, not {type(lm).__name__}")
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"slots must lie in [1, {MAX_SLOTS}], got {slots}")
+        self.lm, self.model, self.vocab, self.device = lm, lm.model, lm.vocab, lm.device
+        self.slots = slots
+        self.max_length = max_length or lm.max_length
+        self.lengths = [0] * slots  # tokens in each slot's cache
+        self.prompts: list[torch.Tensor | None] = [None] * slots  # the last prompt prefilled into each slot
+        self.kept = [0] * slots  # of it, how many leading tokens the slot still holds
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def drawable_digits(self) -> int:
+        """n > 0 when a step's token can be drawn digit by digit from `step_scores` (a digit head)."""
+        return self.model.digits if self.model.samples_digits else 0
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.keys)
+
+    def ensure_cache(self) -> None:
+        """Allocate the slots' caches (a [slots, kv_heads, max_length, head_dim] buffer per layer)."""
+        if self.keys:
+            return
+        args, p = self.model.args, self.model.embed_tokens.weight
+        shape = (self.slots, args.num_kv_heads, self.max_length, args.head_dim)
+        for _ in self.model.layers:
+            self.keys.append(torch.zeros(shape, dtype=p.dtype, device=p.device))
+            self.values.append(torch.zeros(shape, dtype=p.dtype, device=p.device))
+        self.rope_table = rope_cos_sin(self.model.inv_freq, torch.arange(self.max_length, device=p.device), p.dtype)
+
+    def release(self) -> None:
+        """Free every slot's cache (the weights stay loaded)."""
+        self.keys, self.values, self.rope_table = [], [], None
+        self.lengths = [0] * self.slots
+        self.prompts = [None] * self.slots
+        self.kept = [0] * self.slots
+
+    # -- sequences --------------------------------------------------------------------------
+
+    def prefill(self, slot: int, ids: torch.Tensor) -> None:
+        """Start a new sequence of prompt ids [T] in `slot`, keeping the leading blocks it shares with
+        the slot's last prompt; the other slots keep their KV."""
+        ids = ids.view(-1)
+        if ids.numel() == 0:
+            self.lengths[slot], self.prompts[slot], self.kept[slot] = 0, None, 0
+            return
+        check_fits(0, len(ids), self.max_length)
+        self.ensure_cache()
+        blocks = self.lm.block_starts(ids)
+        kept = self.reusable_prefix(slot, ids, blocks)
+        self.lengths[slot] = kept
+        starts = [kept] + [b for b in blocks if b > kept]
+        with torch.inference_mode():
+            for start, end in zip(starts, starts[1:] + [len(ids)]):
+                self.hidden([slot], ids[start:end].view(1, -1))
+        self.prompts[slot], self.kept[slot] = ids.to("cpu", copy=True), len(ids)
+
+    def reusable_prefix(self, slot: int, ids: torch.Tensor, blocks: Sequence[int]) -> int:
+        """Leading tokens of `ids` the slot holds as a fresh prefill would leave them: the prefix shared
+        with its last prompt cut back to a block start, short of the last token (protocol.py's rule)."""
+        previous = self.prompts[slot]
+        n = min(self.kept[slot], len(ids) - 1) if self.lm.reuse_prefix and previous is not None else 0
+        shared = common_prefix(previous[:n], ids[:n].cpu()) if n > 0 else 0
+        return max(b for b in blocks if b <= shared)
+
+    def rollback(self, slot: int, length: int) -> None:
+        """O(1): keep the first `length` tokens of `slot`."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot roll slot {slot} back to {length}: it holds {self.lengths[slot]} tokens")
+        self.lengths[slot] = length
+        self.kept[slot] = min(self.kept[slot], length)
+
+    def has_room(self, slot: int, needed: int) -> bool:
+        return self.lengths[slot] + needed <= self.max_length
+
+    # -- steps ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step_scores(self, slots: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
+        """Append ids [n, T] (T new tokens for each of `slots`, n of them) -> the head's float32 scores
+        [n, T, W]: the restricted-vocabulary logits, or a digit table's scores (`drawable_digits`)."""
+        return self.model.head_scores(self.hidden(slots, ids))
+
+    @torch.inference_mode()
+    def step(self, slots: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
+        """Append ids [n, T] to `slots` -> restricted-vocabulary logits [n, T, V_r]."""
+        return self.model.logits(self.hidden(slots, ids))
+
+    def hidden(self, slots: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
+        """Forward ids [n, T] appended to each of `slots` (distinct) -> final-normed states [n, T, D]."""
+        if not self.keys:
+            raise RuntimeError("the batch's KV caches are not allocated: call ensure_cache() first")
+        ids = ids.to(self.device)
+        n, t = ids.shape
+        if n != len(slots) or len(set(slots)) != n:
+            raise ValueError(f"one row of ids per distinct slot: {n} rows for slots {list(slots)}")
+        starts = [self.lengths[s] for s in slots]
+        for start in starts:
+            check_fits(start, t, self.max_length)
+        span = torch.arange(t, device=self.device)
+        positions = [start + span for start in starts]  # [T] each
+        cos_table, sin_table = self.rope_table
+        order = torch.stack(positions)  # [n, T]
+        cos, sin = cos_table[order][:, None], sin_table[order][:, None]  # [n, 1, T, head_dim]
+        # Each slot's mask as the model's own (`Llama.causal`): a [T, end] boolean, so that SDPA
+        # picks the kernel it picks for a single sequence.
+        masks = [torch.arange(start + t, device=self.device)[None, :] <= p[:, None] for start, p in zip(starts, positions)]
+        model, gqa = self.model, self.model.args.num_heads != self.model.args.num_kv_heads
+        x = model.embed_tokens(ids)
+        for layer, keys, values in zip(model.layers, self.keys, self.values):
+            attn = layer.self_attn
+            q, k, v = attn.project(layer.input_layernorm(x), cos, sin)  # [n, heads, T, hd], [n, kv, T, hd]
+            out = []
+            for i, (slot, start) in enumerate(zip(slots, starts)):
+                end = start + t
+                keys[slot, :, start:end] = k[i]
+                values[slot, :, start:end] = v[i]
+                out.append(F.scaled_dot_product_attention(q[i:i + 1], keys[slot:slot + 1, :, :end],
+                                                          values[slot:slot + 1, :, :end], attn_mask=masks[i],
+                                                          enable_gqa=gqa))
+            attended = torch.cat(out) if n > 1 else out[0]
+            x = x + attn.o_proj(attended.transpose(1, 2).reshape(n, t, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        for slot in slots:
+            self.lengths[slot] += t
+        return model.norm(x)

@@ -1,0 +1,163 @@
+"""The batched decode (runtime/decode/batch.py over runtime/lm/batched.py): several streams' plain
+decodes stepped together over one model copy give each stream what it gets alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.decode.batch import BatchDecoder, BatchFull
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.steps import DecodeStats
+from pcgtts.runtime.lm.batched import BatchedLM
+from pcgtts.runtime.lm.torch_lm import TorchLM
+
+
+def prompts(target, lengths=(150, 90, 120, 60, 75)):
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(0, target.vocab.speech_offset, (n,), generator=gen) for n in lengths]
+
+
+def config(temperature, tokens=40, minimum=10):
+    return DecodeConfig(policy="ar", max_new_tokens=tokens, min_new_tokens=minimum,
+                        sampling=SamplingConfig(temperature=temperature))
+
+
+def alone(target, prompt, cfg, seed):
+    return [t for burst in decode(target, None, prompt, cfg, torch.Generator().manual_seed(seed)) for t in burst]
+
+
+def together(batch, prompts_, cfg, seeds, hold=None):
+    """Each prompt decoded on a thread of its own through one batch; `hold` = (index, event): that
+    stream stops reading after its first burst until the event is set."""
+    leases = [batch.lease() for _ in prompts_]
+    outs = [None] * len(prompts_)
+
+    def run(i):
+        codes = []
+        for burst in leases[i].decode(prompts_[i], cfg, torch.Generator().manual_seed(seeds[i])):
+            codes += burst
+            if hold is not None and hold[0] == i:
+                hold[1].wait()
+        outs[i] = codes
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts_))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for lease in leases:
+        lease.close()
+    return outs
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return tiny_pair[0]
+
+
+@pytest.fixture(scope="module")
+def digit_target(factorised_target):
+    lm = TorchLM.load(factorised_target, max_length=512)
+    assert lm.drawable_digits  # draws digit by digit, as the loop does
+    return lm
+
+
+def test_one_slot_computes_what_the_single_sequence_lm_computes(target):
+    """Alone in the batch, a slot's prefill and steps give the TorchLM's logits bit for bit; beside
+    another slot, within float rounding."""
+    batched = BatchedLM(target, 3)
+    a, b = prompts(target)[:2]
+    target.prefill(a[:-1])
+    batched.prefill(2, a[:-1])
+    batched.prefill(0, b[:-1])
+    assert torch.equal(batched.step([2], a[-1:].view(1, 1))[0], target.forward(a[-1:]))
+    next_id = torch.tensor([target.vocab.speech_offset + 5])
+    both = batched.step([0, 2], torch.stack([b[-1:], next_id]))
+    assert torch.allclose(both[1], target.forward(next_id), atol=1e-4)
+    assert batched.lengths == [len(b), 0, len(a) + 1]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_each_stream_of_a_batch_decodes_as_it_does_alone(target, temperature):
+    """Greedy and seeded: five streams decoded together (one of them pausing its reads, so it
+    steps in some batches and sits out others) give each the codes `loop.decode` gives it alone.
+    (Rows of a multi-slot step are summed in another order than alone, so this holds unless a
+    draw lands within float rounding of a tie: for these seeds it never does.)"""
+    cfg = config(temperature)
+    ps = prompts(target)
+    seeds = [11, 12, 13, 14, 15]
+    expected = [alone(target, p, cfg, s) for p, s in zip(ps, seeds)]
+    batch = BatchDecoder(BatchedLM(target, 5), ahead_tokens=4)
+    release = threading.Event()
+    threading.Timer(0.3, release.set).start()
+    got = together(batch, ps, cfg, seeds, hold=(1, release))
+    assert got == expected
+    assert max(batch.occupancy) == 5 and min(batch.occupancy) < 5  # batched, and the paused stream sat out
+
+
+def test_a_digit_head_draws_digit_by_digit_in_the_batch(digit_target):
+    cfg = config(0.8)
+    ps = prompts(digit_target)[:3]
+    expected = [alone(digit_target, p, cfg, i) for i, p in enumerate(ps)]
+    assert together(BatchDecoder(BatchedLM(digit_target, 3)), ps, cfg, [0, 1, 2]) == expected
+
+
+def test_a_cancelled_stream_frees_its_slot_and_the_others_are_undisturbed(target):
+    cfg = config(0.8, tokens=60)
+    ps = prompts(target)[:3]
+    expected = [alone(target, p, cfg, i) for i, p in enumerate(ps)]
+    batch = BatchDecoder(BatchedLM(target, 3), ahead_tokens=2)
+    leases = [batch.lease() for _ in ps]
+    with pytest.raises(BatchFull):
+        batch.lease()  # every slot held: refused at once
+    streams = [lease.decode(p, cfg, torch.Generator().manual_seed(i)) for i, (lease, p) in enumerate(zip(leases, ps))]
+    got = [[], [], []]
+    for _ in range(5):
+        for codes, stream in zip(got, streams):
+            codes += next(stream)
+    streams[1].close()  # its reader is gone: it leaves the batch at the next step
+    leases[1].close()
+    deadline = time.monotonic() + 10
+    while batch.leased == 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    again = batch.lease()  # its slot is free again
+    assert again.slot == 1
+    for i in (0, 2):
+        got[i] += [t for burst in streams[i] for t in burst]
+        assert got[i] == expected[i]
+    assert got[1] == expected[1][:len(got[1])]
+
+
+def test_a_stream_nobody_reads_stops_stepping(target):
+    batch = BatchDecoder(BatchedLM(target, 1), ahead_tokens=3)
+    lease = batch.lease()
+    stats = DecodeStats()
+    stream = lease.decode(prompts(target)[0], config(0.8, tokens=200), torch.Generator().manual_seed(0), stats)
+    next(stream)
+    time.sleep(0.3)
+    assert stats.steps <= 1 + 3  # the burst read, then at most `ahead_tokens` unread
+    assert len([t for burst in stream for t in burst]) == 199 and stats.finish == "max_tokens"
+    lease.close()
+
+
+def test_a_failing_decode_does_not_stop_the_batch(target):
+    """A prompt the slot cannot hold fails its own reader; the stream beside it finishes as alone."""
+    batch = BatchDecoder(BatchedLM(target, 2, max_length=200))
+    cfg = config(0.0, tokens=30)
+    good, bad = prompts(target)[1], torch.zeros(300, dtype=torch.long)
+    expected = alone(target, good, cfg, 0)
+    first, second = batch.lease(), batch.lease()
+    with pytest.raises(ValueError, match="exceeds the KV cache"):
+        list(second.decode(bad, cfg, torch.Generator()))
+    assert [t for burst in first.decode(good, cfg, torch.Generator().manual_seed(0)) for t in burst] == expected
+
+
+def test_the_batch_runs_plain_decoding_only(target):
+    lease = BatchDecoder(BatchedLM(target, 1)).lease()
+    with pytest.raises(ValueError, match="policy 'ar'"):
+        lease.decode(prompts(target)[0], DecodeConfig(policy="sd"), torch.Generator())
