@@ -61,6 +61,7 @@ MAX_DRAFT_LENGTH = 16  # the longest draft_length (the device loop sizes its per
 MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
 MAX_TEMPERATURE = 10.0  # past this the speech-token distribution is flat noise
 MAX_NEW_TOKENS = 60_000  # speech tokens per utterance: 20 minutes of audio
+MAX_BATCH = 256  # streams one model copy decodes together at most (`DeviceConfig.max_batch`)
 
 
 def policy_rule(policy: str) -> str:
@@ -355,6 +356,9 @@ class DeviceConfig:
     # A prompt's prefill reuses the KV of the leading tokens it shares with the last one (the chat
     # template before the text, a voice's transcript): `runtime/lm/protocol.py`.
     prefix_cache: bool = True
+    # Streams one model copy decodes at once (`runtime/decode/batch.py`): plain (`ar`) streams share
+    # one forward a step, each in a KV slot of its own (torch backend). 1: one stream at a time.
+    max_batch: int = 1
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -369,6 +373,12 @@ class DeviceConfig:
             raise ValueError(f"threads must be >= 0 (0 = auto), got {self.threads}")
         if not isinstance(self.prefix_cache, bool):
             raise ValueError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) \
+                or not 1 <= self.max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {self.max_batch!r}")
+        if self.max_batch > 1 and self.backend in ("onnxruntime", "tensorrt"):
+            raise ValueError(f"max_batch > 1 decodes streams together on the torch backend, not "
+                             f"backend={self.backend!r} (an export steps one sequence)")
         if self.quantize not in QUANTIZE:
             raise ValueError(f"quantize must be one of {QUANTIZE}, got {self.quantize!r}")
         if self.quantize == "int8" and (self.backend not in ("auto", "torch") or self.compute_device != "cpu"
@@ -565,9 +575,10 @@ def check_voice_keys(settings: Mapping[str, Any], where: Path | str) -> None:
 
 def runs_int8_graphs(device: DeviceConfig) -> bool:
     """Whether `device` is where the int8 onnxruntime graphs are the fastest route: a CPU, float32,
-    no torch int8 layers, no torch.compile (BENCHMARKS.md)."""
+    no torch int8 layers, no torch.compile, one stream at a time (BENCHMARKS.md; a batch of streams
+    runs on torch)."""
     return (device.compute_device == "cpu" and device.dtype == "float32" and device.quantize == "none"
-            and not device.compile)
+            and not device.compile and device.max_batch == 1)
 
 
 def prepared_settings(settings: Settings) -> Settings:
