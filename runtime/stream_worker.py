@@ -132,8 +132,10 @@ class StreamJob:
     """One stream's state, apart from the models: its queue, worker thread, lock ownership."""
 
     def __init__(self, synth, prompts: list, budgets: list[int], config: SynthesisConfig,
-                 minimums: list[int] | None = None):
-        if not synth.stream_lock.acquire(blocking=False):
+                 minimums: list[int] | None = None, lease=None):
+        # lease: the slot of the Synthesizer's batch (runtime/decode/batch.py) it decodes in beside other
+        # streams; None: it holds the Synthesizer's one lane (`stream_lock`) alone.
+        if lease is None and not synth.stream_lock.acquire(blocking=False):
             raise RuntimeError("this Synthesizer is already streaming to a reader; finish or close that stream "
                                "first (or use one Synthesizer per concurrent stream)")
         self.synth, self.prompts, self.budgets, self.config = synth, prompts, budgets, config
@@ -150,7 +152,8 @@ class StreamJob:
         self.stop = threading.Event()
         self.worker: threading.Thread | None = None
         self.finished = self.closed = self.abandoned = False
-        self._holds_lock = True
+        self.lease = lease
+        self._holds_lock = lease is None
         self._guard = threading.Lock()
 
     def _start(self) -> None:
@@ -253,14 +256,24 @@ class StreamJob:
         """Worker side, last: an abandoned stream's caches and lock are freed here, on the thread
         that used them (a chunk may be refused on the codec thread while the LM still runs)."""
         if self.abandoned:
-            self.synth.release()
+            self._free_models()
             self._release_lock()
+
+    def _free_models(self) -> None:
+        """A stream stopped early frees what it decoded in: its batch slot (the batch's other streams
+        go on), else the models' caches."""
+        if self.lease is not None:
+            self.lease.close()
+        else:
+            self.synth.release()
 
     def _release_lock(self) -> None:
         with self._guard:
             if self._holds_lock:
                 self._holds_lock = False
                 self.synth.stream_lock.release()
+        if self.lease is not None:
+            self.lease.close()
 
     def shutdown(self) -> None:
         """Stop the worker, free the caches unless it finished, release the lock. Idempotent."""
@@ -281,7 +294,7 @@ class StreamJob:
             self.stats.finished_at = time.perf_counter()
         if not self.finished and not self.abandoned:
             self.stats.cancelled = True
-            self.synth.release()
+            self._free_models()
         self._release_lock()
 
 
@@ -328,9 +341,11 @@ def produce(job: StreamJob) -> None:
                 sentence = DecodeStats()
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget, min_new_tokens=minimum)
-                for burst in decode(synth.target, synth.draft, prompt, decode_config, generator, synth.groups,
-                                    sentence, costs=costs, proposer=synth.planner.proposer(decode_config.policy),
-                                    acceptance=acceptance):
+                bursts = (job.lease.decode(prompt, decode_config, generator, sentence) if job.lease is not None
+                          else decode(synth.target, synth.draft, prompt, decode_config, generator, synth.groups,
+                                      sentence, costs=costs, proposer=synth.planner.proposer(decode_config.policy),
+                                      acceptance=acceptance))
+                for burst in bursts:
                     if not codec.push(burst) or not job.await_room(chunk_samples):  # run-ahead full: wait
                         return
                 if not sentence.emitted and len(prompts) > 1:

@@ -38,6 +38,8 @@ from pcgtts.runtime.checks import (call_config, check_scripts, check_stream_argu
 from pcgtts.runtime.config import (DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_policy,
                                    preset_folder, resolve_settings)
 from pcgtts.runtime.loading import load_models
+from pcgtts.runtime.decode.batch import BatchDecoder, check_batchable
+from pcgtts.runtime.lm.batched import BatchedLM, check_batch_backend
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.planner import DraftLengthPlanner
 from pcgtts.runtime.stream_worker import EmptySynthesis, StreamJob, StreamStats, SynthesisStream
@@ -73,6 +75,7 @@ class Synthesizer:
         self.config = config
         self.planner = DraftLengthPlanner(target, draft, groups, heads, eagle)  # draft lengths, warm caches
         self.stream_lock = threading.Lock()  # held by the one stream running (`StreamJob`)
+        self.batch: BatchDecoder | None = None  # plain streams decoded together (`batch_streams`)
         self._current: weakref.ref | None = None  # the job holding the lock, if any
         self._voices: dict[tuple, Voice] = {}
         self._full_codec = None  # the codec with its encoder, for reference audio
@@ -104,11 +107,14 @@ class Synthesizer:
         the voice reads (`voice_scripts` of the target named before the built-in voice filled in).
         The adaptive draft length is planned and the shared prompt head prefilled before it returns."""
         check_scripts(scripts)
+        if device.max_batch > 1:
+            check_batch_backend(device.backend, models.target)
         loaded = load_models(models, device, config, force_export)
         synth = cls(loaded.target, loaded.draft, loaded.codec, loaded.groups, config, loaded.heads, loaded.eagle,
                     scripts, Presets.load(preset_folder(models)), loaded.clone_codec)
         synth.planner.plan(config.decode)
         synth.planner.warm_prefix()
+        synth.batch_streams(device.max_batch)
         return synth
 
     # -- voices --------------------------------------------------------------------------
@@ -193,6 +199,9 @@ class Synthesizer:
             text = spell_numbers(text)
         self._warn_foreign_script(text)
         prompts, budgets, minimums = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
+        lease = self._batch_slot(config, resolved)  # `BatchFull` at once when every slot streams
+        if lease is not None:
+            return SynthesisStream(StreamJob(self, prompts, budgets, config, minimums, lease=lease))
         self._cancel_unread_stream()
         job = StreamJob(self, prompts, budgets, config, minimums)
         self._current = weakref.ref(job)
@@ -213,6 +222,25 @@ class Synthesizer:
         if held is not None and held.supersede():
             log.warning("cancelled the earlier stream of this Synthesizer, which was not being read, to start "
                         "a new one")
+
+    def batch_streams(self, slots: int) -> None:
+        """Decode up to `slots` plain (`ar`) streams at once (`runtime/decode/batch.py`): each in a KV slot
+        of its own over this target's weights (torch backend), stepped together; the next one is refused
+        at once (`BatchFull`, a RuntimeError). Other policies, and a voice a clone target speaks, run on
+        the Synthesizer's one lane as before. 1: one stream at a time."""
+        if self.batch is not None and self.batch.leased:
+            raise RuntimeError("streams are decoding in the batch: close them before resizing it")
+        self.batch = BatchDecoder(BatchedLM(self.target, slots)) if slots > 1 else None
+
+    def _batch_slot(self, config: SynthesisConfig, voice: Voice | None):
+        """A batch slot for a stream the batch decodes (policy `ar` spoken by the target), else None."""
+        if self.batch is None or voice is not None and getattr(self, "clone_target", None) is not None:
+            return None
+        try:
+            check_batchable(config.decode)
+        except ValueError:
+            return None
+        return self.batch.lease()
 
     def _fit(self, pieces: list[str], voice: Voice | None,
              config: SynthesisConfig) -> tuple[list, list[int], list[int]]:
@@ -252,6 +280,8 @@ class Synthesizer:
         for lm in (self.target, self.draft):
             if lm is not None:
                 lm.release()
+        if self.batch is not None:
+            self.batch.release()  # once no stream holds a slot
 
 
 def pretrained_settings(target: str | Path | None = None, draft: str | Path | None = None,

@@ -23,11 +23,20 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from pcgtts.runtime.config import MAX_BATCH
 from pcgtts.runtime.lm.llama import rope_cos_sin
+from pcgtts.runtime.lm.loader import concrete_backend
 from pcgtts.runtime.lm.protocol import check_fits, common_prefix
 from pcgtts.runtime.lm.torch_lm import TorchLM
 
-MAX_SLOTS = 256  # sequences one BatchedLM holds at most
+
+def check_batch_backend(backend: str, target) -> None:
+    """A one-line ValueError, before any model loads, unless the target named runs on the torch backend
+    (`backend` "auto" made concrete for it), where streams can be batched."""
+    concrete = concrete_backend(backend, target)
+    if concrete != "torch":
+        raise ValueError(f"max_batch > 1 decodes streams together on the torch backend, but the target loads on "
+                         f"{concrete} (an export steps one sequence): give its checkpoint, or max_batch 1")
 
 
 class BatchedLM:
@@ -36,8 +45,8 @@ class BatchedLM:
     def __init__(self, lm: TorchLM, slots: int, max_length: int | None = None):
         if not isinstance(lm, TorchLM):
             raise ValueError(f"batched decoding runs on the torch backend, not {type(lm).__name__}")
-        if not 1 <= slots <= MAX_SLOTS:
-            raise ValueError(f"slots must lie in [1, {MAX_SLOTS}], got {slots}")
+        if not 1 <= slots <= MAX_BATCH:
+            raise ValueError(f"slots must lie in [1, {MAX_BATCH}], got {slots}")
         self.lm, self.model, self.vocab, self.device = lm, lm.model, lm.vocab, lm.device
         self.slots = slots
         self.max_length = max_length or lm.max_length
