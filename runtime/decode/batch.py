@@ -80,7 +80,6 @@ class BatchDecoder:
         self.cond = threading.Condition()
         self.free = list(range(lm.slots))  # slots no lease holds
         self.jobs: list[BatchJob] = []  # submitted and not yet dropped
-        self.closed_slots: set[int] = set()  # leases closed while their job still ran: freed when it leaves
         self.thread: threading.Thread | None = None
         self.occupancy: list[int] = []  # decodes per step, the last `OCCUPANCY_WINDOW` steps
         self.steps = 0
@@ -121,15 +120,16 @@ class BatchDecoder:
             self.cond.notify_all()
 
     def give_back(self, slot: int, job: BatchJob | None) -> None:
-        """A lease ends: its slot is free once its job (if any) has left the batch."""
+        """A lease ends: its decode (if one runs) steps no more, and its slot is free at once. A new
+        decode in the slot is prefilled by the batch's thread after the step under way, and the old one
+        is dropped before the next: the slot is never written by both in one step."""
         with self.cond:
-            if job is not None and job in self.jobs and not job.done:
+            if job is not None:
                 job.cancelled = True
-                self.closed_slots.add(slot)
-                self.cond.notify_all()
-            elif slot not in self.free:
+            if slot not in self.free:
                 self.free.append(slot)
                 self.free.sort()
+            self.cond.notify_all()
 
     def release(self) -> bool:
         """Free the slots' caches when no stream holds a slot; whether they were freed."""
@@ -142,14 +142,8 @@ class BatchDecoder:
     # -- the batch's thread ---------------------------------------------------------------------
 
     def _ready(self) -> list[BatchJob]:
-        """(under the lock) Drop the jobs whose reader is gone, freeing closed leases' slots; the jobs
-        that may step now."""
-        for job in [j for j in self.jobs if j.cancelled or j.done]:
-            self.jobs.remove(job)
-            if job.slot in self.closed_slots:
-                self.closed_slots.discard(job.slot)
-                self.free.append(job.slot)
-                self.free.sort()
+        """(under the lock) Drop the decodes that ended or whose reader is gone; those that may step now."""
+        self.jobs = [job for job in self.jobs if not (job.cancelled or job.done)]
         return [j for j in self.jobs if not j.done and j.unread < self.ahead_tokens]
 
     def _run(self) -> None:
