@@ -79,6 +79,9 @@ def add_model_args(parser: argparse.ArgumentParser, policy: bool = True) -> None
     parser.add_argument("--clone-codec", help="X-codec2 directory (or its exported decoder) that decodes speech in a "
                                               "voice with a reference: presets, cloned voices, --ref-audio; same "
                                               "encoder as --codec (default: --codec decodes every voice)")
+    parser.add_argument("--clone-target", help="LLaSA checkpoint directory (or its export) that speaks voices with a "
+                                               "reference: presets, cloned voices, --ref-audio; loaded on first use; "
+                                               "same tokenizer as --target (default: --target speaks every voice)")
     parser.add_argument("--groups", help="group table (.pcg) for policy pcg (needs --target)")
     parser.add_argument("--heads", help="multi-token heads for the mtp-* policies (default: <target>/mtp_heads.safetensors)")
     parser.add_argument("--transitions", help="code transitions (.pct) for mtp-viterbi (default: <target>/transitions.pct)")
@@ -110,7 +113,7 @@ def resolve_cli_settings(args: argparse.Namespace, **overrides):
 
 
 def _explicit(args: argparse.Namespace, overrides: dict) -> dict:
-    names = ("target", "prepared", "draft", "codec", "clone_codec", "groups", "heads", "transitions", "eagle", "presets", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
+    names = ("target", "prepared", "draft", "codec", "clone_codec", "clone_target", "groups", "heads", "transitions", "eagle", "presets", "policy", "backend", "compute_device", "dtype", "quantize", "compile", "threads",
              "temperature", "top_p", "seed", "adaptive_draft")
     explicit = {name: getattr(args, name, None) for name in names}
     explicit["max_new_tokens"] = getattr(args, "max_tokens", None)

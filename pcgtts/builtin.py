@@ -161,7 +161,7 @@ def onnx_models(models: ModelPaths) -> ModelPaths:
 
 
 def _missing_exports(models: ModelPaths, root: Path) -> list[str]:
-    """Which of `models` ("target", "draft", "codec", "clone_codec") have no export in `root` yet."""
+    """Which of `models` (`EXPORTED`: target, draft, codecs, clone target) have no export in `root` yet."""
     from pcgtts.runtime.audio.onnx_codec import is_exported_codec
     from pcgtts.runtime.lm.graph_meta import exported_kind
 
@@ -178,7 +178,8 @@ def with_builtin_models(settings: Settings) -> Settings:
     models, device = settings.models, settings.device
     if models.target is not None:
         return settings
-    given = [name for name in ("draft", "codec", "clone_codec", "groups") if getattr(models, name) is not None]
+    given = [name for name in ("draft", "codec", "clone_codec", "clone_target", "groups")
+             if getattr(models, name) is not None]
     if given:
         raise ValueError(f"{', '.join(given)} given without a target model; give the target too "
                          "(without one the built-in voice's own models are used)")

@@ -1,8 +1,8 @@
 """Every setting as a frozen, validated dataclass, and the one function that resolves them.
 
     Settings
-      models     ModelPaths       target, draft, codec, clone_codec, groups, heads, transitions, eagle,
-                                  presets, prepared
+      models     ModelPaths       target, draft, codec, clone_codec, clone_target, groups, heads,
+                                  transitions, eagle, presets, prepared
       device     DeviceConfig     compute_device, dtype, backend, max_length, quantize, compile, threads,
                                   prefix_cache
       synthesis  SynthesisConfig  seed, max_sentence_chars, spell_numbers, tokens_per_char, min_tokens,
@@ -321,6 +321,9 @@ class ModelPaths:
     # The codec whose decoder renders speech prompted with a reference voice (a preset, a cloned voice,
     # ref_audio); None: `codec` renders every voice. Its encoder must be `codec`'s (same codes).
     clone_codec: str | None = None
+    # The target LM that speaks voices with a reference (a multi-speaker model that follows voice
+    # prompts), loaded on the first such stream; None: `target` speaks every voice. Same tokenizer.
+    clone_target: str | None = None
     groups: str | None = None  # .pcg group table of the target, for policy pcg
     heads: str | None = None  # multi-token heads (mtp-* policies); default <target>/mtp_heads.safetensors
     transitions: str | None = None  # .pct code transitions (mtp-viterbi); default <target>/transitions.pct
@@ -589,7 +592,8 @@ def prepared_settings(settings: Settings) -> Settings:
     models = settings.models
     if models.prepared is None:
         return settings
-    given = [name for name in ("target", "draft", "codec", "clone_codec", "groups", "heads", "transitions", "eagle")
+    given = [name for name in ("target", "draft", "codec", "clone_codec", "clone_target", "groups", "heads",
+                              "transitions", "eagle")
              if getattr(models, name) is not None]
     if given:
         raise ValueError(f"a prepared folder names its own models: give either prepared or "

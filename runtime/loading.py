@@ -3,12 +3,17 @@
 Everything is checked before anything loads (`check_models`): paths, the models and backend the
 policy needs. `load_models` then loads them into one `LoadedModels`, which a `Synthesizer` is built
 from. The proposers on the target's states are the heads and EAGLE files found next to the target
-(or named), or on onnxruntime the graphs exported with it.
+(or named), or on onnxruntime the graphs exported with it. A clone target (`ModelPaths.clone_target`)
+is checked with the rest but loaded on first use (`LazyTarget`), with those proposers re-bound to it
+when its hidden states are laid out like the target's.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +31,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class LoadedModels:
     """What a `Synthesizer` runs: the target and draft LMs, the codec, the group table on the target's
-    device, the proposers on the target's states (`proposers.HeadProposer` / `EagleProposer`), and the
-    codec that decodes speech prompted with a reference voice (None: `codec` decodes every voice)."""
+    device, the proposers on the target's states (`proposers.HeadProposer` / `EagleProposer`), the
+    codec that decodes speech prompted with a reference voice (None: `codec` decodes every voice) and
+    the target LM that speaks it, loaded on first use (None: `target` speaks every voice)."""
 
     target: LM
     draft: LM | None
@@ -36,6 +42,47 @@ class LoadedModels:
     heads: object | None = None
     eagle: object | None = None
     clone_codec: SpeechCodec | None = None
+    clone_target: "LazyTarget | None" = None
+
+
+@dataclass(frozen=True)
+class TargetModels:
+    """A target LM and the proposers on its hidden states that serve it (None: none does)."""
+
+    target: LM
+    heads: object | None = None
+    eagle: object | None = None
+
+
+class LazyTarget:
+    """A target LM loaded on the first `get()`, once: the first caller loads it, callers on other threads
+    meanwhile wait for it; a load that fails is tried again by the next call."""
+
+    def __init__(self, path: str, load: Callable[[], TargetModels]):
+        self.path = path
+        self._load = load
+        self._lock = threading.Lock()
+        self._models: TargetModels | None = None
+
+    @property
+    def loaded(self) -> bool:
+        return self._models is not None
+
+    def get(self) -> TargetModels:
+        if self._models is None:
+            with self._lock:
+                if self._models is None:
+                    started = time.perf_counter()
+                    models = self._load()
+                    log.info("loaded the clone target %s for voices with a reference in %.1f s", self.path,
+                             time.perf_counter() - started)
+                    self._models = models
+        return self._models
+
+    def release(self) -> None:
+        """Free its KV cache if it is loaded (reallocated by its next stream)."""
+        if self._models is not None:
+            self._models.target.release()
 
 
 def load_models(models: ModelPaths, device: DeviceConfig, config: SynthesisConfig,
@@ -70,13 +117,51 @@ def load_models(models: ModelPaths, device: DeviceConfig, config: SynthesisConfi
         table = table.to_device(target_lm.device)
     heads_file, transitions_file, eagle_file = proposer_files(models)
     heads, eagle = load_heads(heads_file, transitions_file, target_lm), load_eagle(eagle_file, target_lm)
+    clone_target = None
+    if models.clone_target is not None and Path(models.clone_target).resolve() != Path(models.target).resolve():
+        from pcgtts.runtime.lm.draft import check_draft_layout
+
+        check_draft_layout(models.target, target_lm.tokenizer, models.clone_target, role="clone target")
+        files = (heads_file, transitions_file, eagle_file)
+        clone_target = LazyTarget(models.clone_target,
+                                  lambda: load_clone_target(models.clone_target, common, target_lm, files))
     codec_model = load_codec(models.codec, device, config, threads, force_export)
     clone_model = None
     if models.clone_codec is not None:
         same = Path(models.clone_codec).resolve() == Path(models.codec).resolve()
         clone_model = codec_model if same else load_codec(models.clone_codec, device, config, threads, force_export,
                                                           flag="--clone-codec")
-    return LoadedModels(target_lm, draft_lm, codec_model, table, heads, eagle, clone_model)
+    return LoadedModels(target_lm, draft_lm, codec_model, table, heads, eagle, clone_model, clone_target)
+
+
+def load_clone_target(folder: str, common: dict, target_lm: LM,
+                      files: tuple[Path | None, Path | None, Path | None]) -> TargetModels:
+    """The clone target (same backend and settings as the target, its tokenizer shared: the layouts were
+    checked at load) with the target's heads and EAGLE draft (`files`) re-bound to it when its states
+    are laid out like the target's (hidden size and depth): exact either way, since the clone target
+    verifies; otherwise (or exported without them) its streams fall back from those policies."""
+    from pcgtts.runtime.lm.loader import load_lm
+
+    lm = load_lm(folder, tokenizer=target_lm.tokenizer, **common)
+    target_lm.vocab.check_same_layout(lm.vocab, "target", "clone target")
+    shape = state_shape(target_lm)
+    if shape is None or state_shape(lm) != shape:
+        if shape is not None and any(files[i] is not None for i in (0, 2)):
+            log.warning("the clone target's hidden states (size, layers %s) are not the target's %s: the multi-token "
+                        "heads and EAGLE draft trained on the target do not serve it", state_shape(lm), shape)
+        return TargetModels(lm)
+    heads_file, transitions_file, eagle_file = files
+    return TargetModels(lm, load_heads(heads_file, transitions_file, lm, fingerprint=False),
+                        load_eagle(eagle_file, lm, fingerprint=False))
+
+
+def state_shape(lm: LM) -> tuple[int, int] | None:
+    """(hidden size, layers) of a torch LM's hidden states, what proposers on them read; None for an
+    LM whose states no loaded proposer reads (an export: its proposers are exported with it)."""
+    args = getattr(getattr(lm, "model", None), "args", None)
+    if not isinstance(lm, StatesLM) or args is None:
+        return None
+    return args.hidden_size, args.num_layers
 
 
 def load_codec(folder: str, device: DeviceConfig, config: SynthesisConfig, threads: int | None,
@@ -111,7 +196,7 @@ def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig)
                          f"{device.backend!r}: set backend = \"torch\" or steps_per_sync = 0")
     if models.codec is None:
         raise ValueError("a codec directory (X-codec2, Hugging Face format) is required")
-    for name in ("target", "draft", "codec", "clone_codec"):
+    for name in ("target", "draft", "codec", "clone_codec", "clone_target"):
         path = getattr(models, name)
         if path is not None and not Path(path).is_dir():
             raise ValueError(f"{name} model directory not found: {path}")
@@ -121,6 +206,8 @@ def check_models(models: ModelPaths, decode: DecodeConfig, device: DeviceConfig)
             raise ValueError(f"{name} file not found: {path}")
     if models.clone_codec is not None:
         check_codec_kind(models.clone_codec, "clone_codec")
+    if models.clone_target is not None:
+        check_clone_target(models.clone_target, models.target)
     heads, transitions, eagle = check_proposers(models, policy, device.backend)
     check_policy(policy, draft=models.draft is not None, groups=models.groups is not None,
                  heads=heads is not None, transitions=transitions is not None, eagle=eagle is not None)
@@ -146,14 +233,28 @@ def check_codec_kind(folder: str, name: str) -> None:
                          "nor a decoder exported by `pcgtts export codec`")
 
 
+def check_clone_target(folder: str, target: str | None) -> None:
+    """A one-line ValueError unless the clone target `folder` is in the target's form (a checkpoint for
+    a checkpoint, an export of the same kind for an export: it runs on the target's backend)."""
+    from pcgtts.runtime.lm.graph_meta import exported_kind
+
+    if target is None:
+        raise ValueError("clone_target given without a target model; give the target too")
+    mine, theirs = exported_kind(target), exported_kind(folder)
+    if mine != theirs:
+        what = {None: "a checkpoint"}
+        raise ValueError(f"clone_target {folder}: {what.get(theirs, f'a {theirs} export')}, but the target {target} "
+                         f"is {what.get(mine, f'a {mine} export')}; give both in the same form (same backend)")
+
+
 def check_checkpoints(models: ModelPaths) -> None:
-    """The target and draft checkpoints (not exported graphs) whole, and as their config.json describes
+    """The target, draft and clone target checkpoints (not exported graphs) whole, and as their config.json describes
     them, from their safetensors headers: a damaged file or a wrong vocab_size is one line before any
     weights load (`checkpoint.check_weight_shapes`)."""
     from pcgtts.runtime.lm.checkpoint import check_weight_shapes
     from pcgtts.runtime.lm.graph_meta import exported_kind
 
-    for path in (models.target, models.draft):
+    for path in (models.target, models.draft, models.clone_target):
         if path is not None and exported_kind(path) is None and (Path(path) / "config.json").is_file():
             check_weight_shapes(path)
 
@@ -202,8 +303,9 @@ def proposer_files(models: ModelPaths) -> tuple[Path | None, Path | None, Path |
     return found[0], found[1], found[2]
 
 
-def load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm):
-    """The target's multi-token heads (with the transition table when there is one), or None."""
+def load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm, fingerprint: bool = True):
+    """The target's multi-token heads (with the transition table when there is one), or None;
+    `fingerprint`: refuse heads trained for another target (off: re-bound to one on purpose)."""
     from pcgtts.runtime.decode.transitions import TransitionTable
     from pcgtts.runtime.decode.proposers import HeadProposer
 
@@ -215,17 +317,23 @@ def load_heads(heads_file: Path | None, transitions_file: Path | None, target_lm
     from pcgtts.runtime.lm.heads import MTPHeads
 
     model = target_lm.model
-    heads = MTPHeads.load(heads_file, fingerprint=target_lm.fingerprint, hidden_size=model.head.in_features,
+    heads = MTPHeads.load(heads_file, fingerprint=target_lm.fingerprint if fingerprint else None,
+                          hidden_size=model.head.in_features,
                           device=target_lm.device, dtype=model.dtype)
     return HeadProposer.from_heads(heads, target_lm, transitions)
 
 
-def load_eagle(eagle_file: Path | None, target_lm):
-    """The target's EAGLE draft bound to it, or None."""
+def load_eagle(eagle_file: Path | None, target_lm, fingerprint: bool = True):
+    """The target's EAGLE draft bound to it, or None; `fingerprint`: refuse a draft trained for another
+    target (off: re-bound to one on purpose)."""
     from pcgtts.runtime.decode.proposers import EagleProposer
 
     if "eagle" in target_lm.exported_proposers:  # onnxruntime: the draft's graph was exported with the target
         return EagleProposer.for_target(target_lm) if target_lm.has_eagle else None
     if eagle_file is None or not isinstance(target_lm, StatesLM):
         return None
+    if not fingerprint:
+        from pcgtts.runtime.lm.eagle import EagleDraft
+
+        return EagleProposer.from_draft(EagleDraft.load(eagle_file, target_lm.model), target_lm)
     return EagleProposer.for_target(target_lm, eagle_file)

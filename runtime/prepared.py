@@ -6,8 +6,10 @@ onnxruntime exports) beside a manifest, read here (`config.prepared_settings` lo
     target/ draft/ codec/ groups.pcg     the checkpoints and the target's group table (the target's
                     preset voices in target/voices)
     clone_codec/    the codec that decodes voices with a reference, if the voice has one
+    clone_target/   the target LM that speaks voices with a reference, if the voice has one
     settings.json   the voice's own decoding and sampling settings (the built-in voice's), if recorded
-    onnx-int8/{target,draft,codec,clone_codec}  their onnxruntime exports (LM int8, codecs float32), if made
+    onnx-int8/{target,draft,codec,clone_codec,clone_target}  their onnxruntime exports (LMs int8, codecs
+                    float32), if made
 
 A stage is recorded only once its files are in place, so a folder whose every planned stage is
 recorded (and present) is complete; reading one needs nothing of the tools that made it."""
@@ -21,9 +23,11 @@ from pathlib import Path
 MANIFEST = "prepared.json"
 FORMAT, VERSION = "pcgtts-prepared", 1
 ONNX_FOLDER = "onnx-int8"  # beside the checkpoints: their onnxruntime exports (LM int8, codec float32)
-LAYOUT = {"target": "target", "draft": "draft", "codec": "codec", "clone_codec": "clone_codec", "groups": "groups.pcg"}
+LAYOUT = {"target": "target", "draft": "draft", "codec": "codec", "clone_codec": "clone_codec",
+          "clone_target": "clone_target", "groups": "groups.pcg"}
+OPTIONAL = ("clone_codec", "clone_target")  # in LAYOUT, present only in a voice that has them
 ONNX_STAGE = "onnx"
-EXPORTED = ("target", "draft", "codec", "clone_codec")  # the models exported into ONNX_FOLDER when present
+EXPORTED = ("target", "draft", "codec", "clone_codec", "clone_target")  # exported into ONNX_FOLDER when present
 SETTINGS = "settings.json"  # the voice's own settings, played at unless the caller names others
 
 
@@ -82,11 +86,11 @@ def checkpoint_paths(folder: str | Path) -> dict[str, str]:
 
 
 def onnx_paths(folder: str | Path, paths: dict[str, str]) -> dict[str, str]:
-    """`paths` with the target, draft, codec and clone codec replaced by their exports in the folder's
-    ONNX_FOLDER."""
+    """`paths` with the target, draft, codec, clone codec and clone target replaced by their exports in
+    the folder's ONNX_FOLDER."""
     root = Path(folder) / ONNX_FOLDER
     return {**paths, **{name: str(root / name) for name in EXPORTED if name in paths}}
 
 
-__all__ = ["MANIFEST", "FORMAT", "VERSION", "ONNX_FOLDER", "LAYOUT", "ONNX_STAGE", "EXPORTED", "SETTINGS", "read_manifest",
+__all__ = ["MANIFEST", "FORMAT", "VERSION", "ONNX_FOLDER", "LAYOUT", "OPTIONAL", "ONNX_STAGE", "EXPORTED", "SETTINGS", "read_manifest",
            "stage_done", "is_prepared", "voice_settings", "checkpoint_paths", "onnx_paths"]

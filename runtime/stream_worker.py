@@ -310,17 +310,22 @@ def produce(job: StreamJob) -> None:
     synth = job.synth
     prompts, budgets, config, stats, put = job.prompts, job.budgets, job.config, job.stats, job.put
     try:
-        device = synth.target.device
+        # A cloned voice's reference codes end every prompt: they are the first chunk's left
+        # context, as in a one-shot decode of reference + speech, and choose the target that speaks
+        # (the clone target, loaded on first use, where the Synthesizer has one).
+        context = synth.target.vocab.prompt_codes(prompts[0]).numpy() if prompts else None
+        route = synth.route(context is not None and len(context) > 0)
+        target, planner = route.target, route.planner
+        config = replace(config, decode=route.serving(config.decode))
+        target.ensure_cache()
+        device = target.device
         generator = torch.Generator(device=device)
         # torch.seed() would reseed the global RNG; a fresh seed comes from the OS instead.
         generator.manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
         # A seeded stream plans its draft lengths with the costs measured at load, unchanged (not
         # refined by its own timings), so its utterances repeat within this process.
-        costs = synth.planner.plan(config.decode) if config.seed is not None else None
-        acceptance = synth.planner.starting_acceptance(config.decode)
-        # A cloned voice's reference codes end every prompt: they are the first chunk's left
-        # context, as in a one-shot decode of reference + speech.
-        context = synth.target.vocab.prompt_codes(prompts[0]).numpy() if prompts else None
+        costs = planner.plan(config.decode) if config.seed is not None else None
+        acceptance = planner.starting_acceptance(config.decode)
         window = WindowDecoder(window_codec(synth, context).decode, config.stream, context=context)
         done = 0  # samples handed out so far
 
@@ -342,8 +347,8 @@ def produce(job: StreamJob) -> None:
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget, min_new_tokens=minimum)
                 bursts = (job.lease.decode(prompt, decode_config, generator, sentence) if job.lease is not None
-                          else decode(synth.target, synth.draft, prompt, decode_config, generator, synth.groups,
-                                      sentence, costs=costs, proposer=synth.planner.proposer(decode_config.policy),
+                          else decode(target, synth.draft, prompt, decode_config, generator, synth.groups,
+                                      sentence, costs=costs, proposer=planner.proposer(decode_config.policy),
                                       acceptance=acceptance))
                 for burst in bursts:
                     if not codec.push(burst) or not job.await_room(chunk_samples):  # run-ahead full: wait

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +36,9 @@ from pcgtts.runtime.audio.presets import Presets
 from pcgtts.runtime.audio.voice import Voice
 from pcgtts.runtime.checks import (call_config, check_scripts, check_stream_arguments, check_voice_fits,
                                    voice_scripts)
-from pcgtts.runtime.config import (DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_policy,
-                                   preset_folder, resolve_settings)
-from pcgtts.runtime.loading import load_models
+from pcgtts.runtime.config import (POLICY_PAIRS, STATE_PROPOSERS, DecodeConfig, DeviceConfig, ModelPaths, Settings,
+                                   SynthesisConfig, check_policy, policy_name, preset_folder, resolve_settings)
+from pcgtts.runtime.loading import LazyTarget, load_models
 from pcgtts.runtime.decode.batch import BatchDecoder, check_batchable
 from pcgtts.runtime.lm.batched import BatchedLM, check_batch_backend
 from pcgtts.runtime.lm.protocol import LM
@@ -51,11 +52,48 @@ from pcgtts.runtime.text.split import split_sentences
 log = logging.getLogger(__name__)
 
 
+def serving_policy(policy: str, *, draft: bool, heads: bool, eagle: bool) -> str:
+    """`policy`, or where it proposes from the target's states and no such proposer serves the target
+    at hand (`heads`, `eagle`: whether one does), the draft LM's policy with its rule when there is one
+    (eagle-pcg -> pcg), else plain decoding ("ar")."""
+    proposer, rule = POLICY_PAIRS[policy]
+    if proposer not in STATE_PROPOSERS or (eagle if proposer == "eagle" else heads):
+        return policy
+    if draft:
+        try:
+            return policy_name("draft", rule)
+        except ValueError:  # a rule only the heads run (strict, topm, threshold)
+            pass
+    return "ar"
+
+
+class Route:
+    """What one stream decodes with: a target LM and the planner of its draft lengths, which holds the
+    proposers on that target's states (`Synthesizer.route`)."""
+
+    def __init__(self, target: LM, planner: DraftLengthPlanner):
+        self.target, self.planner = target, planner
+        self._fell_back: set[str] = set()  # policies whose fallback was logged
+
+    def serving(self, decode: DecodeConfig) -> DecodeConfig:
+        """`decode` at a policy this route serves (`serving_policy`); a fallback is logged once a policy."""
+        planner = self.planner
+        policy = serving_policy(decode.policy, draft=planner.draft is not None, heads=planner.heads is not None,
+                                eagle=planner.eagle is not None)
+        if policy == decode.policy:
+            return decode
+        if decode.policy not in self._fell_back:
+            self._fell_back.add(decode.policy)
+            log.warning("policy %s proposes from the target's hidden states, which no proposer reads on the clone "
+                        "target: voices with a reference decode at %s (exact either way)", decode.policy, policy)
+        return replace(decode, policy=policy)
+
+
 class Synthesizer:
     def __init__(self, target: LM, draft: LM | None, codec: SpeechCodec, groups: DeviceGroupTable | None = None,
                  config: SynthesisConfig = SynthesisConfig(), heads=None, eagle=None,
                  scripts: tuple[str, ...] | None = None, presets: Presets | None = None,
-                 clone_codec: SpeechCodec | None = None):
+                 clone_codec: SpeechCodec | None = None, clone_target: LazyTarget | None = None):
         # codec: decode-only is enough unless reference audio is given (the encoder is then loaded
         # from codec.source_dir); groups on the target's device, or None (pcg then unavailable);
         # heads: the target's multi-token heads (a proposers.HeadProposer) for the mtp-* policies;
@@ -65,15 +103,19 @@ class Synthesizer:
         # known, nothing checked. presets: the named voices shipped with the target (`voice="NAME"`).
         # clone_codec: the decoder of speech prompted with a reference voice (a preset, a cloned voice,
         # ref_audio); None: `codec` decodes every voice. References are encoded by `codec`'s encoder.
+        # clone_target: the target LM that speaks those voices, loaded on the first (`route`); None:
+        # `target` speaks every voice.
         if draft is not None:
             target.vocab.check_same_layout(draft.vocab)
         self.target, self.draft, self.codec, self.groups, self.heads = target, draft, codec, groups, heads
-        self.eagle, self.clone_codec = eagle, clone_codec
+        self.eagle, self.clone_codec, self.clone_target = eagle, clone_codec, clone_target
         self.presets = presets if presets is not None else Presets()
         self.scripts = check_scripts(scripts)
         self.tokenizer = target.tokenizer
         self.config = config
         self.planner = DraftLengthPlanner(target, draft, groups, heads, eagle)  # draft lengths, warm caches
+        self._routes: dict[bool, Route] = {False: Route(target, self.planner)}  # by reference codes or not
+        self._route_lock = threading.Lock()
         self.stream_lock = threading.Lock()  # held by the one stream running (`StreamJob`)
         self.batch: BatchDecoder | None = None  # plain streams decoded together (`batch_streams`)
         self._current: weakref.ref | None = None  # the job holding the lock, if any
@@ -111,7 +153,7 @@ class Synthesizer:
             check_batch_backend(device.backend, models.target)
         loaded = load_models(models, device, config, force_export)
         synth = cls(loaded.target, loaded.draft, loaded.codec, loaded.groups, config, loaded.heads, loaded.eagle,
-                    scripts, Presets.load(preset_folder(models)), loaded.clone_codec)
+                    scripts, Presets.load(preset_folder(models)), loaded.clone_codec, loaded.clone_target)
         synth.planner.plan(config.decode)
         synth.planner.warm_prefix()
         synth.batch_streams(device.max_batch)
@@ -275,11 +317,32 @@ class Synthesizer:
             parts = [c.samples for c in chunks]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
+    def route(self, reference: bool) -> Route:
+        """What a stream decodes with: for a prompt that ends in reference codes (a preset, a cloned
+        voice, a voice file, ref_audio) the clone target, where this Synthesizer has one: loaded, its
+        draft lengths planned and its prompt head prefilled on the first such stream, once (its own
+        caches and planner; the draft LM is shared); otherwise, and without one, the target."""
+        if not reference or self.clone_target is None:
+            return self._routes[False]
+        with self._route_lock:
+            if True not in self._routes:
+                models = self.clone_target.get()
+                if self.draft is not None:
+                    models.target.vocab.check_same_layout(self.draft.vocab, "clone target", "draft")
+                planner = DraftLengthPlanner(models.target, self.draft, self.groups, models.heads, models.eagle)
+                route = Route(models.target, planner)
+                planner.plan(route.serving(self.config.decode))
+                planner.warm_prefix()
+                self._routes[True] = route
+        return self._routes[True]
+
     def release(self) -> None:
-        """Free both models' KV caches (reallocated by the next stream)."""
+        """Free the models' KV caches (reallocated by the next stream)."""
         for lm in (self.target, self.draft):
             if lm is not None:
                 lm.release()
+        if self.clone_target is not None:
+            self.clone_target.release()
         if self.batch is not None:
             self.batch.release()  # once no stream holds a slot
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcgtts.runtime.config import ModelPaths
-from pcgtts.runtime.prepared import (EXPORTED, FORMAT, LAYOUT, MANIFEST, ONNX_FOLDER, ONNX_STAGE, VERSION,
+from pcgtts.runtime.prepared import (EXPORTED, FORMAT, LAYOUT, MANIFEST, ONNX_FOLDER, ONNX_STAGE, OPTIONAL, VERSION,
                                      read_manifest, stage_done)
 
 log = logging.getLogger(__name__)
@@ -196,9 +196,9 @@ def _run_stages(out: Path, stages: list[Stage], desc: str, progress: bool) -> di
 # ---------------------------------------------------------------- onnxruntime exports
 
 def export_for_onnxruntime(name: str, source: str | Path, out: Path) -> None:
-    """Export one model into `out`: an LM ("target" or "draft") as a checked weight-only int8 graph (a
-    target with the proposers trained for it, found beside it), a codec ("codec", "clone_codec") as its
-    checked float32 decoder graph."""
+    """Export one model into `out`: an LM ("target", "draft" or "clone_target") as a checked weight-only
+    int8 graph (the target with the proposers trained for it, found beside it), a codec ("codec",
+    "clone_codec") as its checked float32 decoder graph."""
     if name in ("codec", "clone_codec"):
         from pcgtts.export.codec_graph import export_codec
 
@@ -248,7 +248,7 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
         raise ValueError(f"{pack}: no voice.json (no trained voice ships with this install); "
                          "give --checkpoint and --codec to prepare a checkpoint of your own")
     meta = json.loads((pack / "voice.json").read_text())
-    layout = {name: rel for name, rel in LAYOUT.items() if name != "clone_codec" or "clone_codec" in meta}
+    layout = {name: rel for name, rel in LAYOUT.items() if name not in OPTIONAL or name in meta}
 
     def expand(staging: Path) -> None:
         from pcgtts.export.noise import held_back
@@ -411,7 +411,7 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
         stages.append(Stage("eagle", (f"{LAYOUT['target']}/{EAGLE_FILE}",), eagle, {"steps": prep.eagle_steps}))
     if prep.onnx:
         models = ModelPaths(**{name: str(out / LAYOUT[name]) for name in EXPORTED
-                               if name != "clone_codec" or prep.clone_codec is not None})
+                               if name not in OPTIONAL or getattr(prep, name, None) is not None})
         stages.append(_onnx_stage(models, progress))
     return run_stages(out, stages, f"preparing {prep.checkpoint.name}", progress)
 

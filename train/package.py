@@ -13,6 +13,10 @@ row is the sum of its digits' rows), so a 65,536-row embedding costs 32 rows. Fo
                         Xcodec2Model, fp16, that decodes speech in voices with a reference (presets,
                         cloned voices: `ModelPaths.clone_codec`); its encoder is codec.safetensors'
                         (left out of the file), its config in voice.json "clone_codec" (`add_clone_codec`)
+    clone_target.safetensors optional: a second factorised target (fp16), a multi-speaker model that
+                        follows voice prompts, which speaks voices with a reference (`ModelPaths.clone_target`);
+                        the target's speech-vocabulary layout, expanded with its tokenizer; its config in
+                        voice.json "clone_target" (`add_clone_target`)
     mtp_heads.safetensors   optional multi-token heads
     eagle_draft.safetensors optional EAGLE draft (runtime/lm/eagle.py)
     draft_head_codes.npy    optional: the codes the draft's head covers (used-codes head)
@@ -272,6 +276,50 @@ def _expand_clone_codec(pack: Path, meta: dict, out: Path) -> Path:
     return out
 
 
+CLONE_TARGET_FILE = "clone_target.safetensors"
+
+
+def add_clone_target(pack_dir: str | Path, target_dir: str | Path) -> None:
+    """Put a second target LM (a lab `lm` folder: a multi-speaker model that follows voice prompts) into a
+    committed voice, as the LM that speaks voices with a reference (`ModelPaths.clone_target`); the voice's
+    own target keeps speaking its own voice. Its speech-vocabulary layout must be the target's (it is
+    expanded with the target's tokenizer); its size may differ. Refused before the voice is touched."""
+    pack, folder = Path(pack_dir), Path(target_dir)
+    meta = read_voice(pack, files=("target.safetensors",))
+    if not (folder / "checkpoint.pt").is_file():
+        raise ValueError(f"{folder}: not a lab LM folder (no checkpoint.pt; `pcgtts train lm` makes one)")
+    tmp = pack / f"{CLONE_TARGET_FILE}.tmp"
+    try:
+        entry = _write_lm("target", folder, tmp)
+        _speech_layout(pack / "target.safetensors").check_same_layout(
+            _speech_layout(tmp, folder), "voice's target", f"clone target ({folder})")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(pack / CLONE_TARGET_FILE)
+    meta["clone_target"] = entry
+    meta["sha256"][CLONE_TARGET_FILE] = file_sha256(pack / CLONE_TARGET_FILE)
+    _write_meta(pack, meta)
+
+
+def _speech_layout(path: Path, source: Path | None = None):
+    """The speech-vocabulary layout (`SpeechVocab`) a factorised LM file expands to: the lab tokenizer's
+    control tokens, its text rows, then levels ** digits speech tokens (read from the header)."""
+    import dataclasses
+
+    from safetensors import safe_open
+
+    from pcgtts.train.lm import lab_tokenizer, speech_vocab
+
+    with safe_open(str(path), framework="pt") as f:
+        if not {"text", "digits"} <= set(f.keys()):
+            raise ValueError(f"{source or path}: not a factorised lab LM (no text and digit rows)")
+        text, digits = f.get_slice("text").get_shape(), f.get_slice("digits").get_shape()
+    num = digits[1] ** digits[0]
+    return dataclasses.replace(speech_vocab(lab_tokenizer()), speech_offset=text[0], num_speech=num,
+                               vocab_size=text[0] + num)
+
+
 def set_presets(pack_dir: str | Path, folder: str | Path) -> None:
     """Replace a committed voice's preset voices (its `voices/` folder) with those in `folder`
     (voices.json + .voice files, checked first), recording each file's sha256 in voice.json."""
@@ -392,6 +440,8 @@ def add_to_voice(pack_dir: str | Path, src: str | Path, name: str) -> None:
 
 
 def _expand_lm(pack: Path, role: str, meta: dict, out: Path) -> Path:
+    """A voice folder's LM `role` ("target", "draft", "clone_target": `<role>.safetensors`, its voice.json
+    entry) as a plain tied LlamaForCausalLM with the lab tokenizer, in `out`."""
     from safetensors.torch import load_file
 
     from pcgtts.train.lm import LMModelConfig, build_model, lab_tokenizer, save_lm
@@ -417,8 +467,8 @@ def expand_lm(pack_dir: str | Path, role: str, out_dir: str | Path) -> Path:
 
 
 def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = True) -> dict[str, Path]:
-    """Expand a voice folder into {target, draft, codec, groups} (and clone_codec when it has one) in
-    `out_dir` (atomically)."""
+    """Expand a voice folder into {target, draft, codec, groups} (and clone_codec, clone_target when it
+    has them) in `out_dir` (atomically)."""
     from safetensors.torch import load_file, save_file
 
     from pcgtts.groups.build import theta_for_mean_size
@@ -442,6 +492,8 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     paths["codec"] = codec
     if "clone_codec" in meta:  # the second decoder, for voices with a reference
         paths["clone_codec"] = _expand_clone_codec(pack, meta, tmp / "clone_codec")
+    if "clone_target" in meta:  # the second target, for voices with a reference (the target's tokenizer)
+        paths["clone_target"] = _expand_lm(pack, "clone_target", meta, tmp / "clone_target")
     rows, _, fingerprint = load_speech_embeddings(paths["target"])
     for name in (HEADS_FILE, EAGLE_FILE):  # re-keyed to the expanded (fp32) target they were trained with
         if (pack / name).is_file():
@@ -458,4 +510,4 @@ def expand_voice(pack_dir: str | Path, out_dir: str | Path, progress: bool = Tru
     return {name: out / path.relative_to(tmp) for name, path in {**paths, "groups": table_path}.items()}
 
 
-__all__ = ["pack_voice", "stage_voice", "install_staged", "record_gate", "add_to_voice", "replace_codec", "set_presets", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "add_clone_codec", "CLONE_CODEC_FILE", "FORMAT", "VERSION"]
+__all__ = ["pack_voice", "stage_voice", "install_staged", "record_gate", "add_to_voice", "replace_codec", "set_presets", "set_settings", "set_group_size", "read_voice", "expand_lm", "expand_voice", "add_clone_codec", "CLONE_CODEC_FILE", "add_clone_target", "CLONE_TARGET_FILE", "FORMAT", "VERSION"]
