@@ -20,7 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible streaming speech server (HTTP + WebSocket)")
     serve.add_argument("--host", default=d.host, help=f"address to bind (default {d.host}: this machine only)")
     serve.add_argument("--port", type=int, default=d.port)
-    serve.add_argument("--workers", type=positive(int), default=d.workers, help="Synthesizers loaded (concurrent streams)")
+    serve.add_argument("--workers", type=positive(int), default=d.workers, help="Synthesizers loaded (model copies)")
+    serve.add_argument("--max-batch", type=positive(int), default=d.max_batch,
+                       help="streams each worker decodes together over its one model copy (plain decoding on the "
+                            "torch backend; default 1: one stream per worker at a time)")
     serve.add_argument("--queue-size", type=int, default=d.queue_size, help="requests that may wait; more get 429")
     serve.add_argument("--request-timeout", type=positive(float), default=d.request_timeout_s, help="seconds per request")
     serve.add_argument("--max-input-chars", type=positive(int), default=d.max_input_chars)
@@ -42,13 +45,16 @@ def config_from_args(args: argparse.Namespace):
     from pcgtts.runtime.config import check_compute_device
     from pcgtts.serve.config import ServerConfig
 
-    server = dict(host=args.host, port=args.port, workers=args.workers, queue_size=args.queue_size,
+    server = dict(host=args.host, port=args.port, workers=args.workers, max_batch=args.max_batch,
+                  queue_size=args.queue_size,
                   request_timeout_s=args.request_timeout, max_input_chars=args.max_input_chars,
                   max_upload_bytes=args.max_upload_bytes, max_upload_seconds=args.max_upload_seconds,
                   api_key=args.api_key or os.environ.get("PCGTTS_API_KEY") or None, voices_dir=args.voices_dir,
                   sample_rate=args.sample_rate)
     ServerConfig(**server)  # server flags are checked before any model is resolved or made
-    settings = resolve_cli_settings(args, max_length=args.max_length)
+    # a batch decodes plainly: its policy is ar unless one is given (another is refused by ServerConfig)
+    batch = {"max_batch": args.max_batch, **({"policy": "ar"} if args.max_batch > 1 and args.policy is None else {})}
+    settings = resolve_cli_settings(args, max_length=args.max_length, **batch)
     check_compute_device(settings.device.compute_device)
     device = settings.device
     return ServerConfig(**server, models=settings.models, compute_device=device.compute_device,
@@ -69,7 +75,8 @@ def _serve(args) -> int:
         log.warning("serving on %s without an API key: anyone who can reach it can use it", config.host)
     pool = WorkerPool.from_config(config)
     app = create_app(config, pool)
-    log.info("pcgtts serve: http://%s:%d/v1 (%d workers)", config.host, config.port, config.workers)
+    log.info("pcgtts serve: http://%s:%d/v1 (%d workers, %d streams each)", config.host, config.port, config.workers,
+             config.max_batch)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", ws="auto")
     return 0
 

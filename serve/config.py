@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pcgtts.runtime.audio.io import MAX_SECONDS
-from pcgtts.runtime.config import POLICIES, ModelPaths
+from pcgtts.runtime.config import MAX_BATCH, POLICIES, ModelPaths
 
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "pcgtts" / "voices"
 
@@ -20,7 +20,10 @@ DEFAULT_VOICES_DIR = Path.home() / ".cache" / "pcgtts" / "voices"
 class ServerConfig:
     host: str = "127.0.0.1"  # loopback by default: exposing the server is an explicit choice
     port: int = 8000
-    workers: int = 1  # Synthesizers loaded; each serves one stream at a time
+    workers: int = 1  # Synthesizers loaded (model copies)
+    # streams each worker decodes together over its one model copy (plain `ar` decoding, torch
+    # backend: `runtime/decode/batch.py`); 1: one stream per worker at a time
+    max_batch: int = 1
     queue_size: int = 8  # requests that may wait for a worker; beyond that -> 429 + Retry-After
     request_timeout_s: float = 300.0  # a request (queue wait + synthesis) is cut after this long
     max_input_chars: int = 4096  # OpenAI's own limit for /v1/audio/speech
@@ -64,6 +67,12 @@ class ServerConfig:
             raise ValueError(f"sample_rate must lie in [8000, 48000], got {self.sample_rate}")
         if self.policy is not None and self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) \
+                or not 1 <= self.max_batch <= MAX_BATCH:
+            raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {self.max_batch!r}")
+        if self.max_batch > 1 and self.policy not in (None, "ar"):
+            raise ValueError(f"max_batch > 1 decodes streams together with policy ar, not {self.policy!r} "
+                             "(leave the policy out, or serve one stream per worker)")
 
     @property
     def max_speech_body_bytes(self) -> int:
@@ -71,8 +80,14 @@ class ServerConfig:
         outside the Basic Multilingual Plane written as two \\u escapes) and 64 KiB for the rest."""
         return 12 * self.max_input_chars + 64 * 1024
 
+    @property
+    def streams(self) -> int:
+        """Streams this replica serves at once: `max_batch` on each worker."""
+        return self.workers * self.max_batch
+
     def runtime_settings(self) -> dict:
-        """Keyword settings for `Synthesizer.from_pretrained` (None = not given)."""
+        """Keyword settings for `Synthesizer.from_pretrained` (None = not given); a batch decodes plainly."""
         return {**dataclasses.asdict(self.models), "compute_device": self.compute_device, "backend": self.backend,
                 "dtype": self.dtype, "quantize": self.quantize, "compile": self.compile, "threads": self.threads,
-                "policy": self.policy, "max_new_tokens": self.max_new_tokens, "max_length": self.max_length}
+                "policy": "ar" if self.max_batch > 1 else self.policy, "max_new_tokens": self.max_new_tokens,
+                "max_length": self.max_length, "max_batch": self.max_batch}

@@ -1,5 +1,6 @@
 """Prometheus metrics of one server process (one replica): requests, TTFA, RTF, acceptance,
-queue depth, late chunks. Each app gets its own registry, exposed as text at GET /metrics."""
+queue depth, late chunks, batch occupancy and per-stream lag. Each app gets its own registry,
+exposed as text at GET /metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 TTFA_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 RTF_BUCKETS = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+LAG_BUCKETS = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class Metrics:
@@ -28,8 +30,17 @@ class Metrics:
         self.cancelled = Counter("pcgtts_cancelled_streams", "Streams stopped early (disconnect or time limit)",
                                  ["reason"], registry=r)
         Gauge("pcgtts_queue_depth", "Requests waiting for a worker", registry=r).set_function(lambda: pool.waiting)
-        Gauge("pcgtts_workers_busy", "Workers streaming now", registry=r).set_function(lambda: pool.busy)
+        Gauge("pcgtts_workers_busy", "Streams being served now (seats of the workers taken)",
+              registry=r).set_function(lambda: pool.busy)
         Gauge("pcgtts_workers", "Workers in this replica", registry=r).set_function(lambda: pool.size)
+        Gauge("pcgtts_stream_slots", "Streams this replica serves at once (workers x max_batch)",
+              registry=r).set_function(lambda: pool.seats)
+        Gauge("pcgtts_batch_occupancy", "Share of the batch slots a batched decode step carried, over each "
+              "worker's last 100 steps", registry=r).set_function(pool.batch_occupancy)
+        self.lag = Histogram("pcgtts_stream_lag_seconds", "Per stream: how long a real-time player started at its "
+                             "first chunk waited for audio in all", buckets=LAG_BUCKETS, registry=r)
+        Gauge("pcgtts_stream_lag_max_seconds", "The longest such wait among the streams streaming now",
+              registry=r).set_function(pool.max_lag)
 
     def job_done(self, job) -> None:
         """Record a finished (or stopped) job's figures."""
@@ -47,6 +58,8 @@ class Metrics:
         self._totals[0] += totals.drafted
         self._totals[1] += totals.accepted
         self.late.inc(job.late_chunks)
+        if job.first_chunk_at is not None:
+            self.lag.observe(job.stalled)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

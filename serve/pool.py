@@ -2,8 +2,8 @@
 
 A request is a `SpeechJob` (text, voice, per-request `SynthesisConfig`, deadline, cancel flag,
 outcome): request state lives there, never in the model objects, so a later scheduler can step
-several jobs' decodes together on one GPU (batching) without changing the routes. Today a job
-holds a whole worker for its duration:
+several jobs' decodes together over one model copy (`max_batch`, `runtime/decode/batch.py`)
+without changing the routes. A worker has `max_batch` seats; a job holds one for its duration:
 
     synth = await pool.acquire(deadline)        # QueueFull (-> 429) when `queue_size` already wait
     stream = pool.open(synth, job)              # bad input raises here
@@ -62,6 +62,13 @@ class SpeechJob:
     def cancel(self) -> None:
         self.cancelled.set()
 
+    def lag(self, now: float) -> float:
+        """How long a real-time player started at the first chunk has waited for audio by `now`
+        (perf_counter()): the stalls so far, and the one under way."""
+        if self.first_chunk_at is None:
+            return 0.0
+        return self.stalled + max(0.0, now - (self.play_start + self.stalled + self.played))
+
     @property
     def time_to_first_audio(self) -> float | None:
         """From the request's arrival (queue wait included) to its first audio chunk."""
@@ -72,12 +79,14 @@ _END = object()
 
 
 class WorkerPool:
-    def __init__(self, synthesizers: list[Synthesizer], queue_size: int):
+    def __init__(self, synthesizers: list[Synthesizer], queue_size: int, max_batch: int = 1):
         if not synthesizers:
             raise ValueError("a worker pool needs at least one Synthesizer")
         self.synthesizers = list(synthesizers)
-        self.queue_size = queue_size
-        self._idle: deque[Synthesizer] = deque(self.synthesizers)
+        self.queue_size, self.max_batch = queue_size, max_batch
+        # a seat per stream a worker serves at once: its batch's slots, taken in turn across workers
+        self._idle: deque[Synthesizer] = deque(s for _ in range(max_batch) for s in self.synthesizers)
+        self.active: dict[int, SpeechJob] = {}  # jobs streaming now, by id (their lag is a metric)
         self._waiters: deque[asyncio.Future] = deque()
         self._durations: deque[float] = deque(maxlen=32)  # recent job durations, for Retry-After
 
@@ -93,7 +102,7 @@ class WorkerPool:
             synths.append(BuiltinFront.from_pretrained(config_file=config.config_file, **settings))
             if i:  # one set of step costs for all: a seeded request gives the same audio on any worker
                 synths[i].planner.adopt(synths[0].planner)
-        return cls(synths, config.queue_size)
+        return cls(synths, config.queue_size, config.max_batch)
 
     # -- admission ----------------------------------------------------------------------------
 
@@ -102,8 +111,24 @@ class WorkerPool:
         return len(self.synthesizers)
 
     @property
+    def seats(self) -> int:
+        """Streams the pool serves at once: `max_batch` per worker."""
+        return self.size * self.max_batch
+
+    @property
     def busy(self) -> int:
-        return self.size - len(self._idle)
+        return self.seats - len(self._idle)
+
+    def batch_occupancy(self) -> float:
+        """Of the workers' batch slots, the share a batched step carried, over each batch's recent steps
+        (0 with no batch or no step yet)."""
+        steps = [n / s.batch.slots for s in self.synthesizers if s.batch is not None for n in list(s.batch.occupancy)]
+        return sum(steps) / len(steps) if steps else 0.0
+
+    def max_lag(self) -> float:
+        """The longest a real-time player of a stream now streaming has waited for its audio, in seconds."""
+        now = time.perf_counter()
+        return max((job.lag(now) for job in list(self.active.values())), default=0.0)
 
     @property
     def waiting(self) -> int:
@@ -112,7 +137,7 @@ class WorkerPool:
     def retry_after(self) -> int:
         """Seconds a refused client should wait: the queue ahead of it at the recent job duration."""
         mean = sum(self._durations) / len(self._durations) if self._durations else 5.0
-        return max(1, math.ceil(mean * (self.waiting + 1) / self.size))
+        return max(1, math.ceil(mean * (self.waiting + 1) / self.seats))
 
     async def acquire(self, deadline: float) -> Synthesizer:
         """A free Synthesizer; waits in the queue until `deadline` (time.monotonic()).
@@ -159,8 +184,10 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue = asyncio.Queue()
         started = time.perf_counter()
+        self.active[id(job)] = job
 
         def hand_back() -> None:
+            self.active.pop(id(job), None)
             self._durations.append(time.perf_counter() - started)
             self.release(synth)
             job.freed.set()

@@ -11,6 +11,7 @@ import time
 from starlette.concurrency import run_in_threadpool
 
 from pcgtts.runtime.config import Settings, SynthesisConfig, resolve_settings
+from pcgtts.runtime.decode.batch import BatchFull
 from pcgtts.runtime.text.prompt import check_text, tokenize_plain
 from pcgtts.serve.config import ServerConfig
 from pcgtts.serve.errors import APIError
@@ -65,6 +66,9 @@ class Service:
             raise APIError(400, f"voice {voice!r} holds codec tokens beyond the loaded model's {num_speech} speech "
                            "tokens (it was encoded for another model)", "voice", "voice_incompatible")
         config = self.request_config(policy=policy, seed=seed, temperature=temperature)
+        if self.pool.max_batch > 1 and config.decode.policy != "ar":
+            raise APIError(400, f"policy: this server decodes up to {self.pool.max_batch} streams together per worker, "
+                           f"with policy ar, not {config.decode.policy!r}", "policy", "invalid_value")
         return SpeechJob(text, voice_obj, config, time.monotonic() + self.config.request_timeout_s)
 
     def request_config(self, **fields) -> SynthesisConfig:
@@ -92,7 +96,7 @@ class Service:
         try:
             synth = await self.pool.acquire(job.deadline)
         except QueueFull as err:
-            raise APIError(429, f"the server is busy ({self.pool.size} workers streaming, {self.pool.queue_size} "
+            raise APIError(429, f"the server is busy ({self.pool.seats} streams streaming, {self.pool.queue_size} "
                            f"requests queued); retry after {err.retry_after} s", None, "queue_full",
                            {"Retry-After": str(err.retry_after)}) from None
         except TimeoutError:
@@ -104,6 +108,11 @@ class Service:
         except ValueError as err:
             self.pool.release(synth)
             raise APIError(400, str(err), None, "invalid_value") from None
+        except BatchFull:  # a safeguard (a worker has as many seats as slots): refused, never waited for
+            self.pool.release(synth)
+            retry = self.pool.retry_after()
+            raise APIError(429, f"the server is busy (every batch slot is streaming); retry after {retry} s", None,
+                           "queue_full", {"Retry-After": str(retry)}) from None
         except BaseException:
             self.pool.release(synth)
             raise

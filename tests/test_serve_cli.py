@@ -69,7 +69,7 @@ def test_every_runtime_flag_reaches_the_workers(tmp_path):
     # --prepared resolves into the model paths above (tests/test_prepare.py: flags resolve to its models)
     runtime_flags = {"target", "prepared", "draft", "codec", "clone_codec", "groups", "heads", "transitions", "eagle", "presets", "policy",
                      "backend", "compute_device", "dtype", "quantize", "compile", "threads", "max_tokens", "max_length"}
-    server_flags = {"host", "port", "workers", "queue_size", "request_timeout", "max_input_chars", "max_upload_bytes",
+    server_flags = {"host", "port", "workers", "max_batch", "queue_size", "request_timeout", "max_input_chars", "max_upload_bytes",
                     "max_upload_seconds", "api_key", "voices_dir", "sample_rate"}
     # a flag added to `serve` must be added to one of these sets, and the runtime ones checked above
     assert {a.dest for a in serve_parser()._actions} - {"help", "config"} == runtime_flags | server_flags

@@ -189,7 +189,8 @@ class BatchDecoder:
             results[job] = _END
         if stepping:
             t0 = time.perf_counter()
-            scores = self.lm.step_scores([job.slot for job in stepping], torch.cat([job.last for job in stepping])[:, None])
+            ids = torch.cat([job.last for job in stepping])[:, None]  # [n, 1]
+            scores = self.lm.step_scores([job.slot for job in stepping], ids)
             t1 = time.perf_counter()
             draws = []
             for i, job in enumerate(stepping):

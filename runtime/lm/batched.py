@@ -153,7 +153,8 @@ class BatchedLM:
         cos, sin = cos_table[order][:, None], sin_table[order][:, None]  # [n, 1, T, head_dim]
         # Each slot's mask as the model's own (`Llama.causal`): a [T, end] boolean, so that SDPA
         # picks the kernel it picks for a single sequence.
-        masks = [torch.arange(start + t, device=self.device)[None, :] <= p[:, None] for start, p in zip(starts, positions)]
+        masks = [torch.arange(start + t, device=self.device)[None, :] <= p[:, None]
+                 for start, p in zip(starts, positions)]
         model, gqa = self.model, self.model.args.num_heads != self.model.args.num_kv_heads
         x = model.embed_tokens(ids)
         for layer, keys, values in zip(model.layers, self.keys, self.values):

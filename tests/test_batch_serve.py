@@ -1,0 +1,110 @@
+"""`pcgtts serve --max-batch N`: one model copy per worker serves N streams together; admission by
+free slots and a bounded queue, 429 beyond; /metrics shows batch occupancy and per-stream lag.
+A real uvicorn on 127.0.0.1 and httpx clients (tiny random-weight models)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import assert_openai_error, start_server  # noqa: E402
+
+LONG = "A long utterance that would go on for quite a while. " * 3
+
+
+@pytest.fixture(scope="module")
+def server(tiny_lm_factory, demo_codec_dir, tmp_path_factory):
+    running = start_server(tiny_lm_factory(), demo_codec_dir, tmp_path_factory.mktemp("voices"), max_batch=3,
+                           queue_size=1, api_key=None, max_new_tokens=300)
+    yield running
+    running.stop()
+
+
+def speech(server, text, seed, fmt="pcm", **extra):
+    return httpx.post(f"{server.url}/v1/audio/speech", timeout=60,
+                      json={"input": text, "response_format": fmt, "seed": seed, **extra})
+
+
+def test_one_worker_serves_three_streams_together_as_each_alone(server):
+    texts = ["Hello there, a first request.", "A second one, somewhat longer.", "Third."]
+    alone = [speech(server, text, seed=i, temperature=0.0).content for i, text in enumerate(texts)]
+    got = [None] * 3
+
+    def ask(i):
+        got[i] = speech(server, texts[i], seed=i, temperature=0.0).content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert got == alone and all(alone)
+    assert len(server.pool.synthesizers) == 1 and server.pool.seats == 3
+    assert max(server.pool.synthesizers[0].batch.occupancy) > 1  # they shared steps
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "pcgtts_stream_slots 3.0" in metrics
+    assert "pcgtts_batch_occupancy" in metrics and "pcgtts_stream_lag_max_seconds" in metrics
+    lags = [line for line in metrics.splitlines() if line.startswith("pcgtts_stream_lag_seconds_count")]
+    assert float(lags[0].split()[-1]) >= 6
+
+
+def test_free_slots_then_the_queue_then_429_and_a_disconnect_frees_its_slot(server):
+    url = f"{server.url}/v1/audio/speech"
+    pool, batch = server.pool, server.pool.synthesizers[0].batch
+    body = {"input": LONG, "response_format": "pcm", "seed": 1}
+    with httpx.Client(timeout=60) as one, httpx.Client(timeout=60) as two, httpx.Client(timeout=60) as three:
+        streams = [client.stream("POST", url, json=body) for client in (one, two, three)]
+        responses = [s.__enter__() for s in streams]
+        pieces = [r.iter_raw() for r in responses]
+        for r, p in zip(responses, pieces):
+            assert r.status_code == 200
+            next(p)  # audio is flowing from all three slots
+        assert pool.busy == 3 and batch.leased == 3
+        waiting = threading.Thread(target=lambda: speech(server, "Queued.", seed=2), daemon=True)
+        waiting.start()  # the queue's one place
+        deadline = time.monotonic() + 10
+        while pool.waiting < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        started = time.monotonic()
+        refused = speech(server, "Refused.", seed=3)
+        assert time.monotonic() - started < 5  # at once, not after a stream ends
+        assert_openai_error(refused, 429)
+        assert int(refused.headers["Retry-After"]) >= 1
+        streams[0].__exit__(None, None, None)  # this client leaves mid-stream: its slot serves the queued one
+        waiting.join(60)
+        assert not waiting.is_alive()
+        for s in streams[1:]:
+            s.__exit__(None, None, None)
+    deadline = time.monotonic() + 15
+    while pool.busy or batch.leased:
+        assert time.monotonic() < deadline, "the slots were not freed after the clients left"
+        time.sleep(0.02)
+    assert 'pcgtts_cancelled_streams_total{reason="client"}' in httpx.get(f"{server.url}/metrics").text
+
+
+def test_a_batching_server_refuses_other_policies(server):
+    error = assert_openai_error(speech(server, "Hello.", seed=0, policy="sd"), 400, "policy")
+    assert "policy ar" in error["message"]
+
+
+def test_the_flag_reaches_the_workers_and_checks_the_policy(tmp_path):
+    from test_serve_cli import parse
+
+    from pcgtts.cli import serve as cli
+
+    (tmp_path / "target").mkdir()
+    config = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "4"))
+    assert config.max_batch == 4 and config.policy == "ar" and config.streams == 4
+    assert config.runtime_settings()["max_batch"] == 4
+    with pytest.raises(ValueError, match="max_batch > 1 decodes streams together with policy ar"):
+        cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2", "--policy", "sd"))
+    with pytest.raises(ValueError, match="torch backend"):
+        cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2",
+                                   "--backend", "onnxruntime"))
