@@ -28,6 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--codec", help="its X-codec2 folder, Hugging Face format (needs --checkpoint)")
     p.add_argument("--clone-codec", help="an X-codec2 folder with --codec's encoder and another decoder, which "
                                          "renders voices with a reference (presets, cloned voices; needs --checkpoint)")
+    p.add_argument("--clone-target", help="a LLaSA-format checkpoint with --checkpoint's tokenizer, a model that follows "
+                                          "voice prompts, which speaks voices with a reference (needs --checkpoint)")
     p.add_argument("--out", help="the prepared folder (needed with --checkpoint; default for the built-in voice: "
                                  "the cache folder it is loaded from)")
     p.add_argument("--group-size", type=positive(float),
@@ -63,6 +65,7 @@ def _run(args) -> tuple[Path, dict[str, str]]:
 
     if args.checkpoint is None:
         given = [flag for flag, value in (("--codec", args.codec), ("--clone-codec", args.clone_codec),
+                                          ("--clone-target", args.clone_target),
                                           ("--group-size", args.group_size),
                                           ("--draft-layers", args.draft_layers), ("--eagle-steps", args.eagle_steps))
                  if value is not None]
@@ -89,7 +92,8 @@ def _run(args) -> tuple[Path, dict[str, str]]:
                                      group_size=args.group_size if args.group_size is not None else DEFAULT_GROUP_SIZE,
                                      draft_layers=args.draft_layers, eagle_steps=args.eagle_steps or 0,
                                      onnx=not args.no_onnx,
-                                     clone_codec=Path(args.clone_codec) if args.clone_codec is not None else None)
+                                     clone_codec=Path(args.clone_codec) if args.clone_codec is not None else None,
+                                     clone_target=Path(args.clone_target) if args.clone_target is not None else None)
         check_checkpoint(prep)  # a one-line error before any work
         out = Path(args.out)
         report = prepare_checkpoint(prep, out)

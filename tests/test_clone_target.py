@@ -38,7 +38,7 @@ def clones(tmp_path_factory):
     root = tmp_path_factory.mktemp("clones")
     configs = {"same": _tiny_config(), "narrow": _tiny_config(hidden_size=32, num_heads=2, num_kv_heads=1),
                "padded": _tiny_config(vocab_size=1400)}
-    return {name: write_demo(root / name, seed=7, config=config, with_codec=False)["target"]
+    return {name: str(write_demo(root / name, seed=7, config=config, with_codec=False)["target"])
             for name, config in configs.items()}
 
 
@@ -166,6 +166,34 @@ def test_a_prepared_folder_names_its_clone_target_and_its_export(tmp_path):
     assert onnx_paths(tmp_path, paths)["clone_target"] == str(tmp_path / "onnx-int8" / "clone_target")
     (tmp_path / "clone_target").rmdir()
     assert "clone_target" not in checkpoint_paths(tmp_path)
+
+
+def test_a_prepared_checkpoint_carries_its_clone_target(tiny_models, clones, tmp_path, capsys):
+    import re
+
+    from pcgtts.cli import main
+    from pcgtts.runtime.config import resolve_settings
+    from pcgtts.tools.prepare import CheckpointPreparation, prepare_checkpoint
+
+    target, codec, out = str(tiny_models["target"]), str(tiny_models["codec"]), tmp_path / "out"
+    for flags, message in ((["--clone-target", clones["same"]], "--clone-target need --checkpoint"),
+                           (["--checkpoint", target, "--codec", codec, "--clone-target", str(tmp_path / "missing"),
+                             "--out", str(out)], "--clone-target .*missing: folder not found"),
+                           (["--checkpoint", target, "--codec", codec, "--clone-target", codec, "--out", str(out)],
+                            "--clone-target .*: not a LLaSA checkpoint"),
+                           (["--checkpoint", target, "--codec", codec, "--clone-target", clones["padded"],
+                             "--out", str(out)], "clone target .*padded.* has 1400 embedding rows")):
+        assert main(["prepare", *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and re.search(message, err), (flags, err)
+    assert not out.exists()
+    prep = CheckpointPreparation(tiny_models["target"], tiny_models["codec"], draft_layers=1, onnx=False,
+                                 clone_target=clones["same"])
+    assert prepare_checkpoint(prep, out, progress=False)["clone_target"] == "made"
+    models = resolve_settings({"prepared": str(out)}).models
+    assert models.clone_target == str(out / "clone_target") and models.target == str(out / "target")
+    assert (out / "clone_target" / "model.safetensors").read_bytes() == (
+        Path(clones["same"]) / "model.safetensors").read_bytes()
 
 
 def test_an_export_and_a_checkpoint_do_not_mix(tiny_models, tmp_path):

@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 
 STAGING = ".staging"  # inside the output folder: a stage's files until it is complete
 LOCK = ".prepare.lock"  # inside the output folder: held by the one preparation working on it
-ORDER = ("expand", "codec", "clone_codec", "target", "groups", "draft", "eagle", ONNX_STAGE)  # a redone stage redoes those after it
+# a redone stage redoes those after it
+ORDER = ("expand", "codec", "clone_codec", "target", "groups", "draft", "eagle", "clone_target", ONNX_STAGE)
 DEFAULT_GROUP_SIZE, GROUP_CAP = 48, 512  # mean group size (140 cost the built-in voice intelligibility, 48 did not: QUALITY.md) and cap
 
 
@@ -273,7 +274,8 @@ def prepare_builtin(out: str | Path, pack_dir: str | Path, onnx: bool = True, pr
 @dataclass(frozen=True)
 class CheckpointPreparation:
     """What `prepare_checkpoint` makes of a LLaSA-format checkpoint and its codec (and, optionally, the
-    codec whose decoder renders voices with a reference: `ModelPaths.clone_codec`)."""
+    codec whose decoder renders voices with a reference and the target that speaks them:
+    `ModelPaths.clone_codec`, `ModelPaths.clone_target`)."""
 
     checkpoint: Path
     codec: Path
@@ -282,12 +284,14 @@ class CheckpointPreparation:
     eagle_steps: int = 0  # > 0: train an EAGLE draft for the target this many steps
     onnx: bool = True
     clone_codec: Path | None = None  # same encoder as `codec`, another decoder
+    clone_target: Path | None = None  # a LLaSA checkpoint with the checkpoint's tokenizer (another model)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", Path(self.checkpoint))
         object.__setattr__(self, "codec", Path(self.codec))
-        if self.clone_codec is not None:
-            object.__setattr__(self, "clone_codec", Path(self.clone_codec))
+        for name in ("clone_codec", "clone_target"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
         if not 1 <= self.group_size <= GROUP_CAP:
             raise ValueError(f"group size must lie in [1, {GROUP_CAP}], got {self.group_size:g}")
         if self.eagle_steps < 0:
@@ -299,30 +303,27 @@ class CheckpointPreparation:
 def check_checkpoint(prep: CheckpointPreparation) -> int:
     """A one-line ValueError unless the checkpoint is a LLaSA-format LlamaForCausalLM folder with its
     tokenizer, whose config.json describes the weights it stores (`check_weight_shapes`: headers only),
-    and the codec an X-codec2 folder (`check_codec_folder`); the target's layer count."""
-    from pcgtts.runtime.lm.checkpoint import check_weight_shapes, read_config, weight_files
-    from pcgtts.runtime.lm.graph_meta import exported_kind
+    and the codec an X-codec2 folder (`check_codec_folder`); a clone target a LLaSA checkpoint with the
+    checkpoint's vocabulary (`draft.check_draft_layout`); the target's layer count."""
+    from pcgtts.runtime.lm.checkpoint import check_weight_shapes, load_tokenizer, same_tokenizer_files
 
-    for flag, folder in (("--checkpoint", prep.checkpoint), ("--codec", prep.codec), ("--clone-codec", prep.clone_codec)):
+    for flag, folder in (("--checkpoint", prep.checkpoint), ("--codec", prep.codec), ("--clone-codec", prep.clone_codec),
+                         ("--clone-target", prep.clone_target)):
         if folder is not None and not folder.is_dir():
             raise ValueError(f"{flag} {folder}: folder not found")
-    if exported_kind(prep.checkpoint) is not None:
-        raise ValueError(f"--checkpoint {prep.checkpoint}: an exported graph folder, not a checkpoint; give the "
-                         "Hugging Face-format checkpoint it was exported from")
-    try:
-        config = read_config(prep.checkpoint)
-        weight_files(prep.checkpoint)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"--checkpoint {prep.checkpoint}: not a LLaSA checkpoint ({err})") from None
-    if "LlamaForCausalLM" not in config.get("architectures", []):
-        raise ValueError(f"--checkpoint {prep.checkpoint}: not a LLaSA checkpoint (architectures "
-                         f"{config.get('architectures')}, expected LlamaForCausalLM)")
-    if not (prep.checkpoint / "tokenizer.json").is_file():
-        raise ValueError(f"--checkpoint {prep.checkpoint}: not a LLaSA checkpoint (no tokenizer.json)")
+    config = check_llasa_checkpoint(prep.checkpoint)
     check_codec_folder(prep.codec)
     if prep.clone_codec is not None:
         check_codec_folder(prep.clone_codec, "--clone-codec")
     check_weight_shapes(prep.checkpoint)  # its errors name the folder or the damaged file
+    if prep.clone_target is not None:
+        from pcgtts.runtime.lm.draft import check_draft_layout
+
+        check_llasa_checkpoint(prep.clone_target, "--clone-target")
+        check_weight_shapes(prep.clone_target)
+        same = same_tokenizer_files(prep.checkpoint, prep.clone_target)  # else the target's tokenizer compares
+        check_draft_layout(prep.checkpoint, None if same else load_tokenizer(prep.checkpoint), prep.clone_target,
+                           role="clone target")
     layers = int(config.get("num_hidden_layers", 0))
     wanted = prep.draft_layers
     if isinstance(wanted, int) and not 1 <= wanted <= layers:
@@ -330,6 +331,28 @@ def check_checkpoint(prep: CheckpointPreparation) -> int:
     if isinstance(wanted, tuple) and (not wanted or min(wanted) < 0 or max(wanted) >= layers):
         raise ValueError(f"--draft-layers: layer indices in [0, {layers}), got {','.join(map(str, wanted))}")
     return layers
+
+
+def check_llasa_checkpoint(folder: Path, flag: str = "--checkpoint") -> dict:
+    """A one-line ValueError unless `folder` is a LLaSA-format LlamaForCausalLM checkpoint (Hugging Face
+    format, not an export) with its tokenizer; its config.json."""
+    from pcgtts.runtime.lm.checkpoint import read_config, weight_files
+    from pcgtts.runtime.lm.graph_meta import exported_kind
+
+    if exported_kind(folder) is not None:
+        raise ValueError(f"{flag} {folder}: an exported graph folder, not a checkpoint; give the "
+                         "Hugging Face-format checkpoint it was exported from")
+    try:
+        config = read_config(folder)
+        weight_files(folder)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{flag} {folder}: not a LLaSA checkpoint ({err})") from None
+    if "LlamaForCausalLM" not in config.get("architectures", []):
+        raise ValueError(f"{flag} {folder}: not a LLaSA checkpoint (architectures "
+                         f"{config.get('architectures')}, expected LlamaForCausalLM)")
+    if not (folder / "tokenizer.json").is_file():
+        raise ValueError(f"{flag} {folder}: not a LLaSA checkpoint (no tokenizer.json)")
+    return config
 
 
 def check_codec_folder(folder: Path, flag: str = "--codec") -> None:
@@ -409,6 +432,9 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
               Stage("draft", (LAYOUT["draft"],), draft, {"layers": draft_layers})]
     if prep.eagle_steps:
         stages.append(Stage("eagle", (f"{LAYOUT['target']}/{EAGLE_FILE}",), eagle, {"steps": prep.eagle_steps}))
+    if prep.clone_target is not None:
+        stages.append(Stage("clone_target", (LAYOUT["clone_target"],), copy(prep.clone_target, LAYOUT["clone_target"]),
+                            {"source": str(prep.clone_target.resolve()), "files": folder_fingerprint(prep.clone_target)}))
     if prep.onnx:
         models = ModelPaths(**{name: str(out / LAYOUT[name]) for name in EXPORTED
                                if name not in OPTIONAL or getattr(prep, name, None) is not None})
@@ -418,4 +444,4 @@ def prepare_checkpoint(prep: CheckpointPreparation, out: str | Path, progress: b
 
 __all__ = ["Stage", "ORDER", "STAGING", "LOCK", "DEFAULT_GROUP_SIZE", "GROUP_CAP", "FolderBusy", "preparing",
            "folder_fingerprint", "run_stages", "export_for_onnxruntime", "export_models", "prepare_builtin",
-           "CheckpointPreparation", "check_checkpoint", "check_codec_folder", "prepare_checkpoint"]
+           "CheckpointPreparation", "check_checkpoint", "check_llasa_checkpoint", "check_codec_folder", "prepare_checkpoint"]
