@@ -46,11 +46,17 @@ def _list(args) -> int:
     for row in rows:
         if "alias_of" in row:
             aliases.setdefault(row["alias_of"], []).append(row["name"])
-    table = [[row["name"] + (" (default)" if row["default"] else ""), f"{row['seconds']:.1f}",
+    table = [[row["name"] + (" (default)" if row["default"] else ""),
+              f"{row['seconds']:.1f}" if "seconds" in row else "-", _made(row.get("transform")),
               ", ".join(aliases.get(row["name"], [])), row["description"]] for row in rows if "alias_of" not in row]
-    print(format_table(["voice", "reference s", "aliases", "description"], table))
+    print(format_table(["voice", "reference s", "transform", "aliases", "description"], table))
     print(json.dumps(rows))
     return 0
+
+
+def _made(transform: dict | None) -> str:
+    """A preset's transform in a table cell: "formant x0.90, pitch x0.80", or "-"."""
+    return f"formant x{transform['formant']:.2f}, pitch x{transform['pitch']:.2f}" if transform else "-"
 
 
 def _add(args) -> int:

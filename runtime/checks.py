@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pcgtts.runtime.audio.presets import PresetVoice
 from pcgtts.runtime.audio.voice import Voice
 from pcgtts.runtime.config import KEYS, Settings, SynthesisConfig, resolve_settings
 from pcgtts.runtime.text.prompt import check_text
@@ -33,7 +34,7 @@ def check_stream_arguments(text, ref_audio, ref_text, voice, config) -> None:
         raise TypeError(f"ref_text must be a str, got {type(ref_text).__name__}")
     if ref_text is not None and ref_audio is None:
         raise ValueError("ref_text is the transcript of ref_audio: give ref_audio too (or a voice=)")
-    if voice is not None and not isinstance(voice, (Voice, str, Path)):
+    if voice is not None and not isinstance(voice, (Voice, PresetVoice, str, Path)):
         raise TypeError(f"voice must be a Voice, a voice file path or a preset name, got {type(voice).__name__}")
     if config is not None and not isinstance(config, SynthesisConfig):
         raise TypeError(f"config must be a SynthesisConfig, got {type(config).__name__}")

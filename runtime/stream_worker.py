@@ -23,6 +23,7 @@ import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
+from pcgtts.runtime.audio.transform import StreamingTransform, VoiceTransform
 from pcgtts.runtime.config import SynthesisConfig
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.steps import DecodeStats
@@ -132,7 +133,7 @@ class StreamJob:
     """One stream's state, apart from the models: its queue, worker thread, lock ownership."""
 
     def __init__(self, synth, prompts: list, budgets: list[int], config: SynthesisConfig,
-                 minimums: list[int] | None = None, lease=None):
+                 minimums: list[int] | None = None, transform: VoiceTransform | None = None, lease=None):
         # lease: the slot of the Synthesizer's batch (runtime/decode/batch.py) it decodes in beside other
         # streams; None: it holds the Synthesizer's one lane (`stream_lock`) alone.
         if lease is None and not synth.stream_lock.acquire(blocking=False):
@@ -140,6 +141,7 @@ class StreamJob:
                                "first (or use one Synthesizer per concurrent stream)")
         self.synth, self.prompts, self.budgets, self.config = synth, prompts, budgets, config
         self.minimums = minimums if minimums is not None else [config.decode.min_new_tokens] * len(prompts)
+        self.transform = transform  # a preset's audio transform (runtime/audio/transform.py), or None
         self.stats = StreamStats()
         self.queue: queue.Queue = queue.Queue()
         self.run_ahead = max(1, round(config.run_ahead_s * SAMPLE_RATE))  # samples queued at most (and one chunk)
@@ -327,12 +329,22 @@ def produce(job: StreamJob) -> None:
         costs = planner.plan(config.decode) if config.seed is not None else None
         acceptance = planner.starting_acceptance(config.decode)
         window = WindowDecoder(window_codec(synth, context).decode, config.stream, context=context)
-        done = 0  # samples handed out so far
+        done = 0  # samples of speech decoded and handed out so far (before a preset's transform)
+        # A preset's transform: its chunks come out LOOKAHEAD_S later and `rate` times as long.
+        reshape = StreamingTransform(job.transform, SAMPLE_RATE) if job.transform is not None else None
 
         def emit(samples: np.ndarray, last: bool) -> bool:
             nonlocal done
             start = done
-            done += len(samples)
+            if reshape is None:
+                done += len(samples)
+            else:
+                samples = reshape.process(samples)
+                if last:
+                    samples = np.concatenate([samples, reshape.flush()])
+                elif not len(samples):
+                    return True
+                done = reshape.consumed
             return put(AudioChunk(samples.astype(np.float32, copy=False), SAMPLE_RATE,
                                   start // SAMPLES_PER_TOKEN, done // SAMPLES_PER_TOKEN,
                                   time.perf_counter(), last, stats.truncated))
@@ -347,8 +359,8 @@ def produce(job: StreamJob) -> None:
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget, min_new_tokens=minimum)
                 bursts = (job.lease.decode(prompt, decode_config, generator, sentence) if job.lease is not None
-                          else decode(target, synth.draft, prompt, decode_config, generator, synth.groups,
-                                      sentence, costs=costs, proposer=planner.proposer(decode_config.policy),
+                          else decode(target, synth.draft, prompt, decode_config, generator, synth.groups, sentence,
+                                      costs=costs, proposer=planner.proposer(decode_config.policy),
                                       acceptance=acceptance))
                 for burst in bursts:
                     if not codec.push(burst) or not job.await_room(chunk_samples):  # run-ahead full: wait

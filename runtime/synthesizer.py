@@ -32,7 +32,8 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.audio.presets import Presets
+from pcgtts.runtime.audio.presets import Presets, PresetVoice
+from pcgtts.runtime.audio.transform import VoiceTransform
 from pcgtts.runtime.audio.voice import Voice
 from pcgtts.runtime.checks import (call_config, check_scripts, check_stream_arguments, check_voice_fits,
                                    voice_scripts)
@@ -194,19 +195,23 @@ class Synthesizer:
             self._full_codec = Codec.from_pretrained(folder, device="cpu", decode_only=False)
         return self._full_codec
 
-    def _resolve_voice(self, voice, ref_audio, ref_text) -> Voice | None:
+    def _resolve_voice(self, voice, ref_audio, ref_text) -> tuple[Voice | None, VoiceTransform | None]:
+        """The voice prompt a call speaks with (None: the model's own voice) and its audio transform."""
         if voice is not None and ref_audio is not None:
             raise ValueError("give either voice= or ref_audio=, not both")
         if isinstance(voice, (str, Path)):  # "default", a voice file, or a preset's name
             voice = self.presets.find(voice, "give the recording as ref_audio= with ref_text=, or make a voice "
                                              "of it with voice_from_audio()")
+        transform = None
+        if isinstance(voice, PresetVoice):
+            voice, transform = voice.prompt, voice.transform
         if ref_audio is not None:
             if not ref_text:
                 raise ValueError("ref_audio needs ref_text: the transcript of the reference recording")
             voice = self.voice_from_audio(ref_audio, ref_text)
         if voice is not None:
             check_voice_fits(voice, self.target.vocab.num_speech)
-        return voice
+        return voice, transform
 
     # -- synthesis -----------------------------------------------------------------------
 
@@ -236,16 +241,17 @@ class Synthesizer:
                      heads=self.heads is not None,
                      transitions=self.heads is not None and self.heads.transitions is not None,
                      eagle=self.eagle is not None, greedy=config.decode.sampling.greedy)
-        resolved = self._resolve_voice(voice, ref_audio, ref_text)
+        resolved, transform = self._resolve_voice(voice, ref_audio, ref_text)
         if config.spell_numbers:
             text = spell_numbers(text)
         self._warn_foreign_script(text)
         prompts, budgets, minimums = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
         lease = self._batch_slot(config, resolved)  # `BatchFull` at once when every slot streams
         if lease is not None:
-            return SynthesisStream(StreamJob(self, prompts, budgets, config, minimums, lease=lease))
+            return SynthesisStream(StreamJob(self, prompts, budgets, config, minimums, transform=transform,
+                                             lease=lease))
         self._cancel_unread_stream()
-        job = StreamJob(self, prompts, budgets, config, minimums)
+        job = StreamJob(self, prompts, budgets, config, minimums, transform=transform)
         self._current = weakref.ref(job)
         return SynthesisStream(job)
 
@@ -341,10 +347,10 @@ class Synthesizer:
         for lm in (self.target, self.draft):
             if lm is not None:
                 lm.release()
-        if self.clone_target is not None:
-            self.clone_target.release()
         if self.batch is not None:
             self.batch.release()  # once no stream holds a slot
+        if self.clone_target is not None:
+            self.clone_target.release()
 
 
 def pretrained_settings(target: str | Path | None = None, draft: str | Path | None = None,

@@ -45,7 +45,7 @@ class SpeechJob:
     """One request's synthesis state (kept apart from the models)."""
 
     text: str
-    voice: object | None  # a runtime Voice, or None for the built-in voice
+    voice: object | None  # a runtime Voice or PresetVoice, or None for the built-in voice
     config: SynthesisConfig | None  # None: the worker's own settings
     deadline: float  # time.monotonic() after which the job is cut
     received_at: float = field(default_factory=time.perf_counter)

@@ -10,6 +10,7 @@ import time
 
 from starlette.concurrency import run_in_threadpool
 
+from pcgtts.runtime.audio.presets import PresetVoice
 from pcgtts.runtime.config import Settings, SynthesisConfig, resolve_settings
 from pcgtts.runtime.decode.batch import BatchFull
 from pcgtts.runtime.text.prompt import check_text, tokenize_plain
@@ -62,7 +63,8 @@ class Service:
         except ValueError as err:
             raise APIError(400, f"voice: {err}", "voice", "invalid_value") from None
         num_speech = self.pool.synthesizers[0].target.vocab.num_speech
-        if voice_obj is not None and int(voice_obj.codes.max()) >= num_speech:
+        prompt = voice_obj.prompt if isinstance(voice_obj, PresetVoice) else voice_obj
+        if prompt is not None and int(prompt.codes.max()) >= num_speech:
             raise APIError(400, f"voice {voice!r} holds codec tokens beyond the loaded model's {num_speech} speech "
                            "tokens (it was encoded for another model)", "voice", "voice_incompatible")
         config = self.request_config(policy=policy, seed=seed, temperature=temperature)

@@ -19,13 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
-from pcgtts.runtime.audio.presets import DEFAULT_VOICE, Presets
+from pcgtts.runtime.audio.presets import DEFAULT_VOICE, Presets, PresetVoice
 from pcgtts.runtime.audio.voice import Voice
 
 log = logging.getLogger(__name__)
 
 BUILTIN = DEFAULT_VOICE
-OPENAI_ALIASES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse")
+OPENAI_ALIASES = ("alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage",
+                  "shimmer", "verse")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 SUFFIX = ".voice"
 
@@ -71,10 +72,11 @@ class VoiceStore:
     def path(self, name: str) -> Path:
         return self.dir / f"{check_name(name)}{SUFFIX}"
 
-    def get(self, name: str) -> Voice | None:
-        """The Voice called `name` (None for the model's own voice); KeyError if there is none."""
+    def get(self, name: str) -> Voice | PresetVoice | None:
+        """The voice called `name`: a preset's PresetVoice, a stored Voice, None for the model's own voice;
+        KeyError if there is none."""
         if name in self.presets.names or name in self.presets.aliases:
-            return self.presets.prompt(name)
+            return self.presets.speaker(name)
         if self.is_builtin(name):
             return None
         path = self.path(name)

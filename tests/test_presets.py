@@ -1,4 +1,5 @@
-"""Preset voices: named voice files shipped with a model, picked by name in the API, the CLI and the server.
+"""Preset voices: named voices shipped with a model (a voice prompt, an audio transform of the model's own
+voice, or both), picked by name in the API, the CLI and the server.
 
 The shipped voice's presets are read from the package (no expansion); the rest runs on the small
 cloning-capable pair (the released 65,536-code vocabulary at tiny width) with presets made from its
@@ -14,10 +15,13 @@ import numpy as np
 import pytest
 
 from pcgtts.runtime.audio.presets import Presets, UnknownVoice, write_presets
+from pcgtts.runtime.audio.transform import StreamingTransform, VoiceTransform
 from pcgtts.runtime.audio.voice import Voice
 
 SHIPPED = Path(__file__).resolve().parents[1] / "pcgtts" / "voice"
-OPENAI_NAMES = ("alloy", "echo", "fable", "onyx", "nova", "shimmer")
+OPENAI_NAMES = ("alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage", "shimmer",
+                "verse")
+WARM = VoiceTransform(formant=0.9, pitch=0.8)
 
 
 def _voice(seed: int, n: int = 60) -> Voice:
@@ -28,20 +32,48 @@ def _voice(seed: int, n: int = 60) -> Voice:
 @pytest.fixture(scope="module")
 def presets_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("presets")
-    write_presets(folder, {"bright": (_voice(1), "a bright voice"), "dark": (_voice(2, 80), "a dark voice")},
-                  default="bright", aliases={"alloy": "bright", "onyx": "dark"})
+    write_presets(folder, {"bright": (_voice(1), "a bright voice"), "dark": (_voice(2, 80), "a dark voice"),
+                           "warm": (None, "the own voice, lower")},
+                  default="bright", aliases={"alloy": "bright", "onyx": "dark", "sage": "warm"}, transforms={"warm": WARM})
     return folder
 
 
 def test_presets_round_trip_and_aliases_resolve(presets_dir):
     presets = Presets.load(presets_dir)
-    assert presets.names == ("bright", "dark") and presets.default == "bright"
+    assert presets.names == ("bright", "dark", "warm") and presets.default == "bright"
     assert presets.resolve("onyx") == "dark"
     assert np.array_equal(presets.voice("onyx").codes, _voice(2, 80).codes)
     assert presets.voice("dark") is presets.voice("onyx")  # read once
     rows = presets.listing()
     assert rows[0] == {"name": "bright", "description": "a bright voice", "default": True, "seconds": 1.2}
+    assert rows[2] == {"name": "warm", "description": "the own voice, lower", "default": False,
+                       "transform": {"formant": 0.9, "pitch": 0.8}}
     assert {"name": "onyx", "alias_of": "dark"} in rows
+    assert presets.speaker("sage").prompt is None and presets.speaker("sage").transform == WARM
+    assert presets.speaker("alloy").prompt is None and presets.speaker("onyx").transform is None
+
+
+def test_an_index_of_the_first_version_is_still_read(tmp_path, presets_dir):
+    index = json.loads((presets_dir / "voices.json").read_text())
+    index["version"] = 1
+    index["voices"] = [v for v in index["voices"] if "transform" not in v]
+    index["aliases"] = {"onyx": "dark"}
+    for v in index["voices"]:
+        (tmp_path / v["file"]).write_bytes((presets_dir / v["file"]).read_bytes())
+    (tmp_path / "voices.json").write_text(json.dumps(index))
+    assert Presets.load(tmp_path).names == ("bright", "dark")
+
+
+def test_a_transform_out_of_range_or_unknown_is_refused(tmp_path, presets_dir):
+    index = json.loads((presets_dir / "voices.json").read_text())
+    for bad, why in (({"formant": 3.0}, "formant ratio 3.0"), ({"pitch": 0.8, "tempo": 1.1}, "unknown field")):
+        index["voices"][2]["transform"] = bad
+        (tmp_path / "voices.json").write_text(json.dumps(index))
+        for v in index["voices"][:2]:
+            (tmp_path / v["file"]).write_bytes((presets_dir / v["file"]).read_bytes())
+        with pytest.raises(ValueError, match=why) as err:
+            Presets.load(tmp_path)
+        assert "\n" not in str(err.value) and "'warm'" in str(err.value)
 
 
 def test_an_unknown_name_is_one_line_that_lists_the_names(presets_dir):
@@ -73,14 +105,14 @@ def test_the_shipped_voice_has_at_least_eight_distinct_presets_with_openai_names
     meta = read_voice(SHIPPED)  # every preset file's checksum is recorded in voice.json
     presets = Presets.load(SHIPPED / "voices")
     assert len(presets.names) >= 8 and presets.default in presets.names
-    assert {f"voices/{p.file}" for p in presets.voices} <= set(meta["sha256"])
-    assert set(OPENAI_NAMES) <= set(presets.aliases)
-    sources = set()
-    for name in presets.names:
-        voice = presets.voice(name)
-        assert 150 <= len(voice.codes) <= 250 and int(voice.codes.max()) < 65536  # a 3-5 s reference
-        sources.add(voice.source)
-    assert len(sources) == len(presets.names)  # every preset its own recording
+    assert {f"voices/{p.file}" for p in presets.voices if p.file} <= set(meta["sha256"])
+    assert all(presets.resolve(name) for name in OPENAI_NAMES)  # every OpenAI voice name is a preset or alias
+    made = [(p.file and presets.voice(p.name).source, p.transform) for p in presets.voices]
+    assert len(set(made)) == len(made)  # every preset its own recording or its own transform
+    for p in presets.voices:
+        if p.file:
+            voice = presets.voice(p.name)
+            assert 150 <= len(voice.codes) <= 250 and int(voice.codes.max()) < 65536  # a 3-5 s reference
 
 
 # -- the Python API ----------------------------------------------------------------------------------
@@ -99,7 +131,20 @@ def test_a_preset_name_speaks_as_its_voice_file(prompted, presets_dir):
     other = prompted.synthesize("Pick a voice.", voice="bright", seed=3)
     assert by_name.size > 0 and np.array_equal(by_name, by_file)
     assert not np.array_equal(by_name, other)
-    assert [v["name"] for v in prompted.voices()][:2] == ["bright", "dark"]
+    assert [v["name"] for v in prompted.voices()][:3] == ["bright", "dark", "warm"]
+
+
+def test_a_transform_preset_is_the_own_voice_through_its_transform_chunk_by_chunk(prompted):
+    with prompted.stream("Pick a voice.", seed=3) as stream:
+        chunks = [c.samples for c in stream]
+    reshape = StreamingTransform(WARM, 16000)
+    expected = np.concatenate([reshape.process(c) for c in chunks] + [reshape.flush()])
+    with prompted.stream("Pick a voice.", voice="sage", seed=3) as stream:
+        heard = list(stream)
+    samples = np.concatenate([c.samples for c in heard])
+    assert samples.size == WARM.output_length(sum(c.size for c in chunks)) and np.array_equal(samples, expected)
+    assert heard[-1].is_last and not any(c.is_last for c in heard[:-1])
+    assert np.array_equal(prompted.synthesize("Pick a voice.", voice="sage", seed=3), samples)  # it repeats
 
 
 def test_the_default_preset_is_the_models_own_voice_unprompted(prompted, presets_dir):
@@ -112,7 +157,7 @@ def test_the_default_preset_is_the_models_own_voice_unprompted(prompted, presets
 
 
 def test_an_unknown_voice_name_is_refused_before_any_work(prompted):
-    with pytest.raises(ValueError, match="presets: bright, dark"):
+    with pytest.raises(ValueError, match="presets: bright, dark, warm"):
         prompted.stream("Hello.", voice="nobody")
     assert not prompted.stream_lock.locked()
 
@@ -143,7 +188,7 @@ def test_speak_with_an_unknown_voice_is_one_line_before_models_load(cloning_mode
     code, _, err = _cli(["speak", "Hello.", "--voice", "nobody", "--target", cloning_models["target"],
                          "--codec", cloning_models["codec"], "--presets", presets_dir, "--policy", "ar",
                          "--out", tmp_path / "x.wav"], capsys)
-    assert code != 0 and err.count("\n") == 0 and "presets: bright, dark" in err
+    assert code != 0 and err.count("\n") == 0 and "presets: bright, dark, warm" in err
     assert not (tmp_path / "x.wav").exists()
 
 
@@ -176,7 +221,13 @@ def test_the_server_lists_presets_and_maps_openai_names(cloning_models, presets_
         assert r.status_code == 200 and len(r.content) > 0
         error = assert_openai_error(httpx.post(f"{server.url}/v1/audio/speech", headers=auth(), timeout=60,
                                                json={"input": "Who?", "voice": "nobody"}), 400, "voice")
-        assert "default, bright, dark" in error["message"]
+        assert "default, bright, dark, warm" in error["message"]
+        r = httpx.post(f"{server.url}/v1/audio/speech", headers=auth(), timeout=60,
+                       json={"input": "A preset.", "voice": "sage", "response_format": "pcm", "seed": 1})
+        own = httpx.post(f"{server.url}/v1/audio/speech", headers=auth(), timeout=60,
+                         json={"input": "A preset.", "voice": "alloy", "response_format": "pcm", "seed": 1})
+        assert r.status_code == own.status_code == 200
+        assert len(r.content) // 2 == WARM.output_length(len(own.content) // 2)  # heard through its transform
         upload = httpx.post(f"{server.url}/v1/audio/voices", headers=auth(), data={"name": "dark", "text": "Mine."},
                             files={"audio": ("r.wav", b"RIFF")})
         assert_openai_error(upload, 400, "name")

@@ -19,7 +19,8 @@ class AudioChunk:
     token_start: int
     """Index (within the utterance's generated speech tokens) of the first token this chunk covers."""
     token_end: int
-    """One past the last token covered: the chunk holds (token_end - token_start) * 320 samples."""
+    """One past the last token covered: the chunk holds (token_end - token_start) * 320 samples (a preset
+    heard through a transform: about that many times its tempo ratio, `runtime/audio/transform.py`)."""
     ready_time: float
     """`time.perf_counter()` when the chunk was ready for playback."""
     is_last: bool = False

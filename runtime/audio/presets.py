@@ -1,19 +1,25 @@
-"""Preset voices: named `.voice` files that ship with a model, in a folder indexed by `voices.json`.
+"""Preset voices: named voices that ship with a model, in a folder indexed by `voices.json`.
 
-    voices.json  {"format": "pcgtts-presets", "version": 1, "default": "heart",
-                  "voices": [{"name": "heart", "file": "heart.voice", "description": "..."}, ...],
+    voices.json  {"format": "pcgtts-presets", "version": 2, "default": "heart",
+                  "voices": [{"name": "heart", "file": "heart.voice", "description": "..."},
+                             {"name": "ember", "transform": {"formant": 0.9, "pitch": 0.8}, "description": "..."}, ...],
                   "aliases": {"alloy": "heart", ...}}
 
-A preset is a voice file (reference codes + transcript, `runtime/audio/voice.py`) that the target
-was trained to follow as a voice prompt. `default` names the preset the target speaks as when no
-voice is given: the model's own voice, so naming it (or an alias of it) speaks unprompted too, as
-no voice does (`prompt`), and it is heard through the model's own codec; its file is the reference
-it was learnt from. Aliases (OpenAI's voice names, for example) map onto presets. The built-in voice's presets live in its voice folder; any target may carry its
-own in `<target>/voices`.
+A preset is spoken with a voice prompt, an audio transform, or both:
+- `file`: a voice file (reference codes + transcript, `runtime/audio/voice.py`) that the target was
+  trained to follow as a voice prompt;
+- `transform`: the model's voice (or the prompt's) with its formants and pitch moved
+  (`runtime/audio/transform.py`): a preset made this way is as intelligible as the voice it is made of.
+`default` names the preset the target speaks as when no voice is given: the model's own voice, so
+naming it (or an alias of it) speaks unprompted too, as no voice does (`speaker`), and it is heard
+through the model's own codec; its file, if any, is the reference it was learnt from. Aliases
+(OpenAI's voice names, for example) map onto presets. The built-in voice's presets live in its voice
+folder; any target may carry its own in `<target>/voices`. Version 1 indexes (every preset a file)
+are read too.
 
     presets = Presets.load(folder)
-    presets.voice("nova")            # the Voice of the preset "nova" names (an alias)
-    presets.prompt("alloy")          # what it is spoken with: None for the default preset (no prompt)
+    presets.speaker("nova")          # PresetVoice(name, prompt: Voice | None, transform: VoiceTransform | None)
+    presets.prompt("alloy")          # its voice prompt: None for the default preset and transform-only ones
     presets.listing()                # [{"name": ..., "description": ..., "default": ...}, {"name": "alloy", "alias_of": ...}]
 """
 
@@ -25,9 +31,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pcgtts.runtime.audio.transform import VoiceTransform
 from pcgtts.runtime.audio.voice import Voice
 
-FORMAT, VERSION, INDEX = "pcgtts-presets", 1, "voices.json"
+FORMAT, VERSION, INDEX = "pcgtts-presets", 2, "voices.json"
+READABLE_VERSIONS = (1, 2)
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 DEFAULT_VOICE = "default"  # wherever a voice is named: the model's own voice, unprompted
 # Recordings, told from voice files (zip archives) by their suffix or their first bytes.
@@ -42,8 +50,18 @@ class UnknownVoice(ValueError):
 @dataclass(frozen=True)
 class Preset:
     name: str
-    file: str  # relative to the presets folder
+    file: str | None = None  # its voice prompt, relative to the presets folder (None: unprompted)
     description: str = ""
+    transform: VoiceTransform | None = None  # applied to its audio (None: heard as spoken)
+
+
+@dataclass(frozen=True, eq=False)
+class PresetVoice:
+    """What a preset is spoken with: a voice prompt (None: the model's own voice) and an audio transform."""
+
+    name: str
+    prompt: Voice | None
+    transform: VoiceTransform | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,12 +96,12 @@ class Presets:
             meta = json.loads((folder / INDEX).read_text())
         except (OSError, ValueError) as err:
             raise ValueError(f"{folder / INDEX}: unreadable ({err})") from None
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        if meta.get("format") != FORMAT or meta.get("version") not in READABLE_VERSIONS:
             raise ValueError(f"{folder / INDEX}: format {meta.get('format')!r} version {meta.get('version')!r}, "
-                             f"expected {FORMAT!r} {VERSION}")
-        voices = tuple(Preset(v["name"], v["file"], v.get("description", "")) for v in meta.get("voices", ()))
+                             f"expected {FORMAT!r} {' or '.join(map(str, READABLE_VERSIONS))}")
+        voices = tuple(_entry(v, folder / INDEX) for v in meta.get("voices", ()))
         for p in voices:
-            if Path(p.file).name != p.file or not (folder / p.file).is_file():
+            if p.file is not None and (Path(p.file).name != p.file or not (folder / p.file).is_file()):
                 raise ValueError(f"{folder / INDEX}: preset {p.name!r} names a missing file {p.file!r}")
         return cls(folder, voices, meta.get("default"), dict(meta.get("aliases", {})))
 
@@ -118,29 +136,56 @@ class Presets:
         if path.is_file() and is_recording(path):
             raise ValueError(f"{voice} is an audio file: {audio_hint}")
         if isinstance(voice, str) and not path.exists():
-            return self.prompt(voice)
+            return self.speaker(voice)
         return Voice.load(path)
 
-    def prompt(self, name: str) -> Voice | None:
-        """The voice prompt preset (or alias) `name` speaks with: None for the default preset (the model's
-        own voice, unprompted), else its Voice."""
+    def speaker(self, name: str) -> PresetVoice:
+        """What preset (or alias) `name` is spoken with: its voice prompt (None for the default preset, the
+        model's own voice, and for presets made by a transform alone) and its audio transform."""
         name = self.resolve(name)
-        return None if name == self.default else self.voice(name)
+        preset = self._preset(name)
+        prompt = None if name == self.default or preset.file is None else self.voice(name)
+        return PresetVoice(name, prompt, preset.transform)
 
-    def voice(self, name: str) -> Voice:
-        """The Voice of preset (or alias) `name`, read once."""
+    def prompt(self, name: str) -> Voice | None:
+        """The voice prompt preset (or alias) `name` speaks with (None: unprompted)."""
+        return self.speaker(name).prompt
+
+    def voice(self, name: str) -> Voice | None:
+        """The voice file of preset (or alias) `name`, read once; None for a preset without one."""
         name = self.resolve(name)
+        preset = self._preset(name)
+        if preset.file is None:
+            return None
         with self._lock:
             if name not in self._loaded:
-                preset = next(p for p in self.voices if p.name == name)
                 self._loaded[name] = Voice.load(self.folder / preset.file)
             return self._loaded[name]
 
+    def _preset(self, name: str) -> Preset:
+        return next(p for p in self.voices if p.name == name)
+
     def listing(self) -> list[dict]:
-        """Presets (name, description, seconds of reference, whether it is the default) then aliases (alias_of)."""
-        rows = [{"name": p.name, "description": p.description, "default": p.name == self.default,
-                 "seconds": round(len(self.voice(p.name).codes) / 50, 2)} for p in self.voices]
+        """Presets (name, description, seconds of reference if it has one, its transform, whether it is
+        the default) then aliases (alias_of)."""
+        rows = []
+        for p in self.voices:
+            row = {"name": p.name, "description": p.description, "default": p.name == self.default}
+            if p.file is not None:
+                row["seconds"] = round(len(self.voice(p.name).codes) / 50, 2)
+            if p.transform is not None:
+                row["transform"] = p.transform.to_dict()
+            rows.append(row)
         return rows + [{"name": a, "alias_of": n} for a, n in self.aliases.items()]
+
+
+def _entry(entry: dict, index: Path) -> Preset:
+    """One entry of an index: a name, and a file, a transform, both or neither (the model's own voice)."""
+    try:
+        transform = VoiceTransform.from_dict(entry["transform"]) if "transform" in entry else None
+        return Preset(entry["name"], entry.get("file"), entry.get("description", ""), transform)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{index}: preset entry {entry!r}: {err}") from None
 
 
 def is_recording(path: Path) -> bool:
@@ -155,17 +200,26 @@ def is_recording(path: Path) -> bool:
     return head.startswith(AUDIO_MAGIC)
 
 
-def write_presets(folder: str | Path, voices: dict[str, tuple[Voice, str]], default: str | None,
-                  aliases: dict[str, str]) -> Path:
-    """Write `voices` ({name: (Voice, description)}) as NAME.voice files and their voices.json into
-    `folder` (checked as `Presets` first). Returns the index's path."""
+def write_presets(folder: str | Path, voices: dict[str, tuple[Voice | None, str]], default: str | None,
+                  aliases: dict[str, str], transforms: dict[str, VoiceTransform] | None = None) -> Path:
+    """Write `voices` ({name: (Voice or None, description)}) as NAME.voice files and their voices.json
+    into `folder` (checked as `Presets` first); `transforms`: {name: VoiceTransform} of presets heard
+    through one (a preset with neither a Voice nor a transform is the model's own voice). Returns the
+    index's path."""
     folder = Path(folder)
-    presets = Presets(folder, tuple(Preset(n, f"{n}.voice", d) for n, (_, d) in voices.items()), default, aliases)
+    transforms = transforms or {}
+    unknown = set(transforms) - set(voices)
+    if unknown:
+        raise ValueError(f"transforms of no preset: {sorted(unknown)}")
+    presets = Presets(folder, tuple(Preset(n, f"{n}.voice" if v is not None else None, d, transforms.get(n))
+                                    for n, (v, d) in voices.items()), default, aliases)
     folder.mkdir(parents=True, exist_ok=True)
     for name, (voice, _) in voices.items():
-        voice.save(folder / f"{name}.voice")
+        if voice is not None:
+            voice.save(folder / f"{name}.voice")
     index = {"format": FORMAT, "version": VERSION, "default": presets.default,
-             "voices": [{"name": p.name, "file": p.file, "description": p.description} for p in presets.voices],
+             "voices": [{"name": p.name, **({"file": p.file} if p.file else {}), "description": p.description,
+                         **({"transform": p.transform.to_dict()} if p.transform else {})} for p in presets.voices],
              "aliases": presets.aliases}
     tmp = folder / f"{INDEX}.tmp"
     tmp.write_text(json.dumps(index, indent=2) + "\n")
@@ -173,4 +227,4 @@ def write_presets(folder: str | Path, voices: dict[str, tuple[Voice, str]], defa
     return folder / INDEX
 
 
-__all__ = ["DEFAULT_VOICE", "Preset", "Presets", "UnknownVoice", "is_recording", "write_presets", "INDEX"]
+__all__ = ["DEFAULT_VOICE", "Preset", "PresetVoice", "Presets", "UnknownVoice", "is_recording", "write_presets", "INDEX"]
