@@ -63,6 +63,33 @@ def test_the_clone_target_loads_on_the_first_voice_with_a_reference(tiny_models,
     assert synth.route(True) is synth.route(True) and synth.route(False).target is synth.target
 
 
+def test_the_clone_target_is_loaded_once_whichever_threads_ask_first():
+    import threading
+    import time
+
+    from pcgtts.runtime.loading import LazyTarget, TargetModels
+
+    calls = []
+
+    def load():
+        calls.append(threading.get_ident())
+        time.sleep(0.05)  # the others ask meanwhile
+        if len(calls) == 1:
+            raise OSError("a damaged file")  # a failed load is tried again by the next caller
+        return TargetModels(target=object())
+
+    lazy = LazyTarget("clone", load)
+    with pytest.raises(OSError, match="damaged"):
+        lazy.get()
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(lazy.get())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 2 and len(got) == 4 and all(models is got[0] for models in got) and lazy.loaded
+
+
 def test_a_voice_with_a_reference_is_spoken_by_the_clone_target(tiny_models, clones, tmp_path):
     both = _synth(tiny_models, clone_target=clones["same"], draft=True, policy="sd")
     main = _synth(tiny_models, draft=True, policy="sd")
