@@ -242,9 +242,9 @@ def check_clone_target(folder: str, target: str | None) -> None:
         raise ValueError("clone_target given without a target model; give the target too")
     mine, theirs = exported_kind(target), exported_kind(folder)
     if mine != theirs:
-        what = {None: "a checkpoint"}
-        raise ValueError(f"clone_target {folder}: {what.get(theirs, f'a {theirs} export')}, but the target {target} "
-                         f"is {what.get(mine, f'a {mine} export')}; give both in the same form (same backend)")
+        what = {None: "a checkpoint", "onnx": "an ONNX export", "tensorrt": "a TensorRT export"}
+        raise ValueError(f"clone_target {folder}: {what.get(theirs, theirs)}, but the target {target} is "
+                         f"{what.get(mine, mine)}; give both in the same form (same backend)")
 
 
 def check_checkpoints(models: ModelPaths) -> None:

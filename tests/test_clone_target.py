@@ -163,6 +163,21 @@ def test_a_clone_target_of_another_shape_falls_back_to_the_draft_and_says_so_onc
     assert synth.eagle is not None and len(synth.synthesize(TEXT))  # its own voice keeps the EAGLE draft
 
 
+@pytest.mark.slow  # exports two graphs: half a minute
+def test_an_exported_clone_target_runs_on_onnxruntime(tiny_models, clones, tmp_path):
+    from pcgtts.tools.prepare import export_for_onnxruntime
+
+    for name, source in (("target", tiny_models["target"]), ("clone_target", clones["same"])):
+        export_for_onnxruntime(name, source, tmp_path / name)
+    models = {**tiny_models, "target": str(tmp_path / "target")}
+    both = _synth(models, clone_target=str(tmp_path / "clone_target"), backend="onnxruntime")
+    clone = _synth(models, target=str(tmp_path / "clone_target"), backend="onnxruntime")
+    assert np.array_equal(both.synthesize(TEXT, voice=REFERENCE), clone.synthesize(TEXT, voice=REFERENCE))
+    assert type(both.route(True).target) is type(both.target) and both.route(True).target is not both.target
+    with pytest.raises(ValueError, match="clone_target .*: a checkpoint, but the target .* is an ONNX export"):
+        _synth(models, clone_target=clones["same"], backend="onnxruntime")
+
+
 # --- settings, the command line, the prepared folder --------------------------------------------------
 
 def test_the_settings_and_the_command_line_name_a_clone_target(tmp_path):
@@ -229,7 +244,7 @@ def test_an_export_and_a_checkpoint_do_not_mix(tiny_models, tmp_path):
     exported = tmp_path / "exported"
     exported.mkdir()
     (exported / "pcgtts-lm.json").write_text('{"kind": "onnx"}')
-    with pytest.raises(ValueError, match=r"^clone_target .*exported: an? .* export, but the target .* is a checkpoint"):
+    with pytest.raises(ValueError, match=r"^clone_target .*exported: an ONNX export, but the target .* is a checkpoint"):
         check_clone_target(str(exported), tiny_models["target"])
 
 
