@@ -161,3 +161,29 @@ def test_the_batch_runs_plain_decoding_only(target):
     lease = BatchDecoder(BatchedLM(target, 1)).lease()
     with pytest.raises(ValueError, match="policy 'ar'"):
         lease.decode(prompts(target)[0], DecodeConfig(policy="sd"), torch.Generator())
+
+
+@pytest.mark.parametrize("policy, temperature", [("sd", 0.8), ("pcg", 0.8), ("pcg", 0.0), ("draft", 0.8)])
+def test_speculative_streams_in_a_batch_decode_as_alone(tiny_pair, tiny_groups, policy, temperature):
+    """Draft-LM policies: each stream runs its own loop over its slots (ragged acceptance: every slot
+    rolls back to its own length), the forwards of all of them run together at the gate; each gives
+    the codes `loop.decode` gives it alone on the loaded models."""
+    target, draft = tiny_pair
+    cfg = DecodeConfig(policy=policy, max_new_tokens=40, min_new_tokens=10, adaptive_draft=False, draft_length=3,
+                       sampling=SamplingConfig(temperature=temperature))
+    ps = prompts(target)[:4]
+    expected = [[t for burst in decode(target, draft, p, cfg, torch.Generator().manual_seed(i), tiny_groups)
+                 for t in burst] for i, p in enumerate(ps)]
+    batch = BatchDecoder(BatchedLM(target, 4), draft=BatchedLM(draft, 4), groups=tiny_groups)
+    assert together(batch, ps, cfg, [0, 1, 2, 3]) == expected
+    assert max(batch.gate.sizes) > 1  # the streams' forwards did run together
+    assert batch.leased == 0
+
+
+def test_a_batch_speculates_at_a_fixed_draft_length_only(tiny_pair):
+    target, draft = tiny_pair
+    lease = BatchDecoder(BatchedLM(target, 1), draft=BatchedLM(draft, 1)).lease()
+    with pytest.raises(ValueError, match="fixed draft length"):
+        lease.decode(prompts(target)[0], DecodeConfig(policy="sd", adaptive_draft=True), torch.Generator())
+    with pytest.raises(ValueError, match="not policy 'mtp-sd'"):
+        lease.decode(prompts(target)[0], DecodeConfig(policy="mtp-sd", adaptive_draft=False), torch.Generator())

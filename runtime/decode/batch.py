@@ -31,9 +31,10 @@ from typing import Iterator
 import torch
 
 from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.sampling import digits_to_draw
 from pcgtts.runtime.decode.steps import DecodeStats, draw_next, emitted
-from pcgtts.runtime.lm.batched import BatchedLM
+from pcgtts.runtime.lm.batched import BatchedLM, SlotLM, StepGate
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,22 @@ class BatchFull(RuntimeError):
     """Every slot of the batch is held by a stream: refused at once, nothing waits."""
 
 
-def check_batchable(config: DecodeConfig) -> None:
-    """A one-line ValueError unless `config` decodes plainly with the target (what the batch runs)."""
-    if config.policy != "ar" or config.steps_per_sync:
-        raise ValueError(f"the batch decodes policy 'ar' on the host loop, not policy {config.policy!r}"
-                         + (" with steps_per_sync" if config.steps_per_sync else ""))
+SPECULATIVE_POLICIES = ("sd", "ssd", "pcg", "draft")  # what a batch with a draft LM also runs (`SlotLease`)
+
+
+def check_batchable(config: DecodeConfig, draft: bool = False) -> None:
+    """A one-line ValueError unless a batch (with a draft LM: `draft`) runs `config`: policy `ar`, and
+    with a draft the draft LM's policies at a fixed draft length, on the host loop."""
+    if config.steps_per_sync:
+        raise ValueError("the batch decodes on the host loop, not with steps_per_sync")
+    if config.policy == "ar":
+        return
+    if not draft or config.policy not in SPECULATIVE_POLICIES:
+        runs = "'ar'" + (f" and {', '.join(SPECULATIVE_POLICIES)}" if draft else "")
+        raise ValueError(f"the batch decodes policy {runs}, not policy {config.policy!r}")
+    if config.adaptive_draft and config.policy != "draft":
+        raise ValueError(f"the batch speculates at a fixed draft length: policy {config.policy!r} with "
+                         "adaptive_draft false")
 
 
 @dataclass(eq=False)
@@ -71,12 +83,20 @@ class BatchJob:
 
 
 class BatchDecoder:
-    """`slots` streams' plain decodes over one `BatchedLM`, stepped together by one thread."""
+    """`slots` streams' plain decodes over one `BatchedLM`, stepped together by one thread; with a
+    draft's `BatchedLM` (the same slots), speculative streams too, each running its own loop over its
+    slots with the forwards of all of them run together (`batched.StepGate`)."""
 
-    def __init__(self, lm: BatchedLM, ahead_tokens: int = AHEAD_TOKENS):
+    def __init__(self, lm: BatchedLM, ahead_tokens: int = AHEAD_TOKENS, draft: BatchedLM | None = None,
+                 groups=None):
         if ahead_tokens < 1:
             raise ValueError(f"ahead_tokens must be >= 1, got {ahead_tokens}")
-        self.lm, self.ahead_tokens = lm, ahead_tokens
+        if draft is not None and draft.slots != lm.slots:
+            raise ValueError(f"the draft's batch has {draft.slots} slots, the target's {lm.slots}")
+        self.lm, self.ahead_tokens, self.draft, self.groups = lm, ahead_tokens, draft, groups
+        self.gate = StepGate()
+        self.stepping: set[int] = set()  # slots of the step under way on the batch's thread
+        self.closing: set[int] = set()  # slots given back during it: free once it ends
         self.cond = threading.Condition()
         self.free = list(range(lm.slots))  # slots no lease holds
         self.jobs: list[BatchJob] = []  # submitted and not yet dropped
@@ -103,8 +123,11 @@ class BatchDecoder:
             return sum(1 for job in self.jobs if not job.done and not job.cancelled)
 
     def lease(self) -> "SlotLease":
-        """A slot for one stream's life; `BatchFull` at once when every slot is held."""
+        """A slot for one stream's life; `BatchFull` at once when every slot is held (a slot given back
+        during the step under way is waited for: it is free when that step ends)."""
         with self.cond:
+            while not self.free and self.closing:
+                self.cond.wait(timeout=1.0)
             if not self.free:
                 raise BatchFull(f"all {self.lm.slots} batch slots are streaming; close a stream first "
                                 f"(or raise max_batch)")
@@ -120,16 +143,20 @@ class BatchDecoder:
             self.cond.notify_all()
 
     def give_back(self, slot: int, job: BatchJob | None) -> None:
-        """A lease ends: its decode (if one runs) steps no more, and its slot is free at once. A new
-        decode in the slot is prefilled by the batch's thread after the step under way, and the old one
-        is dropped before the next: the slot is never written by both in one step."""
+        """A lease ends: its decode (if one runs) steps no more, and its slot is free at once, or when the
+        step under way ends if that step carries it (the slot is never written by two decodes at once)."""
         with self.cond:
             if job is not None:
                 job.cancelled = True
-            if slot not in self.free:
-                self.free.append(slot)
-                self.free.sort()
+            if slot in self.stepping:
+                self.closing.add(slot)
+            elif slot not in self.free:
+                self._free(slot)
             self.cond.notify_all()
+
+    def _free(self, slot: int) -> None:
+        self.free.append(slot)
+        self.free.sort()
 
     def release(self) -> bool:
         """Free the slots' caches when no stream holds a slot; whether they were freed."""
@@ -156,6 +183,7 @@ class BatchDecoder:
                         return
                     self.cond.wait(timeout=1.0)
                     ready = self._ready()
+                self.stepping = {job.slot for job in ready}
             try:
                 self._step(ready)
             except BaseException as err:  # every decode of the step hears it; the batch goes on
@@ -218,7 +246,12 @@ class BatchDecoder:
         self._deliver(results)
 
     def _deliver(self, results: dict) -> None:
+        """Hand each decode its step's tokens (or its end, or an error); the step is over."""
         with self.cond:
+            self.stepping = set()
+            for slot in self.closing:
+                self._free(slot)
+            self.closing.clear()
             for job, result in results.items():
                 items = result if isinstance(result, list) else [result]
                 for item in items:
@@ -239,17 +272,43 @@ class SlotLease:
         self.batch, self.slot = batch, slot
         self.job: BatchJob | None = None
         self.closed = False
+        self.target = SlotLM(batch.lm, slot, batch.gate)  # the slot as an LM, for a loop of its own
+        self.draft = SlotLM(batch.draft, slot, batch.gate) if batch.draft is not None else None
 
     def decode(self, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
                stats: DecodeStats | None = None) -> Iterator[list[int]]:
-        """Bursts of speech codes for `prompt_ids` [T] from this slot, as `loop.decode` yields them."""
-        check_batchable(config)
+        """Bursts of speech codes for `prompt_ids` [T] from this slot, as `loop.decode` yields them:
+        plain decoding stepped by the batch's thread, a speculative policy by `loop.decode` over this
+        slot's views (its forwards run together with the other streams' at the gate)."""
+        check_batchable(config, draft=self.draft is not None)
         if self.closed:
             raise RuntimeError("this batch slot was given back")
         if self.job is not None and not (self.job.done or self.job.cancelled):
             raise RuntimeError("this slot is still decoding its last sentence")
-        job = BatchJob(self.slot, prompt_ids, config, generator, stats if stats is not None else DecodeStats())
-        return self._read(job)
+        stats = stats if stats is not None else DecodeStats()
+        if config.policy != "ar":
+            self.job = None
+            return self._speculate(prompt_ids, config, generator, stats)
+        return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats))
+
+    def _speculate(self, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
+                   stats: DecodeStats) -> Iterator[list[int]]:
+        """`loop.decode` over the slot's views, inside the gate while it computes (not while its
+        reader holds a burst)."""
+        gate = self.batch.gate
+        bursts = decode(self.target, self.draft, prompt_ids, config, generator, self.batch.groups, stats)
+        try:
+            while True:
+                gate.enter()
+                try:
+                    burst = next(bursts)
+                except StopIteration:
+                    return
+                finally:
+                    gate.leave()
+                yield burst
+        finally:
+            bursts.close()
 
     def _read(self, job: BatchJob) -> Iterator[list[int]]:
         batch = self.batch

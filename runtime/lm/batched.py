@@ -18,6 +18,8 @@ agree unless a draw falls within that rounding of a tie or of a boundary of its 
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -56,6 +58,7 @@ class BatchedLM:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.allocation = threading.Lock()  # slots of several threads may start at once
 
     @property
     def drawable_digits(self) -> int:
@@ -68,8 +71,11 @@ class BatchedLM:
 
     def ensure_cache(self) -> None:
         """Allocate the slots' caches (a [slots, kv_heads, max_length, head_dim] buffer per layer)."""
-        if self.keys:
-            return
+        with self.allocation:
+            if not self.keys:
+                self._allocate()
+
+    def _allocate(self) -> None:
         args, p = self.model.args, self.model.embed_tokens.weight
         shape = (self.slots, args.num_kv_heads, self.max_length, args.head_dim)
         for _ in self.model.layers:
@@ -86,13 +92,14 @@ class BatchedLM:
 
     # -- sequences --------------------------------------------------------------------------
 
-    def prefill(self, slot: int, ids: torch.Tensor) -> None:
+    def prefill(self, slot: int, ids: torch.Tensor) -> torch.Tensor | None:
         """Start a new sequence of prompt ids [T] in `slot`, keeping the leading blocks it shares with
-        the slot's last prompt; the other slots keep their KV."""
+        the slot's last prompt; the other slots keep their KV. -> the last token's final-normed state
+        [D] (None for no ids)."""
         ids = ids.view(-1)
         if ids.numel() == 0:
             self.lengths[slot], self.prompts[slot], self.kept[slot] = 0, None, 0
-            return
+            return None
         check_fits(0, len(ids), self.max_length)
         self.ensure_cache()
         blocks = self.lm.block_starts(ids)
@@ -101,8 +108,9 @@ class BatchedLM:
         starts = [kept] + [b for b in blocks if b > kept]
         with torch.inference_mode():
             for start, end in zip(starts, starts[1:] + [len(ids)]):
-                self.hidden([slot], ids[start:end].view(1, -1))
+                states = self.hidden([slot], ids[start:end].view(1, -1))
         self.prompts[slot], self.kept[slot] = ids.to("cpu", copy=True), len(ids)
+        return states[0, -1]
 
     def reusable_prefix(self, slot: int, ids: torch.Tensor, blocks: Sequence[int]) -> int:
         """Leading tokens of `ids` the slot holds as a fresh prefill would leave them: the prefix shared
@@ -123,6 +131,16 @@ class BatchedLM:
         return self.lengths[slot] + needed <= self.max_length
 
     # -- steps ------------------------------------------------------------------------------
+
+    def outputs(self, states: torch.Tensor, kind: str):
+        """What a forward returns for final-normed states [..., D], as a `TorchLM` returns it: "logits"
+        (restricted-vocabulary logits), "scores" ((the head's scores, the states)) or "hidden" ((the
+        logits, the states))."""
+        if kind == "logits":
+            return self.model.logits(states)
+        if kind == "scores":
+            return self.model.head_scores(states), states
+        return self.model.logits(states), states
 
     @torch.inference_mode()
     def step_scores(self, slots: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
@@ -174,3 +192,128 @@ class BatchedLM:
         for slot in slots:
             self.lengths[slot] += t
         return model.norm(x)
+
+
+# -- one stream's view of a slot, its forwards run together with the other streams' ----------------
+
+
+@dataclass(eq=False)
+class StepRequest:
+    """A forward a stream asked of the gate: ids [T] appended to `slot` of `lm`."""
+
+    lm: BatchedLM
+    slot: int
+    ids: torch.Tensor
+    kind: str  # "logits" | "scores" | "hidden": what the stream gets back
+    result: object = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class StepGate:
+    """Where several streams' decode loops meet for their forwards. Each stream runs its own loop (any
+    host policy, on its own thread) over `SlotLM` views; a view's forward waits at the gate until every
+    stream inside its loop (`enter` .. `leave`) waits there too, and then the gate runs them all, one
+    forward per (model, token count): the slots' rows side by side, as a batched step carries them.
+    A stream outside its loop (handing out a burst, waiting for its reader) holds nobody up."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.inside = 0  # streams inside their decode loop
+        self.pending: list[StepRequest] = []
+        self.runs = 0  # forwards run
+        self.sizes: list[int] = []  # requests per run, the recent ones
+
+    def enter(self) -> None:
+        with self.cond:
+            self.inside += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.inside -= 1
+            if self.pending and len(self.pending) >= self.inside:
+                self._run_pending()
+
+    def forward(self, lm: BatchedLM, slot: int, ids: torch.Tensor, kind: str):
+        request = StepRequest(lm, slot, ids.view(-1), kind)
+        with self.cond:
+            self.pending.append(request)
+            if len(self.pending) >= self.inside:
+                self._run_pending()
+            while not request.done:
+                self.cond.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def _run_pending(self) -> None:
+        """(under the lock) Run every request waiting, grouped by model and token count."""
+        requests, self.pending = self.pending, []
+        groups: dict[tuple[int, int], list[StepRequest]] = {}
+        for request in requests:
+            groups.setdefault((id(request.lm), len(request.ids)), []).append(request)
+        for group in groups.values():
+            lm = group[0].lm
+            try:
+                with torch.inference_mode():
+                    states = lm.hidden([r.slot for r in group], torch.stack([r.ids for r in group]))
+                    for i, request in enumerate(group):
+                        request.result = lm.outputs(states[i], request.kind)
+            except BaseException as err:  # each stream of the run hears it
+                for request in group:
+                    request.error = err
+            self.runs += 1
+            self.sizes.append(len(group))
+            del self.sizes[:-100]
+        for request in requests:
+            request.done = True
+        self.cond.notify_all()
+
+
+class SlotLM:
+    """The `LM` protocol over one slot of a `BatchedLM`, its forwards run through a `StepGate` with the
+    other streams' (one stream's view: its decode loop, proposers and rollbacks use it as an LM)."""
+
+    compiled = False
+    exported_proposers: frozenset[str] = frozenset()
+
+    def __init__(self, lm: BatchedLM, slot: int, gate: StepGate):
+        self.batched, self.slot, self.gate = lm, slot, gate
+        self.vocab, self.device, self.max_length = lm.vocab, lm.device, lm.max_length
+        self.tokenizer, self.model_dir = lm.lm.tokenizer, lm.lm.model_dir
+
+    @property
+    def length(self) -> int:
+        return self.batched.lengths[self.slot]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.batched.lm.fingerprint
+
+    @property
+    def drawable_digits(self) -> int:
+        return self.batched.drawable_digits
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.numel() == 0:
+            raise ValueError("empty prompt")
+        with torch.inference_mode():
+            return self.batched.outputs(self.batched.prefill(self.slot, ids), "logits")
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.gate.forward(self.batched, self.slot, ids, "logits")
+
+    def forward_scores(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate.forward(self.batched, self.slot, ids, "scores")
+
+    def forward_hidden(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate.forward(self.batched, self.slot, ids, "hidden")
+
+    def rollback(self, length: int) -> None:
+        self.batched.rollback(self.slot, length)
+
+    def ensure_cache(self) -> None:
+        self.batched.ensure_cache()
+
+    def release(self) -> None:
+        """The slot's cache belongs to the batch: nothing to free here."""
