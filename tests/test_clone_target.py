@@ -4,6 +4,7 @@ loads on the first such stream, keeps its own caches and planner, shares the dra
 proposers on the target's states only when its states are laid out alike (else the stream falls back to
 the draft LM or plain decoding). Settings, the prepared folder and the voice pack carry it."""
 
+import json
 import logging
 import shutil
 from dataclasses import replace
@@ -305,3 +306,21 @@ def test_a_voice_pack_carries_a_clone_target_into_its_prepared_folder(voice_pack
     assert target.keys() == clone.keys()  # a plain LlamaForCausalLM like the target, with its own weights
     assert not torch.equal(target["model.embed_tokens.weight"], clone["model.embed_tokens.weight"])
 
+
+
+def test_another_voice_folders_target_becomes_the_clone_target_as_it_is(voice_pack, tmp_path):
+    from pcgtts.runtime.voicepack import read_voice
+    from pcgtts.train.package import CLONE_TARGET_FILE, add_clone_target
+
+    other = Path(shutil.copytree(voice_pack, tmp_path / "other"))
+    add_clone_target(other, _lab_lm(tmp_path / "multi", seed=11))  # give it a target of its own to pass on
+    donor = tmp_path / "donor"
+    donor.mkdir()
+    shutil.copyfile(other / CLONE_TARGET_FILE, donor / "target.safetensors")
+    meta = read_voice(other)
+    (donor / "voice.json").write_text(json.dumps({**meta, "target": meta["clone_target"], "sha256": {
+        "target.safetensors": meta["sha256"][CLONE_TARGET_FILE]}}))
+    pack = Path(shutil.copytree(voice_pack, tmp_path / "voice"))
+    add_clone_target(pack, donor)
+    assert (pack / CLONE_TARGET_FILE).read_bytes() == (donor / "target.safetensors").read_bytes()
+    assert read_voice(pack)["clone_target"] == meta["clone_target"]

@@ -280,17 +280,24 @@ CLONE_TARGET_FILE = "clone_target.safetensors"
 
 
 def add_clone_target(pack_dir: str | Path, target_dir: str | Path) -> None:
-    """Put a second target LM (a lab `lm` folder: a multi-speaker model that follows voice prompts) into a
+    """Put a second target LM (a lab `lm` folder, or the target of another voice folder: a multi-speaker
+    model that follows voice prompts) into a
     committed voice, as the LM that speaks voices with a reference (`ModelPaths.clone_target`); the voice's
     own target keeps speaking its own voice. Its speech-vocabulary layout must be the target's (it is
     expanded with the target's tokenizer); its size may differ. Refused before the voice is touched."""
     pack, folder = Path(pack_dir), Path(target_dir)
     meta = read_voice(pack, files=("target.safetensors",))
-    if not (folder / "checkpoint.pt").is_file():
-        raise ValueError(f"{folder}: not a lab LM folder (no checkpoint.pt; `pcgtts train lm` makes one)")
+    from_voice = (folder / "voice.json").is_file()  # another committed voice: its target, as it is
+    if not from_voice and not (folder / "checkpoint.pt").is_file():
+        raise ValueError(f"{folder}: neither a lab LM folder (checkpoint.pt; `pcgtts train lm` makes one) nor a "
+                         "voice folder (voice.json)")
     tmp = pack / f"{CLONE_TARGET_FILE}.tmp"
     try:
-        entry = _write_lm("target", folder, tmp)
+        if from_voice:
+            entry = read_voice(folder, files=("target.safetensors",))["target"]
+            shutil.copyfile(folder / "target.safetensors", tmp)
+        else:
+            entry = _write_lm("target", folder, tmp)
         _speech_layout(pack / "target.safetensors").check_same_layout(
             _speech_layout(tmp, folder), "voice's target", f"clone target ({folder})")
     except BaseException:
@@ -330,7 +337,7 @@ def set_presets(pack_dir: str | Path, folder: str | Path) -> None:
     presets = Presets.load(folder)
     if not presets.voices:
         raise ValueError(f"{folder}: no preset voices (no {INDEX})")
-    files = [INDEX] + [p.file for p in presets.voices]
+    files = [INDEX] + [p.file for p in presets.voices if p.file is not None]  # transform presets have none
     staging = pack / "voices.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
