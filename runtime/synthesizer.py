@@ -41,7 +41,7 @@ from pcgtts.runtime.config import (POLICY_PAIRS, STATE_PROPOSERS, DecodeConfig, 
                                    SynthesisConfig, check_policy, policy_name, preset_folder, resolve_settings)
 from pcgtts.runtime.loading import LazyTarget, load_models
 from pcgtts.runtime.decode.batch import BatchDecoder, check_batchable
-from pcgtts.runtime.lm.batched import BatchedLM, check_batch_backend
+from pcgtts.runtime.lm.batched import BatchedLM, check_batch_backend, runs_batched
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.planner import DraftLengthPlanner
 from pcgtts.runtime.stream_worker import EmptySynthesis, StreamJob, StreamStats, SynthesisStream
@@ -272,20 +272,26 @@ class Synthesizer:
                         "a new one")
 
     def batch_streams(self, slots: int) -> None:
-        """Decode up to `slots` plain (`ar`) streams at once (`runtime/decode/batch.py`): each in a KV slot
-        of its own over this target's weights (torch backend), stepped together; the next one is refused
-        at once (`BatchFull`, a RuntimeError). Other policies, and a voice a clone target speaks, run on
-        the Synthesizer's one lane as before. 1: one stream at a time."""
+        """Decode up to `slots` streams at once (`runtime/decode/batch.py`): each in a KV slot of its own
+        over this target's weights (torch backend; and the draft's, when it runs on torch too), their
+        forwards run together; the next one is refused at once (`BatchFull`, a RuntimeError). Plain
+        (`ar`) streams batch, and with a torch draft its policies at a fixed draft length (sd, ssd, pcg,
+        draft); other settings, and a voice a clone target speaks, run on the Synthesizer's one lane as
+        before. 1: one stream at a time."""
         if self.batch is not None and self.batch.leased:
             raise RuntimeError("streams are decoding in the batch: close them before resizing it")
-        self.batch = BatchDecoder(BatchedLM(self.target, slots)) if slots > 1 else None
+        if slots == 1:
+            self.batch = None
+            return
+        draft = BatchedLM(self.draft, slots) if self.draft is not None and runs_batched(self.draft) else None
+        self.batch = BatchDecoder(BatchedLM(self.target, slots), draft=draft, groups=self.groups)
 
     def _batch_slot(self, config: SynthesisConfig, voice: Voice | None):
-        """A batch slot for a stream the batch decodes (policy `ar` spoken by the target), else None."""
-        if self.batch is None or voice is not None and getattr(self, "clone_target", None) is not None:
+        """A batch slot for a stream the batch decodes (`check_batchable`, spoken by the target), else None."""
+        if self.batch is None or voice is not None and self.clone_target is not None:
             return None
         try:
-            check_batchable(config.decode)
+            check_batchable(config.decode, draft=self.batch.draft is not None)
         except ValueError:
             return None
         return self.batch.lease()

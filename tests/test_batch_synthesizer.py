@@ -93,17 +93,29 @@ def test_an_overlong_prompt_is_refused_before_taking_a_slot(batched):
     assert batched.batch.leased == 0
 
 
-def test_other_policies_stream_alone_beside_the_batch(tiny_models, lone):
-    """A speculative stream takes the Synthesizer's own lane (one at a time) while plain ones batch."""
-    synth = Synthesizer.from_pretrained(tiny_models["target"], tiny_models["draft"], tiny_models["codec"],
-                                        policy="ar", max_length=512, max_batch=2,
-                                        config=SynthesisConfig(seed=0, min_tokens=20, tokens_per_char=1.0))
+def test_speculative_streams_batch_beside_plain_ones(lone, batched):
+    """With a torch draft, its policies at a fixed draft length decode in the batch too (each stream its
+    own loop over its slots, ragged acceptance), beside a plain stream, each as alone."""
+    calls = [dict(seed=0), dict(seed=1, policy="sd", adaptive_draft=False),
+             dict(seed=2, policy="ssd", adaptive_draft=False, draft_length=2)]
+    alone = [lone.synthesize(text, **call) for text, call in zip(TEXTS, calls)]
+    streams = [batched.stream(text, **call) for text, call in zip(TEXTS, calls)]
+    assert batched.batch.leased == 3
+    for a, b in zip(alone, read_all(streams)):
+        assert np.array_equal(a, b)
+    assert max(batched.batch.gate.sizes) > 1
+
+
+def test_other_settings_stream_alone_beside_the_batch(tiny_models, lone):
+    """An adaptive draft length takes the Synthesizer's own lane (one at a time) while others batch."""
+    synth = load(tiny_models, 2)
     plain = synth.stream(TEXTS[0], seed=0)
-    speculative = synth.stream(TEXTS[1], seed=1, policy="sd", adaptive_draft=False)
+    adaptive = synth.stream(TEXTS[1], seed=1, policy="sd", adaptive_draft=True)
     assert synth.batch.leased == 1
-    got = read_all([plain, speculative])
+    got = read_all([plain, adaptive])
     assert np.array_equal(got[0], lone.synthesize(TEXTS[0], seed=0))
-    assert np.array_equal(got[1], lone.synthesize(TEXTS[1], seed=1, policy="sd", adaptive_draft=False))
+    # (an adaptive draft length plans with this Synthesizer's own measured costs: not compared with another's)
+    assert len(got[1]) and not adaptive.stats.cancelled and adaptive.stats.totals().drafted
 
 
 def test_batching_needs_the_torch_backend():

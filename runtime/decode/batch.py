@@ -1,4 +1,4 @@
-"""Continuous batching: many streams' plain (`ar`) decodes stepped together over one model copy.
+"""Continuous batching: many streams' decodes stepped together over one model copy.
 
 A `BatchDecoder` owns a `BatchedLM` (runtime/lm/batched.py: one KV slot per stream over the
 target's weights) and one thread that runs the batch. A stream takes a slot for its whole life
@@ -12,6 +12,13 @@ and draws each slot's next token with that stream's own settings and generator, 
 `ahead_tokens` unread tokens sits out the steps until its reader takes them (a stream nobody reads
 stops costing compute), and one whose reader is gone (closed, cancelled, failed) leaves the batch
 at the next step boundary; its slot is free again once its lease is closed.
+
+Speculative streams (a draft LM's policies at a fixed draft length, with a draft's `BatchedLM`
+over the same slots) each run `loop.decode` on their own thread over their slots' views
+(`batched.SlotLM`): the draft proposes, the target verifies, the rule judges and each slot rolls
+back to its own accepted length, its draws from its own generator, while every forward meets the
+other streams' at a `batched.StepGate` and runs in one pass with them (ragged acceptance: slots
+that verify the same number of tokens share a pass).
 
 A decode alone in the batch draws exactly what `loop.decode` draws for it (the same forward, bit
 for bit, and the same draws from its generator). In a step of several slots a slot's logits differ

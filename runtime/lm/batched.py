@@ -32,6 +32,11 @@ from pcgtts.runtime.lm.protocol import check_fits, common_prefix
 from pcgtts.runtime.lm.torch_lm import TorchLM
 
 
+def runs_batched(lm) -> bool:
+    """Whether a loaded LM can hold a batch's slots (`BatchedLM`): the torch backend's."""
+    return isinstance(lm, TorchLM)
+
+
 def check_batch_backend(backend: str, target) -> None:
     """A one-line ValueError, before any model loads, unless the target named runs on the torch backend
     (`backend` "auto" made concrete for it), where streams can be batched."""
