@@ -56,7 +56,7 @@ def test_every_runtime_flag_reaches_the_workers(tmp_path):
     from pcgtts.cli import serve as cli
 
     (tmp_path / "target").mkdir()
-    paths = {name: str(tmp_path / name) for name in ("draft", "codec", "clone_codec", "groups", "heads",
+    paths = {name: str(tmp_path / name) for name in ("draft", "codec", "clone_codec", "clone_target", "groups", "heads",
                                                       "transitions", "eagle", "presets")}
     flags = [f"--{name.replace('_', '-')}={path}" for name, path in paths.items()]
     settings = cli.config_from_args(parse("--target", str(tmp_path / "target"), *flags, "--backend", "torch",
@@ -67,7 +67,7 @@ def test_every_runtime_flag_reaches_the_workers(tmp_path):
                                           "--quantize", "int8")).runtime_settings()
     assert settings["quantize"] == "int8" and settings["compile"] is False
     # --prepared resolves into the model paths above (tests/test_prepare.py: flags resolve to its models)
-    runtime_flags = {"target", "prepared", "draft", "codec", "clone_codec", "groups", "heads", "transitions", "eagle", "presets", "policy",
+    runtime_flags = {"target", "prepared", "draft", "codec", "clone_codec", "clone_target", "groups", "heads", "transitions", "eagle", "presets", "policy",
                      "backend", "compute_device", "dtype", "quantize", "compile", "threads", "max_tokens", "max_length"}
     server_flags = {"host", "port", "workers", "max_batch", "queue_size", "request_timeout", "max_input_chars", "max_upload_bytes",
                     "max_upload_seconds", "api_key", "voices_dir", "sample_rate"}
