@@ -187,3 +187,15 @@ def test_a_batch_speculates_at_a_fixed_draft_length_only(tiny_pair):
         lease.decode(prompts(target)[0], DecodeConfig(policy="sd", adaptive_draft=True), torch.Generator())
     with pytest.raises(ValueError, match="not policy 'mtp-sd'"):
         lease.decode(prompts(target)[0], DecodeConfig(policy="mtp-sd", adaptive_draft=False), torch.Generator())
+
+
+def test_the_batch_frees_its_caches_only_when_no_stream_holds_a_slot(tiny_pair):
+    target, draft = tiny_pair
+    batch = BatchDecoder(BatchedLM(target, 2), draft=BatchedLM(draft, 2))
+    lease = batch.lease()
+    cfg = DecodeConfig(policy="sd", max_new_tokens=5, adaptive_draft=False)
+    assert len([t for burst in lease.decode(prompts(target)[0], cfg, torch.Generator().manual_seed(0)) for t in burst]) == 5
+    assert batch.lm.allocated and batch.draft.allocated
+    assert not batch.release()  # a stream holds a slot
+    lease.close()
+    assert batch.release() and not batch.lm.allocated and not batch.draft.allocated

@@ -170,7 +170,9 @@ class BatchDecoder:
         with self.cond:
             if len(self.free) < self.lm.slots:
                 return False
-            self.lm.release()
+            for lm in (self.lm, self.draft):
+                if lm is not None:
+                    lm.release()
             return True
 
     # -- the batch's thread ---------------------------------------------------------------------
