@@ -194,7 +194,8 @@ def test_the_batch_frees_its_caches_only_when_no_stream_holds_a_slot(tiny_pair):
     batch = BatchDecoder(BatchedLM(target, 2), draft=BatchedLM(draft, 2))
     lease = batch.lease()
     cfg = DecodeConfig(policy="sd", max_new_tokens=5, adaptive_draft=False)
-    assert len([t for burst in lease.decode(prompts(target)[0], cfg, torch.Generator().manual_seed(0)) for t in burst]) == 5
+    codes = [t for burst in lease.decode(prompts(target)[0], cfg, torch.Generator().manual_seed(0)) for t in burst]
+    assert len(codes) == 5
     assert batch.lm.allocated and batch.draft.allocated
     assert not batch.release()  # a stream holds a slot
     lease.close()
