@@ -195,8 +195,8 @@ def create_app(config: ServerConfig, pool: WorkerPool) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "version": pcgtts.__version__, "workers": pool.size, "busy": pool.busy,
-                "queued": pool.waiting}
+        return {"status": "ok", "version": pcgtts.__version__, "workers": pool.size, "streams": pool.seats,
+                "busy": pool.busy, "queued": pool.waiting}
 
     @app.get("/metrics")
     async def metrics():

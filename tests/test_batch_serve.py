@@ -46,6 +46,8 @@ def test_one_worker_serves_three_streams_together_as_each_alone(server):
         thread.join(60)
     assert got == alone and all(alone)
     assert len(server.pool.synthesizers) == 1 and server.pool.seats == 3
+    health = httpx.get(f"{server.url}/health").json()
+    assert (health["workers"], health["streams"], health["busy"]) == (1, 3, 0)
     assert max(server.pool.synthesizers[0].batch.occupancy) > 1  # they shared steps
     metrics = httpx.get(f"{server.url}/metrics").text
     assert "pcgtts_stream_slots 3.0" in metrics
