@@ -28,8 +28,9 @@ def copy_of_the_tree(tmp_path: Path) -> Path:
         for path in (page.path, page.data, page.method, *([page.first_speak] if page.first_speak else [])):
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / path, tmp_path / path)
-    (tmp_path / results_pages.CARD).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / results_pages.CARD, tmp_path / results_pages.CARD)
+    for path in (results_pages.CARD, results_pages.DOCS_QUALITY, *(p.path for p in results_pages.expected_plots(ROOT))):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / path, tmp_path / path)
     return tmp_path
 
 
