@@ -106,3 +106,14 @@ def test_without_matplotlib_the_pictures_are_skipped_with_a_log_line_and_the_pag
         assert result_plots.write(tmp_path, plots) == []
     assert "matplotlib is not installed" in caplog.text and not (tmp_path / "docs").exists()
     assert "(docs/img/presets.png)" in results_pages.render_page(PAGE, DOC, "How it is measured.")
+
+
+def test_the_check_names_a_missing_picture_and_writing_draws_it_again(tmp_path):
+    from test_results_pages import copy_of_the_tree
+
+    root = copy_of_the_tree(tmp_path)
+    assert results_pages.stale_files(root) == []
+    (root / "docs/img/presets.png").unlink()
+    assert results_pages.stale_files(root) == [root / "docs/img/presets.png"]
+    assert results_pages.write_files(root) == [root / "docs/img/presets.png"]
+    assert results_pages.stale_files(root) == []
