@@ -10,9 +10,11 @@ seconds of audio, then waits without using the CPU until the consumer reads on: 
 splits the text into sentences, builds each prompt, runs the decode loop
 (`runtime/decode/loop.py`, on the worker of `runtime/stream_worker.py`) and pushes accepted tokens through the windowed codec decoder
 (`runtime/audio/streaming.py`). All sentences share one window decoder, so the audio is one
-continuous stream. Closing the stream early stops the worker and frees the KV caches. One
-stream at a time per Synthesizer: starting a stream while an earlier one is held but not being read
-cancels the earlier one; while another thread is reading one (inside `next()`, or it read within the
+continuous stream. Closing the stream early stops the worker and frees the KV caches. With
+`max_batch` > 1 (`DeviceConfig`), up to that many streams run at once over the one model copy, each in a
+slot of a batch (`runtime/decode/batch.py`; `batch_streams`), and one more raises `BatchFull` at once.
+Otherwise, and for settings a batch does not run, one stream at a time per Synthesizer: starting a
+stream while an earlier one is held but not being read cancels the earlier one; while another thread is reading one (inside `next()`, or it read within the
 last `run_ahead_s` seconds), a second is refused at once with a one-line RuntimeError.
 Per-call settings (`seed=`, `temperature=`, `policy=`, ... any field of `SynthesisConfig`) are
 checked by the config dataclasses, like every other argument, before any work starts.
