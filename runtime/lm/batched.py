@@ -174,29 +174,66 @@ class BatchedLM:
         cos_table, sin_table = self.rope_table
         order = torch.stack(positions)  # [n, T]
         cos, sin = cos_table[order][:, None], sin_table[order][:, None]  # [n, 1, T, head_dim]
-        # Each slot's mask as the model's own (`Llama.causal`): a [T, end] boolean, so that SDPA
-        # picks the kernel it picks for a single sequence.
-        masks = [torch.arange(start + t, device=self.device)[None, :] <= p[:, None]
-                 for start, p in zip(starts, positions)]
-        model, gqa = self.model, self.model.args.num_heads != self.model.args.num_kv_heads
+        lo, hi = min(slots), max(slots) + 1
+        attend = self._attend_per_slot(slots, starts, positions) if n == 1 or hi - lo > 2 * n \
+            else self._attend_span(slots, starts, order, lo, hi)
+        model = self.model
         x = model.embed_tokens(ids)
         for layer, keys, values in zip(model.layers, self.keys, self.values):
             attn = layer.self_attn
             q, k, v = attn.project(layer.input_layernorm(x), cos, sin)  # [n, heads, T, hd], [n, kv, T, hd]
-            out = []
-            for i, (slot, start) in enumerate(zip(slots, starts)):
-                end = start + t
-                keys[slot, :, start:end] = k[i]
-                values[slot, :, start:end] = v[i]
-                out.append(F.scaled_dot_product_attention(q[i:i + 1], keys[slot:slot + 1, :, :end],
-                                                          values[slot:slot + 1, :, :end], attn_mask=masks[i],
-                                                          enable_gqa=gqa))
-            attended = torch.cat(out) if n > 1 else out[0]
-            x = x + attn.o_proj(attended.transpose(1, 2).reshape(n, t, -1))
+            x = x + attn.o_proj(attend(q, k, v, keys, values).transpose(1, 2).reshape(n, t, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         for slot in slots:
             self.lengths[slot] += t
         return model.norm(x)
+
+    def _attend_per_slot(self, slots, starts, positions):
+        """Attention slot by slot over each one's own cache rows: one slot alone computes what the
+        model computes for one sequence, bit for bit (its mask as `Llama.causal`'s, a [T, end] boolean,
+        so that SDPA picks the same kernel)."""
+        t = len(positions[0])
+        masks = [torch.arange(start + t, device=self.device)[None, :] <= p[:, None]
+                 for start, p in zip(starts, positions)]
+        gqa = self.model.args.num_heads != self.model.args.num_kv_heads
+
+        def attend(q, k, v, keys, values):
+            out = []
+            for i, (slot, start) in enumerate(zip(slots, starts)):
+                keys[slot, :, start:start + t] = k[i]
+                values[slot, :, start:start + t] = v[i]
+                out.append(F.scaled_dot_product_attention(q[i:i + 1], keys[slot:slot + 1, :, :start + t],
+                                                          values[slot:slot + 1, :, :start + t],
+                                                          attn_mask=masks[i], enable_gqa=gqa))
+            return torch.cat(out) if len(out) > 1 else out[0]
+
+        return attend
+
+    def _attend_span(self, slots, starts, order, lo: int, hi: int):
+        """Attention of several slots in one call over the cache rows [lo, hi) they lie in (a view, no
+        copy), each row masked to its own length; a row of the span no slot of the step holds attends
+        to its slot 0 only, and its output is dropped. Its sums run in another order than a slot's
+        alone (as the batched matrix products' do)."""
+        n, t = order.shape
+        end = max(starts) + t
+        rows = torch.tensor([slot - lo for slot in slots], device=self.device)
+        slot_index = torch.tensor(slots, device=self.device)[:, None]  # [n, 1]
+        mask = torch.zeros(hi - lo, t, end, dtype=torch.bool, device=self.device)
+        mask[:, :, 0] = True
+        mask[rows] = torch.arange(end, device=self.device)[None, None, :] <= order[:, :, None]
+        mask = mask[:, None]  # [span, 1, T, end]
+        heads, gqa = self.model.args.num_heads, self.model.args.num_heads != self.model.args.num_kv_heads
+
+        def attend(q, k, v, keys, values):
+            keys[slot_index, :, order] = k.transpose(1, 2)  # [n, T, kv, hd] into each slot's positions
+            values[slot_index, :, order] = v.transpose(1, 2)
+            queries = q.new_zeros(hi - lo, heads, t, q.shape[-1])
+            queries[rows] = q
+            out = F.scaled_dot_product_attention(queries, keys[lo:hi, :, :end], values[lo:hi, :, :end],
+                                                 attn_mask=mask, enable_gqa=gqa)
+            return out[rows]
+
+        return attend
 
 
 # -- one stream's view of a slot, its forwards run together with the other streams' ----------------
