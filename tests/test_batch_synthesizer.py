@@ -115,7 +115,8 @@ def test_other_settings_stream_alone_beside_the_batch(tiny_models, lone):
     got = read_all([plain, adaptive])
     assert np.array_equal(got[0], lone.synthesize(TEXTS[0], seed=0))
     # (an adaptive draft length plans with this Synthesizer's own measured costs: not compared with another's)
-    assert len(got[1]) and not adaptive.stats.cancelled and adaptive.stats.totals().drafted
+    # it ran the speculative loop (its draft lengths counted; 0 may win every step on a busy CPU)
+    assert len(got[1]) and not adaptive.stats.cancelled and adaptive.stats.totals().length_counts
 
 
 def test_batching_needs_the_torch_backend():
