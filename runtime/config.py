@@ -62,6 +62,9 @@ MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
 MAX_TEMPERATURE = 10.0  # past this the speech-token distribution is flat noise
 MAX_NEW_TOKENS = 60_000  # speech tokens per utterance: 20 minutes of audio
 MAX_BATCH = 256  # streams one model copy decodes together at most (`DeviceConfig.max_batch`)
+# What a batch decodes (`runtime/decode/batch.py`): plain decoding, and with a draft LM on the torch
+# backend its policies at a fixed draft length
+BATCH_POLICIES = ("ar", "sd", "ssd", "pcg", "draft")
 
 
 def policy_rule(policy: str) -> str:

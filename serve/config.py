@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pcgtts.runtime.audio.io import MAX_SECONDS
-from pcgtts.runtime.config import MAX_BATCH, POLICIES, ModelPaths
+from pcgtts.runtime.config import BATCH_POLICIES, MAX_BATCH, POLICIES, ModelPaths
 
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "pcgtts" / "voices"
 
@@ -70,9 +70,9 @@ class ServerConfig:
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) \
                 or not 1 <= self.max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {self.max_batch!r}")
-        if self.max_batch > 1 and self.policy not in (None, "ar"):
-            raise ValueError(f"max_batch > 1 decodes streams together with policy ar, not {self.policy!r} "
-                             "(leave the policy out, or serve one stream per worker)")
+        if self.max_batch > 1 and self.policy not in (None, *BATCH_POLICIES):
+            raise ValueError(f"max_batch > 1 decodes streams together with policy {', '.join(BATCH_POLICIES)}, "
+                             f"not {self.policy!r} (leave the policy out: ar; or serve one stream per worker)")
 
     @property
     def max_speech_body_bytes(self) -> int:
@@ -86,8 +86,10 @@ class ServerConfig:
         return self.workers * self.max_batch
 
     def runtime_settings(self) -> dict:
-        """Keyword settings for `Synthesizer.from_pretrained` (None = not given); a batch decodes plainly."""
+        """Keyword settings for `Synthesizer.from_pretrained` (None = not given). Batching workers decode
+        plainly unless a policy is given, and speculate at a fixed draft length (what a batch runs)."""
         return {**dataclasses.asdict(self.models), "compute_device": self.compute_device, "backend": self.backend,
                 "dtype": self.dtype, "quantize": self.quantize, "compile": self.compile, "threads": self.threads,
-                "policy": "ar" if self.max_batch > 1 else self.policy, "max_new_tokens": self.max_new_tokens,
-                "max_length": self.max_length, "max_batch": self.max_batch}
+                "policy": (self.policy or "ar") if self.max_batch > 1 else self.policy,
+                "max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "max_batch": self.max_batch,
+                "adaptive_draft": False if self.max_batch > 1 else None}

@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from pcgtts.runtime.audio.presets import PresetVoice
 from pcgtts.runtime.config import Settings, SynthesisConfig, resolve_settings
-from pcgtts.runtime.decode.batch import BatchFull
+from pcgtts.runtime.decode.batch import BatchFull, check_batchable
 from pcgtts.runtime.text.prompt import check_text, tokenize_plain
 from pcgtts.serve.config import ServerConfig
 from pcgtts.serve.errors import APIError
@@ -68,9 +68,13 @@ class Service:
             raise APIError(400, f"voice {voice!r} holds codec tokens beyond the loaded model's {num_speech} speech "
                            "tokens (it was encoded for another model)", "voice", "voice_incompatible")
         config = self.request_config(policy=policy, seed=seed, temperature=temperature)
-        if self.pool.max_batch > 1 and config.decode.policy != "ar":
-            raise APIError(400, f"policy: this server decodes up to {self.pool.max_batch} streams together per worker, "
-                           f"with policy ar, not {config.decode.policy!r}", "policy", "invalid_value")
+        batch = self.pool.synthesizers[0].batch
+        if batch is not None:  # every request decodes in a worker's batch
+            try:
+                check_batchable(config.decode, draft=batch.draft is not None)
+            except ValueError as err:
+                raise APIError(400, f"policy: {err} (this server decodes up to {self.pool.max_batch} streams "
+                               "together per worker)", "policy", "invalid_value") from None
         return SpeechJob(text, voice_obj, config, time.monotonic() + self.config.request_timeout_s)
 
     def request_config(self, **fields) -> SynthesisConfig:

@@ -91,9 +91,37 @@ def test_free_slots_then_the_queue_then_429_and_a_disconnect_frees_its_slot(serv
     assert 'pcgtts_cancelled_streams_total{reason="client"}' in httpx.get(f"{server.url}/metrics").text
 
 
-def test_a_batching_server_refuses_other_policies(server):
-    error = assert_openai_error(speech(server, "Hello.", seed=0, policy="sd"), 400, "policy")
-    assert "policy ar" in error["message"]
+def test_a_batching_server_refuses_what_its_batch_does_not_run(server):
+    error = assert_openai_error(speech(server, "Hello.", seed=0, policy="sd"), 400, "policy")  # no draft here
+    assert "the batch decodes policy 'ar', not policy 'sd'" in error["message"]
+
+
+def test_speculative_requests_batch_with_a_draft(tiny_models, tiny_groups_file, tmp_path):
+    """A server with a draft speculates per slot (at a fixed draft length): requests at pcg, sd and ar
+    at once each get what they get alone."""
+    from pcgtts.runtime.config import ModelPaths
+
+    models = ModelPaths(target=str(tiny_models["target"]), draft=str(tiny_models["draft"]),
+                        codec=str(tiny_models["codec"]), groups=str(tiny_groups_file))
+    running = start_server(None, None, tmp_path, models=models, max_batch=3, api_key=None, policy="pcg",
+                           max_new_tokens=60)
+    try:
+        asks = [("A first request.", {}), ("A second one.", {"policy": "sd"}), ("Third.", {"policy": "ar"})]
+        alone = [speech(running, text, seed=i, **extra).content for i, (text, extra) in enumerate(asks)]
+        got = [None] * 3
+
+        def ask(i):
+            got[i] = speech(running, asks[i][0], seed=i, **asks[i][1]).content
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert got == alone and all(alone)
+        assert max(running.pool.synthesizers[0].batch.gate.sizes) > 1
+    finally:
+        running.stop()
 
 
 def test_the_flag_reaches_the_workers_and_checks_the_policy(tmp_path):
@@ -104,9 +132,13 @@ def test_the_flag_reaches_the_workers_and_checks_the_policy(tmp_path):
     (tmp_path / "target").mkdir()
     config = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "4"))
     assert config.max_batch == 4 and config.policy == "ar" and config.streams == 4
-    assert config.runtime_settings()["max_batch"] == 4
-    with pytest.raises(ValueError, match="max_batch > 1 decodes streams together with policy ar"):
-        cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2", "--policy", "sd"))
+    settings = config.runtime_settings()
+    assert (settings["max_batch"], settings["policy"], settings["adaptive_draft"]) == (4, "ar", False)
+    config = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2", "--policy", "pcg"))
+    assert config.runtime_settings()["policy"] == "pcg"  # a draft's policy batches at a fixed draft length
+    with pytest.raises(ValueError, match="max_batch > 1 decodes streams together with policy ar, sd"):
+        cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2", "--policy",
+                                   "mtp-sd"))
     with pytest.raises(ValueError, match="torch backend"):
         cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2",
                                    "--backend", "onnxruntime"))

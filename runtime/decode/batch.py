@@ -37,7 +37,7 @@ from typing import Iterator
 
 import torch
 
-from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.config import BATCH_POLICIES, DecodeConfig
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.sampling import digits_to_draw
 from pcgtts.runtime.decode.steps import DecodeStats, draw_next, emitted
@@ -54,7 +54,7 @@ class BatchFull(RuntimeError):
     """Every slot of the batch is held by a stream: refused at once, nothing waits."""
 
 
-SPECULATIVE_POLICIES = ("sd", "ssd", "pcg", "draft")  # what a batch with a draft LM also runs (`SlotLease`)
+SPECULATIVE_POLICIES = tuple(p for p in BATCH_POLICIES if p != "ar")  # what a batch with a draft also runs
 
 
 def check_batchable(config: DecodeConfig, draft: bool = False) -> None:
