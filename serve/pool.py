@@ -120,9 +120,9 @@ class WorkerPool:
         return self.seats - len(self._idle)
 
     def batch_occupancy(self) -> float:
-        """Of the workers' batch slots, the share a batched step carried, over each batch's recent steps
-        (0 with no batch or no step yet)."""
-        steps = [n / s.batch.slots for s in self.synthesizers if s.batch is not None for n in list(s.batch.occupancy)]
+        """Of the workers' batch slots, the share a batched pass carried, over each batch's recent passes
+        (0 with no batch or no pass yet)."""
+        steps = [n / s.batch.slots for s in self.synthesizers if s.batch is not None for n in s.batch.recent_passes()]
         return sum(steps) / len(steps) if steps else 0.0
 
     def max_lag(self) -> float:

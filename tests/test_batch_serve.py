@@ -120,6 +120,9 @@ def test_speculative_requests_batch_with_a_draft(tiny_models, tiny_groups_file, 
             thread.join(60)
         assert got == alone and all(alone)
         assert max(running.pool.synthesizers[0].batch.gate.sizes) > 1
+        occupancy = [line for line in httpx.get(f"{running.url}/metrics").text.splitlines()
+                     if line.startswith("pcgtts_batch_occupancy ")]
+        assert 0 < float(occupancy[0].split()[-1]) <= 1
     finally:
         running.stop()
 

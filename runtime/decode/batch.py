@@ -2,7 +2,8 @@
 
 A `BatchDecoder` owns a `BatchedLM` (runtime/lm/batched.py: one KV slot per stream over the
 target's weights) and one thread that runs the batch. A stream takes a slot for its whole life
-(`lease()`, refused at once with `BatchFull` when every slot is held: never a wait) and decodes its
+(`lease()`, refused at once with `BatchFull` when every slot is held; a slot given back during the
+step under way is free when it ends) and decodes its
 sentences through it (`SlotLease.decode`, an iterator of bursts like `loop.decode`). At each step
 boundary the thread admits the decodes that arrived (prefilling each into its own slot while the
 others keep their KV), then runs one forward over the last token of every decode that has room,
@@ -128,6 +129,10 @@ class BatchDecoder:
         """Decodes in the batch now (started, not finished)."""
         with self.cond:
             return sum(1 for job in self.jobs if not job.done and not job.cancelled)
+
+    def recent_passes(self) -> list[int]:
+        """Streams each recent forward carried: the plain steps' and the speculative streams' passes."""
+        return list(self.occupancy) + list(self.gate.sizes)
 
     def lease(self) -> "SlotLease":
         """A slot for one stream's life; `BatchFull` at once when every slot is held (a slot given back
