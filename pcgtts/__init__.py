@@ -23,6 +23,7 @@ _EXPORTS = {
     "SynthesisStream": "pcgtts.runtime.synthesizer",
     "StreamStats": "pcgtts.runtime.synthesizer",
     "EmptySynthesis": "pcgtts.runtime.synthesizer",
+    "BatchFull": "pcgtts.runtime.synthesizer",  # every stream slot of a Synthesizer's batch is taken
     "AudioChunk": "pcgtts.runtime.audio.chunk",
     "Voice": "pcgtts.runtime.audio.voice",
     "Settings": "pcgtts.runtime.config",
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from pcgtts.runtime.config import (DecodeConfig, DeviceConfig, ModelPaths, SamplingConfig, Settings,
                                        StreamConfig, SynthesisConfig, resolve_settings)
     from pcgtts.front import Synthesizer
-    from pcgtts.runtime.synthesizer import EmptySynthesis, StreamStats, SynthesisStream
+    from pcgtts.runtime.synthesizer import BatchFull, EmptySynthesis, StreamStats, SynthesisStream
 
 
 def __getattr__(name: str):

@@ -42,7 +42,7 @@ from pcgtts.runtime.checks import (call_config, check_scripts, check_stream_argu
 from pcgtts.runtime.config import (POLICY_PAIRS, STATE_PROPOSERS, DecodeConfig, DeviceConfig, ModelPaths, Settings,
                                    SynthesisConfig, check_policy, policy_name, preset_folder, resolve_settings)
 from pcgtts.runtime.loading import LazyTarget, load_models
-from pcgtts.runtime.decode.batch import BatchDecoder, check_batchable
+from pcgtts.runtime.decode.batch import BatchDecoder, BatchFull, check_batchable
 from pcgtts.runtime.lm.batched import BatchedLM, check_batch_backend, runs_batched
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.planner import DraftLengthPlanner
@@ -374,4 +374,4 @@ def pretrained_settings(target: str | Path | None = None, draft: str | Path | No
     return resolve_settings(explicit, config_file, Settings(synthesis=config or SynthesisConfig()), voice=voice)
 
 
-__all__ = ["EmptySynthesis", "StreamStats", "SynthesisStream", "Synthesizer", "pretrained_settings"]
+__all__ = ["BatchFull", "EmptySynthesis", "StreamStats", "SynthesisStream", "Synthesizer", "pretrained_settings"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pcgtts.runtime.config import DeviceConfig, SynthesisConfig
-from pcgtts.runtime.decode.batch import BatchFull
+from pcgtts import BatchFull
 from pcgtts.runtime.lm.batched import check_batch_backend
 from pcgtts.runtime.synthesizer import Synthesizer
 
