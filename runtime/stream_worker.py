@@ -133,10 +133,10 @@ class StreamJob:
     """One stream's state, apart from the models: its queue, worker thread, lock ownership."""
 
     def __init__(self, synth, prompts: list, budgets: list[int], config: SynthesisConfig,
-                 minimums: list[int] | None = None, transform: VoiceTransform | None = None, lease=None):
-        # lease: the slot of the Synthesizer's batch (runtime/decode/batch.py) it decodes in beside other
+                 minimums: list[int] | None = None, transform: VoiceTransform | None = None, seat=None):
+        # seat: the slot of the Synthesizer's batch (runtime/decode/batch.py) it decodes in beside other
         # streams; None: it holds the Synthesizer's one lane (`stream_lock`) alone.
-        if lease is None and not synth.stream_lock.acquire(blocking=False):
+        if seat is None and not synth.stream_lock.acquire(blocking=False):
             raise RuntimeError("this Synthesizer is already streaming to a reader; finish or close that stream "
                                "first (or use one Synthesizer per concurrent stream)")
         self.synth, self.prompts, self.budgets, self.config = synth, prompts, budgets, config
@@ -154,8 +154,8 @@ class StreamJob:
         self.stop = threading.Event()
         self.worker: threading.Thread | None = None
         self.finished = self.closed = self.abandoned = False
-        self.lease = lease
-        self._holds_lock = lease is None
+        self.seat = seat
+        self._holds_lock = seat is None
         self._guard = threading.Lock()
 
     def _start(self) -> None:
@@ -264,8 +264,8 @@ class StreamJob:
     def _free_models(self) -> None:
         """A stream stopped early frees what it decoded in: its batch slot (the batch's other streams
         go on), else the models' caches."""
-        if self.lease is not None:
-            self.lease.close()
+        if self.seat is not None:
+            self.seat.close()
         else:
             self.synth.release()
 
@@ -274,8 +274,8 @@ class StreamJob:
             if self._holds_lock:
                 self._holds_lock = False
                 self.synth.stream_lock.release()
-        if self.lease is not None:
-            self.lease.close()
+        if self.seat is not None:
+            self.seat.close()
 
     def shutdown(self) -> None:
         """Stop the worker, free the caches unless it finished, release the lock. Idempotent."""
@@ -358,7 +358,7 @@ def produce(job: StreamJob) -> None:
                 sentence = DecodeStats()
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget, min_new_tokens=minimum)
-                bursts = (job.lease.decode(prompt, decode_config, generator, sentence) if job.lease is not None
+                bursts = (job.seat.decode(prompt, decode_config, generator, sentence) if job.seat is not None
                           else decode(target, synth.draft, prompt, decode_config, generator, synth.groups, sentence,
                                       costs=costs, proposer=planner.proposer(decode_config.policy),
                                       acceptance=acceptance))

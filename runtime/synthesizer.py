@@ -248,10 +248,10 @@ class Synthesizer:
             text = spell_numbers(text)
         self._warn_foreign_script(text)
         prompts, budgets, minimums = self._fit(split_sentences(text, config.max_sentence_chars), resolved, config)
-        lease = self._batch_slot(config, resolved)  # `BatchFull` at once when every slot streams
-        if lease is not None:
+        seat = self._batch_slot(config, resolved)  # `BatchFull` at once when every slot streams
+        if seat is not None:
             return SynthesisStream(StreamJob(self, prompts, budgets, config, minimums, transform=transform,
-                                             lease=lease))
+                                             seat=seat))
         self._cancel_unread_stream()
         job = StreamJob(self, prompts, budgets, config, minimums, transform=transform)
         self._current = weakref.ref(job)
@@ -280,7 +280,7 @@ class Synthesizer:
         (`ar`) streams batch, and with a torch draft its policies at a fixed draft length (sd, ssd, pcg,
         draft); other settings, and a voice a clone target speaks, run on the Synthesizer's one lane as
         before. 1: one stream at a time."""
-        if self.batch is not None and self.batch.leased:
+        if self.batch is not None and self.batch.seated:
             raise RuntimeError("streams are decoding in the batch: close them before resizing it")
         if slots == 1:
             self.batch = None
@@ -296,7 +296,7 @@ class Synthesizer:
             check_batchable(config.decode, draft=self.batch.draft is not None)
         except ValueError:
             return None
-        return self.batch.lease()
+        return self.batch.seat()
 
     def _fit(self, pieces: list[str], voice: Voice | None,
              config: SynthesisConfig) -> tuple[list, list[int], list[int]]:

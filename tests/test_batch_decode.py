@@ -34,12 +34,12 @@ def alone(target, prompt, cfg, seed):
 def together(batch, prompts_, cfg, seeds, hold=None):
     """Each prompt decoded on a thread of its own through one batch; `hold` = (index, event): that
     stream stops reading after its first burst until the event is set."""
-    leases = [batch.lease() for _ in prompts_]
+    seats = [batch.seat() for _ in prompts_]
     outs = [None] * len(prompts_)
 
     def run(i):
         codes = []
-        for burst in leases[i].decode(prompts_[i], cfg, torch.Generator().manual_seed(seeds[i])):
+        for burst in seats[i].decode(prompts_[i], cfg, torch.Generator().manual_seed(seeds[i])):
             codes += burst
             if hold is not None and hold[0] == i:
                 hold[1].wait()
@@ -50,8 +50,8 @@ def together(batch, prompts_, cfg, seeds, hold=None):
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    for lease in leases:
-        lease.close()
+    for seat in seats:
+        seat.close()
     return outs
 
 
@@ -112,20 +112,20 @@ def test_a_cancelled_stream_frees_its_slot_and_the_others_are_undisturbed(target
     ps = prompts(target)[:3]
     expected = [alone(target, p, cfg, i) for i, p in enumerate(ps)]
     batch = BatchDecoder(BatchedLM(target, 3), ahead_tokens=2)
-    leases = [batch.lease() for _ in ps]
+    seats = [batch.seat() for _ in ps]
     with pytest.raises(BatchFull):
-        batch.lease()  # every slot held: refused at once
-    streams = [lease.decode(p, cfg, torch.Generator().manual_seed(i)) for i, (lease, p) in enumerate(zip(leases, ps))]
+        batch.seat()  # every slot held: refused at once
+    streams = [seat.decode(p, cfg, torch.Generator().manual_seed(i)) for i, (seat, p) in enumerate(zip(seats, ps))]
     got = [[], [], []]
     for _ in range(5):
         for codes, stream in zip(got, streams):
             codes += next(stream)
     streams[1].close()  # its reader is gone: it leaves the batch at the next step
-    leases[1].close()
+    seats[1].close()
     deadline = time.monotonic() + 10
-    while batch.leased == 3 and time.monotonic() < deadline:
+    while batch.seated == 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    again = batch.lease()  # its slot is free again
+    again = batch.seat()  # its slot is free again
     assert again.slot == 1
     for i in (0, 2):
         got[i] += [t for burst in streams[i] for t in burst]
@@ -135,14 +135,14 @@ def test_a_cancelled_stream_frees_its_slot_and_the_others_are_undisturbed(target
 
 def test_a_stream_nobody_reads_stops_stepping(target):
     batch = BatchDecoder(BatchedLM(target, 1), ahead_tokens=3)
-    lease = batch.lease()
+    seat = batch.seat()
     stats = DecodeStats()
-    stream = lease.decode(prompts(target)[0], config(0.8, tokens=200), torch.Generator().manual_seed(0), stats)
+    stream = seat.decode(prompts(target)[0], config(0.8, tokens=200), torch.Generator().manual_seed(0), stats)
     next(stream)
     time.sleep(0.3)
     assert stats.steps <= 1 + 3  # the burst read, then at most `ahead_tokens` unread
     assert len([t for burst in stream for t in burst]) == 199 and stats.finish == "max_tokens"
-    lease.close()
+    seat.close()
 
 
 def test_a_failing_decode_does_not_stop_the_batch(target):
@@ -151,16 +151,16 @@ def test_a_failing_decode_does_not_stop_the_batch(target):
     cfg = config(0.0, tokens=30)
     good, bad = prompts(target)[1], torch.zeros(300, dtype=torch.long)
     expected = alone(target, good, cfg, 0)
-    first, second = batch.lease(), batch.lease()
+    first, second = batch.seat(), batch.seat()
     with pytest.raises(ValueError, match="exceeds the KV cache"):
         list(second.decode(bad, cfg, torch.Generator()))
     assert [t for burst in first.decode(good, cfg, torch.Generator().manual_seed(0)) for t in burst] == expected
 
 
 def test_the_batch_runs_plain_decoding_only(target):
-    lease = BatchDecoder(BatchedLM(target, 1)).lease()
+    seat = BatchDecoder(BatchedLM(target, 1)).seat()
     with pytest.raises(ValueError, match="policy 'ar'"):
-        lease.decode(prompts(target)[0], DecodeConfig(policy="sd"), torch.Generator())
+        seat.decode(prompts(target)[0], DecodeConfig(policy="sd"), torch.Generator())
 
 
 @pytest.mark.parametrize("policy, temperature", [("sd", 0.8), ("pcg", 0.8), ("pcg", 0.0), ("draft", 0.8)])
@@ -177,26 +177,26 @@ def test_speculative_streams_in_a_batch_decode_as_alone(tiny_pair, tiny_groups, 
     batch = BatchDecoder(BatchedLM(target, 4), draft=BatchedLM(draft, 4), groups=tiny_groups)
     assert together(batch, ps, cfg, [0, 1, 2, 3]) == expected
     assert max(batch.gate.sizes) > 1  # the streams' forwards did run together
-    assert batch.leased == 0
+    assert batch.seated == 0
 
 
 def test_a_batch_speculates_at_a_fixed_draft_length_only(tiny_pair):
     target, draft = tiny_pair
-    lease = BatchDecoder(BatchedLM(target, 1), draft=BatchedLM(draft, 1)).lease()
+    seat = BatchDecoder(BatchedLM(target, 1), draft=BatchedLM(draft, 1)).seat()
     with pytest.raises(ValueError, match="fixed draft length"):
-        lease.decode(prompts(target)[0], DecodeConfig(policy="sd", adaptive_draft=True), torch.Generator())
+        seat.decode(prompts(target)[0], DecodeConfig(policy="sd", adaptive_draft=True), torch.Generator())
     with pytest.raises(ValueError, match="not policy 'mtp-sd'"):
-        lease.decode(prompts(target)[0], DecodeConfig(policy="mtp-sd", adaptive_draft=False), torch.Generator())
+        seat.decode(prompts(target)[0], DecodeConfig(policy="mtp-sd", adaptive_draft=False), torch.Generator())
 
 
 def test_the_batch_frees_its_caches_only_when_no_stream_holds_a_slot(tiny_pair):
     target, draft = tiny_pair
     batch = BatchDecoder(BatchedLM(target, 2), draft=BatchedLM(draft, 2))
-    lease = batch.lease()
+    seat = batch.seat()
     cfg = DecodeConfig(policy="sd", max_new_tokens=5, adaptive_draft=False)
-    codes = [t for burst in lease.decode(prompts(target)[0], cfg, torch.Generator().manual_seed(0)) for t in burst]
+    codes = [t for burst in seat.decode(prompts(target)[0], cfg, torch.Generator().manual_seed(0)) for t in burst]
     assert len(codes) == 5
     assert batch.lm.allocated and batch.draft.allocated
     assert not batch.release()  # a stream holds a slot
-    lease.close()
+    seat.close()
     assert batch.release() and not batch.lm.allocated and not batch.draft.allocated

@@ -67,7 +67,7 @@ def test_free_slots_then_the_queue_then_429_and_a_disconnect_frees_its_slot(serv
         for r, p in zip(responses, pieces):
             assert r.status_code == 200
             next(p)  # audio is flowing from all three slots
-        assert pool.busy == 3 and batch.leased == 3
+        assert pool.busy == 3 and batch.seated == 3
         waiting = threading.Thread(target=lambda: speech(server, "Queued.", seed=2), daemon=True)
         waiting.start()  # the queue's one place
         deadline = time.monotonic() + 10
@@ -85,7 +85,7 @@ def test_free_slots_then_the_queue_then_429_and_a_disconnect_frees_its_slot(serv
         for s in streams[1:]:
             s.__exit__(None, None, None)
     deadline = time.monotonic() + 15
-    while pool.busy or batch.leased:
+    while pool.busy or batch.seated:
         assert time.monotonic() < deadline, "the slots were not freed after the clients left"
         time.sleep(0.02)
     assert 'pcgtts_cancelled_streams_total{reason="client"}' in httpx.get(f"{server.url}/metrics").text

@@ -55,12 +55,12 @@ def test_concurrent_streams_on_one_synthesizer_each_sound_as_alone(lone, batched
     from its own generator)."""
     alone = [lone.synthesize(text, seed=i, temperature=temperature) for i, text in enumerate(TEXTS)]
     streams = [batched.stream(text, seed=i, temperature=temperature) for i, text in enumerate(TEXTS)]
-    assert batched.batch.leased == 3
+    assert batched.batch.seated == 3
     together = read_all(streams)
     for a, b in zip(alone, together):
         assert np.array_equal(a, b)
     assert max(batched.batch.occupancy) > 1  # they did share steps
-    assert batched.batch.leased == 0  # every slot is free again
+    assert batched.batch.seated == 0  # every slot is free again
 
 
 def test_a_full_batch_refuses_the_next_stream_at_once(batched):
@@ -71,7 +71,7 @@ def test_a_full_batch_refuses_the_next_stream_at_once(batched):
     assert time.monotonic() - started < 1.0
     for stream in streams:
         stream.close()
-    assert batched.batch.leased == 0
+    assert batched.batch.seated == 0
     batched.synthesize("A slot is free again.")
 
 
@@ -80,7 +80,7 @@ def test_a_closed_stream_frees_its_slot_and_the_others_finish_undisturbed(lone, 
     streams = [batched.stream(text, seed=i) for i, text in enumerate(TEXTS)]
     firsts = [next(stream).samples for stream in streams]
     streams[1].close()  # its reader left (a client disconnecting)
-    assert batched.batch.leased == 2
+    assert batched.batch.seated == 2
     rest = read_all([streams[0], streams[2]])
     assert np.array_equal(np.concatenate([firsts[0], rest[0]]), alone[0])
     assert np.array_equal(np.concatenate([firsts[2], rest[1]]), alone[2])
@@ -90,7 +90,7 @@ def test_a_closed_stream_frees_its_slot_and_the_others_finish_undisturbed(lone, 
 def test_an_overlong_prompt_is_refused_before_taking_a_slot(batched):
     with pytest.raises(ValueError, match="leaves no room in the KV cache"):
         batched.stream("Far too much to fit.", min_tokens=600)
-    assert batched.batch.leased == 0
+    assert batched.batch.seated == 0
 
 
 def test_speculative_streams_batch_beside_plain_ones(lone, batched):
@@ -100,7 +100,7 @@ def test_speculative_streams_batch_beside_plain_ones(lone, batched):
              dict(seed=2, policy="ssd", adaptive_draft=False, draft_length=2)]
     alone = [lone.synthesize(text, **call) for text, call in zip(TEXTS, calls)]
     streams = [batched.stream(text, **call) for text, call in zip(TEXTS, calls)]
-    assert batched.batch.leased == 3
+    assert batched.batch.seated == 3
     for a, b in zip(alone, read_all(streams)):
         assert np.array_equal(a, b)
     assert max(batched.batch.gate.sizes) > 1
@@ -111,7 +111,7 @@ def test_other_settings_stream_alone_beside_the_batch(tiny_models, lone):
     synth = load(tiny_models, 2)
     plain = synth.stream(TEXTS[0], seed=0)
     adaptive = synth.stream(TEXTS[1], seed=1, policy="sd", adaptive_draft=True)
-    assert synth.batch.leased == 1
+    assert synth.batch.seated == 1
     got = read_all([plain, adaptive])
     assert np.array_equal(got[0], lone.synthesize(TEXTS[0], seed=0))
     # (an adaptive draft length plans with this Synthesizer's own measured costs: not compared with another's)

@@ -2,9 +2,9 @@
 
 A `BatchDecoder` owns a `BatchedLM` (runtime/lm/batched.py: one KV slot per stream over the
 target's weights) and one thread that runs the batch. A stream takes a slot for its whole life
-(`lease()`, refused at once with `BatchFull` when every slot is held; a slot given back during the
+(`seat()`, refused at once with `BatchFull` when every slot is held; a slot given back during the
 step under way is free when it ends) and decodes its
-sentences through it (`SlotLease.decode`, an iterator of bursts like `loop.decode`). At each step
+sentences through it (`SlotSeat.decode`, an iterator of bursts like `loop.decode`). At each step
 boundary the thread admits the decodes that arrived (prefilling each into its own slot while the
 others keep their KV), then runs one forward over the last token of every decode that has room,
 and draws each slot's next token with that stream's own settings and generator, the minimum length
@@ -12,7 +12,7 @@ and draws each slot's next token with that stream's own settings and generator, 
 `steps.emitted`). Each stream's tokens reach it through its own queue; a decode whose queue holds
 `ahead_tokens` unread tokens sits out the steps until its reader takes them (a stream nobody reads
 stops costing compute), and one whose reader is gone (closed, cancelled, failed) leaves the batch
-at the next step boundary; its slot is free again once its lease is closed.
+at the next step boundary; its slot is free again once its seat is closed.
 
 Speculative streams (a draft LM's policies at a fixed draft length, with a draft's `BatchedLM`
 over the same slots) each run `loop.decode` on their own thread over their slots' views
@@ -106,7 +106,7 @@ class BatchDecoder:
         self.stepping: set[int] = set()  # slots of the step under way on the batch's thread
         self.closing: set[int] = set()  # slots given back during it: free once it ends
         self.cond = threading.Condition()
-        self.free = list(range(lm.slots))  # slots no lease holds
+        self.free = list(range(lm.slots))  # slots no seat holds
         self.jobs: list[BatchJob] = []  # submitted and not yet dropped
         self.thread: threading.Thread | None = None
         self.occupancy: list[int] = []  # decodes per step, the last `OCCUPANCY_WINDOW` steps
@@ -119,7 +119,7 @@ class BatchDecoder:
         return self.lm.slots
 
     @property
-    def leased(self) -> int:
+    def seated(self) -> int:
         """Slots held by streams now."""
         with self.cond:
             return self.lm.slots - len(self.free)
@@ -134,7 +134,7 @@ class BatchDecoder:
         """Streams each recent forward carried: the plain steps' and the speculative streams' passes."""
         return list(self.occupancy) + list(self.gate.sizes)
 
-    def lease(self) -> "SlotLease":
+    def seat(self) -> "SlotSeat":
         """A slot for one stream's life; `BatchFull` at once when every slot is held (a slot given back
         during the step under way is waited for: it is free when that step ends)."""
         with self.cond:
@@ -144,7 +144,7 @@ class BatchDecoder:
                 raise BatchFull(f"all {self.lm.slots} batch slots are streaming; close a stream first "
                                 f"(or raise max_batch)")
             slot = self.free.pop(0)
-        return SlotLease(self, slot)
+        return SlotSeat(self, slot)
 
     def submit(self, job: BatchJob) -> None:
         with self.cond:
@@ -154,8 +154,8 @@ class BatchDecoder:
                 self.thread.start()
             self.cond.notify_all()
 
-    def give_back(self, slot: int, job: BatchJob | None) -> None:
-        """A lease ends: its decode (if one runs) steps no more, and its slot is free at once, or when the
+    def vacate(self, slot: int, job: BatchJob | None) -> None:
+        """A seat ends: its decode (if one runs) steps no more, and its slot is free at once, or when the
         step under way ends if that step carries it (the slot is never written by two decodes at once)."""
         with self.cond:
             if job is not None:
@@ -279,7 +279,7 @@ class BatchDecoder:
             self.cond.notify_all()
 
 
-class SlotLease:
+class SlotSeat:
     """One stream's hold on a batch slot: its sentences decode through it one after another."""
 
     def __init__(self, batch: BatchDecoder, slot: int):
@@ -355,4 +355,4 @@ class SlotLease:
             return
         self.closed = True
         job = self.job if self.job is not None and not self.job.done else None
-        self.batch.give_back(self.slot, job)
+        self.batch.vacate(self.slot, job)
