@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
            "commit": commit(),
            "command": " ".join(["python benchmarks/bench_many_streams.py", *(argv if argv is not None else sys.argv[1:])]),
            "requests_per_client": args.requests, "policy": args.policy, "backend": "torch",
-           "codec_share": None, "codec_share_note": "not measured: the server's /metrics does not expose the codec's time",
+           "codec_share": None, "codec_share_note": "the codec's share of the time is not measured: the server's /metrics does not expose it",
            "configurations": []}
     with tempfile.TemporaryDirectory(prefix="pcgtts-many-streams-") as workdir:
         for name in args.configs:

@@ -5,6 +5,7 @@ when a table has nothing to draw or matplotlib is missing."""
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import sys
 from pathlib import Path
@@ -117,3 +118,67 @@ def test_the_check_names_a_missing_picture_and_writing_draws_it_again(tmp_path):
     assert results_pages.stale_files(root) == [root / "docs/img/presets.png"]
     assert results_pages.write_files(root) == [root / "docs/img/presets.png"]
     assert results_pages.stale_files(root) == []
+
+
+def level(clients: int, audio: float, ttfa_p99: float, x_one: float | None = None) -> dict:
+    return {"clients": clients, "completed": 2 * clients, "ttfa_p50_ms": ttfa_p99 / 2, "ttfa_p99_ms": ttfa_p99,
+            "rtf_p50": 0.5, "underruns": 0, "streams_behind": 0, "audio_s_per_s": audio, "x_one_stream": x_one,
+            "refused_429": 0, "errors": 0, "elapsed_s": 3.0}
+
+
+MANY = {"benchmark": "many_streams", "machine": {"cpus": 16, "torch": "2.13.0", "gpu": "a GPU"},
+        "date": "2026-12-02", "commit": "abcdef1", "command": "python benchmarks/bench_many_streams.py",
+        "requests_per_client": 2, "policy": "ar", "backend": "torch",
+        "codec_share_note": "the codec's share of the time is not measured",
+        "configurations": [
+            {"name": "per-worker", "about": "2 workers", "rss_mib": 2048.4,
+             "levels": [level(1, 1.5, 300.0, 1.0), level(2, 3.0, 310.0, 2.0), level(4, 3.0, 900.0, 2.0)]},
+            {"name": "batched", "about": "one worker, 16 streams", "rss_mib": 1024.0,
+             "levels": [level(1, 1.5, 320.0, 1.0), level(2, 2.7, 330.0, 1.8), level(4, 6.0, 400.0, 4.0)]}]}
+SPEED_PAGE = results_pages.Page(Path("BENCHMARKS.md"), Path("benchmarks/results/speed.json"), Path("m.md"), 600)
+
+
+def test_many_streams_get_a_section_with_a_table_per_server_and_a_picture(tmp_path):
+    plot = result_plots.many_streams_plot(MANY)
+    assert plot.path == Path("docs/img/many-streams.png")
+    data = json.loads(plot.data)
+    assert [s["name"] for s in data["series"]] == ["per-worker", "batched"]
+    assert data["series"][1]["ttfa_p99_ms"] == [320.0, 330.0, 400.0] and data["series"][1]["clients"] == [1, 2, 4]
+    assert result_plots.write(tmp_path, [plot]) == [tmp_path / plot.path]
+    width, height, texts = result_plots.png_info(tmp_path / plot.path)
+    assert (width, height) == result_plots.SIZE_PX and texts["Description"] == plot.stamp
+
+    page = results_pages.render_page(SPEED_PAGE, {"title": "Speed", "machines": {}, "tables": []}, "Method.",
+                                     many_streams=MANY).splitlines()
+    assert "- Many streams at once" in page
+    heading = page.index("## Many streams at once")
+    assert page[heading + 2] == f"![{plot.alt}](docs/img/many-streams.png)"
+    tables = [i for i, line in enumerate(page) if line.startswith("| concurrent streams")]
+    assert len(tables) == 2 and "× per-worker" not in page[tables[0]] and page[tables[1]].endswith("× per-worker |")
+    assert page[tables[0] + 2] == "| 1 | 150 | 300 | 0 | 0 | 1.50 | 1.00 | 0 | 0 |"
+    # the batched row's aggregate audio against the per-worker row at the same level
+    assert [page[tables[1] + 2 + i].split(" | ")[-1] for i in range(3)] == ["1.00 |", "0.90 |", "2.00 |"]
+    assert any("2,048 MiB" in line for line in page) and any("a GPU; 16 CPU cores" in line for line in page)
+
+
+def test_no_many_streams_record_no_section_and_one_makes_the_page_and_picture_stale(tmp_path):
+    from test_results_pages import copy_of_the_tree
+
+    root = copy_of_the_tree(tmp_path)
+    record = root / "benchmarks/results/many_streams.json"
+    record.unlink(missing_ok=True)
+    results_pages.write_files(root)
+    assert "Many streams at once" not in (root / "BENCHMARKS.md").read_text()
+    assert results_pages.stale_files(root) == []
+    record.write_text(json.dumps(MANY))
+    assert results_pages.stale_files(root) == [root / "BENCHMARKS.md", root / "docs/img/many-streams.png"]
+    assert set(results_pages.write_files(root)) == {root / "BENCHMARKS.md", root / "docs/img/many-streams.png"}
+    assert "## Many streams at once" in (root / "BENCHMARKS.md").read_text() and results_pages.stale_files(root) == []
+
+
+def test_a_many_streams_record_without_its_command_is_refused_in_one_line():
+    broken = {k: v for k, v in MANY.items() if k != "command"}
+    with pytest.raises(ValueError, match=r"many_streams.json: no command$"):
+        results_pages.render_many_streams(broken)
+    assert result_plots.many_streams_plot(None) is None
+    assert result_plots.many_streams_data({"configurations": [{"name": "x", "levels": []}]}) is None

@@ -1,12 +1,14 @@
 """Pictures on the results pages, drawn from the same tables as QUALITY.md (`benchmarks/results/quality.json`).
 
-Two pictures, each from one table when it has rows to draw:
+Pictures, each from one table (or record) when it has rows to draw:
 
 - `docs/img/quality-frontier.png` (table `builtin-rules`): each speculative rule's WER against its
   speed-up over plain decoding, with the 95 % interval as an error bar; plain decoding is the point at
   x = 1 and its interval a horizontal band.
 - `docs/img/presets.png` (table `presets`): each preset's WER and how often it is identified as itself,
   with their intervals, and the goals (WER <= 30 %, identity >= 90 %) as dashed lines.
+- `docs/img/many-streams.png` (`benchmarks/results/many_streams.json`, not a table): TTFA p99 and
+  aggregate audio seconds per second against concurrent streams, each server configuration a line.
 
 What a picture shows is reduced to plain data first (`plots_for`); its hash is stored in the PNG's
 `Description` text, so whether a committed picture is current is known without matplotlib
@@ -117,13 +119,38 @@ def plots_for(doc: dict) -> list[Plot]:
     """The pictures a results document gives, in its tables' order."""
     plots = []
     for table in doc.get("tables", []):
-        if table.get("id") not in KINDS:
+        if table.get("id") not in KINDS or table["id"] == MANY_STREAMS:
             continue
         name, alt, data_of, _ = KINDS[table["id"]]
         data = data_of(table)
         if data is not None:
             plots.append(Plot(table["id"], IMG / name, alt, json.dumps(data, sort_keys=True, ensure_ascii=False)))
     return plots
+
+
+def many_streams_data(record: dict) -> dict | None:
+    """Each server configuration's TTFA p99 and aggregate audio seconds per second against the number of
+    concurrent streams, from `benchmarks/bench_many_streams.py --json`; None when no level has figures."""
+    series = []
+    for config in record.get("configurations") or []:
+        levels = [r for r in config.get("levels") or [] if r.get("completed")]
+        if levels:
+            series.append({"name": config["name"], "about": config.get("about", ""),
+                           "clients": [r["clients"] for r in levels],
+                           "ttfa_p99_ms": [r.get("ttfa_p99_ms") for r in levels],
+                           "audio_s_per_s": [r.get("audio_s_per_s") for r in levels]})
+    if not series:
+        return None
+    return {"title": "Many streams at once: batched beside per-worker serving", "series": series}
+
+
+def many_streams_plot(record: dict | None) -> Plot | None:
+    """The picture of `benchmarks/results/many_streams.json` (None without a record or figures)."""
+    data = many_streams_data(record) if record else None
+    if data is None:
+        return None
+    name, alt, _, _ = KINDS[MANY_STREAMS]
+    return Plot(MANY_STREAMS, IMG / name, alt, json.dumps(data, sort_keys=True, ensure_ascii=False))
 
 
 def png_info(path: Path) -> tuple[int, int, dict[str, str]]:
@@ -270,6 +297,30 @@ def _draw_presets(fig, data: dict) -> None:
     fig.tight_layout()
 
 
+def _draw_many_streams(fig, data: dict) -> None:
+    ax_ttfa, ax_audio = fig.subplots(1, 2)
+    for i, series in enumerate(data["series"]):
+        label = f"{series['name']}: {series['about']}" if series["about"] else series["name"]
+        for ax, key in ((ax_ttfa, "ttfa_p99_ms"), (ax_audio, "audio_s_per_s")):
+            points = [(c, v) for c, v in zip(series["clients"], series[key]) if v is not None]
+            if points:
+                ax.plot(*zip(*points), marker="o", color=f"C{i % 10}", label=label)
+    clients = sorted({c for series in data["series"] for c in series["clients"]})
+    for ax, name in ((ax_ttfa, "time to first audio, p99 (ms)"), (ax_audio, "aggregate audio seconds per second")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(clients, [str(c) for c in clients])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(name)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    ax_audio.axhline(1.0, color="0.5", linestyle=":", linewidth=0.8)
+    handles, labels = ax_ttfa.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=8, frameon=False)
+    fig.suptitle(data["title"])
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * len(labels), 1, 1))
+
+
 # table id -> (file name, alt text, what it draws, how it is drawn)
 KINDS = {
     "builtin-rules": ("quality-frontier.png", "WER against speed-up over plain decoding, one point per speculative "
@@ -278,4 +329,9 @@ KINDS = {
     "presets": ("presets.png", "Each preset voice's WER and how often it is identified as itself, with 95 % "
                 "intervals; dashed lines at the goals (WER at most 30 %, identity at least 90 %)",
                 presets_data, _draw_presets),
+    # not a table of a results document: benchmarks/results/many_streams.json, drawn by `many_streams_plot`
+    "many-streams": ("many-streams.png", "Time to first audio (p99) and aggregate audio seconds per second against "
+                     "concurrent streams, the batched server beside the per-worker server", many_streams_data,
+                     _draw_many_streams),
 }
+MANY_STREAMS = "many-streams"
