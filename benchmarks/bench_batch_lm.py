@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -80,6 +79,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--tokens must lie in [1, 4096], --runs in [1, 100], --warmup in [0, 100]")
     if args.bandwidth_gbs is not None and not args.bandwidth_gbs > 0:
         parser.error("--bandwidth-gbs must be positive")
+    if args.json is not None and (args.json.is_dir() or any(p.exists() and not p.is_dir() for p in args.json.parents)):
+        parser.error(f"--json {args.json}: not a file that can be written (a folder, or under a file)")
 
 
 def measure(batched, vocab, size: int, tokens: int, runs: int, warmup: int, sync) -> dict:
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--target", required=True, help="a LLaSA-format model folder (e.g. `pcgtts models scale`'s target/)")
+    parser.add_argument("--target", required=True,
+                        help="a LLaSA-format model folder (e.g. `pcgtts models scale`'s target/)")
     parser.add_argument("--batch", type=batch_sizes, default=batch_sizes("1,2,4,8,16"),
                         help="batch sizes, one after another (default 1,2,4,8,16)")
     parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
@@ -184,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     line = json.dumps(report)
     print(line)
     if args.json:
+        from pcgtts.runtime.files import atomic_output
+
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, args.json)
+        with atomic_output(args.json) as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

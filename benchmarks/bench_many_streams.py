@@ -277,6 +277,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--max-minutes must lie in (0, 600], --level-seconds and --startup-seconds in (0, 3600]")
     if not (1 <= args.workers <= 64 and 2 <= args.max_batch <= 256):
         parser.error("--workers must lie in [1, 64], --max-batch in [2, 256]")
+    if args.json is not None and (args.json.is_dir() or any(p.exists() and not p.is_dir() for p in args.json.parents)):
+        parser.error(f"--json {args.json}: not a file that can be written (a folder, or under a file)")
     return args
 
 
@@ -286,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     known = configurations(args.max_batch, args.workers)
     doc = {"benchmark": "many_streams", "machine": machine(), "date": datetime.date.today().isoformat(),
            "commit": commit(),
-           "command": " ".join(["python benchmarks/bench_many_streams.py", *(argv if argv is not None else sys.argv[1:])]),
+           "command": " ".join(["python benchmarks/bench_many_streams.py",
+                                *(argv if argv is not None else sys.argv[1:])]),
            "requests_per_client": args.requests, "policy": args.policy, "backend": "torch",
-           "codec_share": None, "codec_share_note": "the codec's share of the time is not measured: the server's /metrics does not expose it",
+           "codec_share": None,
+           "codec_share_note": "the codec's share of the time is not measured: the server's /metrics does not expose it",
            "configurations": []}
     with tempfile.TemporaryDirectory(prefix="pcgtts-many-streams-") as workdir:
         for name in args.configs:

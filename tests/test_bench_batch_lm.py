@@ -50,6 +50,7 @@ def test_weight_bytes_leaves_out_the_embedding_table(tiny_lm_factory):
     (["--quantize", "int8", "--dtype", "bfloat16"], "float32"),
     (["--device", "tpu"], "cpu, cuda or cuda:N"),
     (["--tokens", "0"], "--tokens"),
+    (["--json", str(ROOT / "tests")], "not a file that can be written"),
 ])
 def test_bad_flags_fail_before_loading(tiny_lm_factory, flags, message, capsys):
     with pytest.raises(SystemExit) as stop:

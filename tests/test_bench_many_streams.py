@@ -108,6 +108,8 @@ def test_level_row_counts_429s_apart_from_errors(bench):
     (["--levels", "0"], "[1, 64]"),
     (["--max-batch", "1"], "--max-batch"),
     (["--max-minutes", "0"], "--max-minutes"),
+    (["--json", "tests"], "not a file that can be written"),
+    (["--json", "README.md/x.json"], "not a file that can be written"),
 ])
 def test_bad_flags_fail_before_any_server_starts(bench, flags, message, capsys):
     module, stub = bench
