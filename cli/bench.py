@@ -23,9 +23,11 @@ from pathlib import Path
 from pcgtts.cli import flags
 from pcgtts.cli.flags import comma_list, deprecated_alias, non_negative_int, positive, quiet_logger
 from pcgtts.cli.groups import add_sweep_options, check_sweep_options, group_table, sweep_thetas
-from pcgtts.runtime.config import PCG_POLICIES, POLICIES, STATE_POLICIES
+from pcgtts.runtime.config import POLICIES
+from pcgtts.runtime.decode.policy import Rule, names
+from pcgtts.runtime.decode.policy import policy as policy_spec
 
-DEFAULT_POLICIES = [p for p in POLICIES if p not in STATE_POLICIES]  # mtp-*, eagle-* need trained heads: asked for by name
+DEFAULT_POLICIES = list(names(lambda p: not p.reads_states))  # mtp-*, eagle-* need trained heads: asked for by name
 
 log = logging.getLogger(__name__)
 
@@ -73,27 +75,28 @@ def cases(args) -> list:
 
     out = [BenchCase("ar")]
     for policy, draft_length in itertools.product(args.policy, args.draft_length):
-        if policy == "ar":
+        spec = policy_spec(policy)
+        if spec.plain:
             continue
-        if policy == "draft":
+        if spec.draft_alone:
             if draft_length == args.draft_length[0]:
                 out.append(BenchCase("draft"))
-        elif policy in PCG_POLICIES:
+        elif spec.needs_groups:
             out += [BenchCase(policy, draft_length, theta) for theta in (args.theta or [None])]
-        elif policy == "ssd":
+        elif spec.rule is Rule.SSD:
             out += [BenchCase("ssd", draft_length, ssd_beta=beta) for beta in (args.beta or [None])]
         else:
             out.append(BenchCase(policy, draft_length))
     if getattr(args, "adaptive", False):
         longest = max(args.draft_length)
-        out += [BenchCase(policy, longest, adaptive=True) for policy in args.policy if policy not in ("ar", "draft")]
+        out += [BenchCase(policy, longest, adaptive=True) for policy in args.policy if policy_spec(policy).speculative]
     threading = {None: [None], "on": [True], "off": [False], "both": [True, False]}[getattr(args, "codec_thread", None)]
     return [dataclasses.replace(case, codec_thread=t) for t in threading for case in out]
 
 
 def check_state_policies(policies, args) -> None:
     """Before any model loads: the heads, transitions and EAGLE draft the mtp-* / eagle-* policies asked for exist."""
-    mtp = sorted({p for p in policies if p in STATE_POLICIES})
+    mtp = sorted({p for p in policies if policy_spec(p).reads_states})
     if not mtp or args.target is None:  # the built-in voice's own proposers are checked as it loads
         return
     from pcgtts.runtime.config import ModelPaths
@@ -141,7 +144,7 @@ def _bench(args) -> int:
     args.max_tokens = max_tokens or 2000  # the synthesizer's own cap when none is given
     todo = cases(args)
     policies = args.policy
-    needs_draft = any(c.policy not in ("ar",) + STATE_POLICIES for c in todo)
+    needs_draft = any(policy_spec(c.policy).needs_draft for c in todo)
     args.policy = "pcg" if any(c.policy == "pcg" for c in todo) else ("sd" if needs_draft else "ar")
     sizing = check_sweep_options(args)
     check_state_policies([c.policy for c in todo], args)

@@ -14,8 +14,9 @@ from pathlib import Path
 from pcgtts.cli import flags
 from pcgtts.cli.flags import deprecated_alias
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
-from pcgtts.runtime.config import (BACKENDS, DTYPES, EAGLE_POLICIES, MTP_POLICIES, PCG_POLICIES, POLICIES, QUANTIZE,
-                                   check_compute_device)
+from pcgtts.runtime.config import (BACKENDS, DRAFT_LENGTH_POLICIES, DTYPES, EAGLE_POLICIES, MTP_POLICIES, PCG_POLICIES,
+                                   POLICIES, QUANTIZE, check_compute_device)
+from pcgtts.runtime.decode.policy import Proposer, names
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -282,13 +283,13 @@ def check_voice_arg(voice: str, models) -> None:
 
 # The flags that only some policies read: (argparse dest, the policies that read it).
 POLICY_FLAGS = {
-    "--draft": ("draft", ("draft", "sd", "ssd", "pcg")),
+    "--draft": ("draft", names(lambda p: p.needs_draft)),
     "--groups": ("groups", PCG_POLICIES),
     "--heads": ("heads", MTP_POLICIES),
-    "--transitions": ("transitions", ("mtp-viterbi",)),
+    "--transitions": ("transitions", names(lambda p: p.proposer is Proposer.VITERBI)),
     "--eagle": ("eagle", EAGLE_POLICIES),
-    "--draft-length": ("draft_length", tuple(p for p in POLICIES if p not in ("ar", "draft"))),
-    "--adaptive-draft / --no-adaptive-draft": ("adaptive_draft", tuple(p for p in POLICIES if p not in ("ar", "draft"))),
+    "--draft-length": ("draft_length", DRAFT_LENGTH_POLICIES),
+    "--adaptive-draft / --no-adaptive-draft": ("adaptive_draft", DRAFT_LENGTH_POLICIES),
 }
 
 

@@ -112,7 +112,8 @@ def run_diff(args: argparse.Namespace) -> int:
 def check_args(args: argparse.Namespace):
     """(TestSet, sentences, voices) after every cheap check; raises ValueError with one line."""
     from pcgtts.quality.testset import DEFAULT_TESTSET, TestSet
-    from pcgtts.runtime.config import PCG_POLICIES, POLICIES, DecodeConfig, SamplingConfig
+    from pcgtts.runtime.config import POLICIES, DecodeConfig, SamplingConfig
+    from pcgtts.runtime.decode.policy import policy as policy_spec
 
     testset = TestSet.load(args.testset or DEFAULT_TESTSET)
     sentences = testset.take(args.sentences)
@@ -191,7 +192,7 @@ def check_args(args: argparse.Namespace):
         v.check_available()
     if args.mode == "codec" and args.codec and not Path(args.codec).is_dir():
         raise ValueError(f"codec directory not found: {args.codec}")
-    grouped = [p for p in args.policies if p in PCG_POLICIES]
+    grouped = [p for p in args.policies if policy_spec(p).needs_groups]
     if args.mode == "synth" and grouped and not (args.groups or swept or not args.target):
         raise ValueError(f"policy {grouped[0]} needs --groups, --theta or --mean-size (tables are built from the target)")
     if args.mode in ("swap", "melgroups"):
@@ -339,7 +340,7 @@ def _run_models(args, testset, sentences, recipe, progress):
     from pcgtts.cli.groups import group_size_options, group_table, sweep_thetas
     from pcgtts.cli.commands import load_synthesizer
     from pcgtts.quality.harness import SynthPlan, run_synth
-    from pcgtts.runtime.config import STATE_POLICIES
+    from pcgtts.runtime.decode.policy import policy as policy_spec
 
     from pcgtts.builtin import runs_demo_models
 
@@ -348,7 +349,7 @@ def _run_models(args, testset, sentences, recipe, progress):
     if args.mode == "synth":
         check_state_policies(args.policies, args)
     needs_draft = args.mode == "melgroups" or (args.mode == "synth" and
-                                               any(p not in ("ar",) + STATE_POLICIES for p in args.policies))
+                                               any(policy_spec(p).needs_draft for p in args.policies))
     args.policy = "pcg" if (args.mode == "synth" and "pcg" in args.policies and args.groups) else (
         "sd" if needs_draft else "ar")
     progress("loading models")

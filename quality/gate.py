@@ -115,9 +115,10 @@ class SynthesizerRunner:
         return stats["accepted"] / stats["drafted"] if stats["drafted"] else None
 
     def runs(self, policy: str) -> bool:
-        from pcgtts.runtime.config import policy_proposer
+        from pcgtts.runtime.decode.policy import Proposer
+        from pcgtts.runtime.decode.policy import policy as policy_spec
 
-        proposer = {"eagle": self.synth.eagle, "draft": self.synth.draft}[policy_proposer(policy)]
+        proposer = {Proposer.EAGLE: self.synth.eagle, Proposer.DRAFT: self.synth.draft}[policy_spec(policy).proposer]
         return proposer is not None and self.synth.groups is not None
 
 

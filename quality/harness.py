@@ -26,6 +26,7 @@ import numpy as np
 from pcgtts.quality.metrics import (cosine, error_rates, mcd, recognizer, speaker_encoder, stoi)
 from pcgtts.quality.stats import mean_ci, paired_diff
 from pcgtts.quality.testset import Sentence, TestSet, VoiceRecipe, load_rendered, render
+from pcgtts.runtime.decode.policy import policy as policy_spec
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def run_synth(base, cases: Sequence, plan: SynthPlan, recipe: VoiceRecipe, tests
     speed-ups and paired deltas are measured against it at the row's own temperature (a rule's cost
     is against plain decoding at the same T), except for AR's own rows at the swept temperatures,
     which are measured against AR at the plan's temperature (what the temperature itself does)."""
-    if not cases or cases[0].policy != "ar":
+    if not cases or not policy_spec(cases[0].policy).plain:
         raise ValueError("the first case must be the target-AR baseline (policy 'ar')")
     from pcgtts.tools.bench import case_synthesizer
 

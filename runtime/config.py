@@ -33,29 +33,19 @@ from typing import Any, Mapping
 
 from pcgtts.runtime import prepared
 from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
+from pcgtts.runtime.decode.policy import POLICY_NAMES, Policy, Proposer, Rule
+from pcgtts.runtime.decode.policy import policy as policy_spec
+from pcgtts.runtime.decode.policy import names as policy_names
 
-# A decode policy is two typed settings: who proposes and which rule verifies (runtime/decode/loop.py).
-PROPOSERS = ("none", "draft", "heads", "viterbi", "eagle")  # none: plain decoding; draft: a draft LM;
-# heads: the target's multi-token heads; viterbi: a Viterbi path over the heads' candidates; eagle: an EAGLE draft
-DECODE_RULES = ("none", "sd", "ssd", "pcg", "strict", "topm", "threshold")  # none: no proposals to verify
-
-# The policy names: aliases of (proposer, rule) on the command line, in config files and over HTTP.
-# "draft" decodes with the draft LM alone (no target).
-POLICY_PAIRS = {
-    "ar": ("none", "none"), "draft": ("none", "none"),
-    "sd": ("draft", "sd"), "ssd": ("draft", "ssd"), "pcg": ("draft", "pcg"),
-    "mtp-sd": ("heads", "sd"), "mtp-pcg": ("heads", "pcg"), "mtp-strict": ("heads", "strict"),
-    "mtp-topm": ("heads", "topm"), "mtp-threshold": ("heads", "threshold"), "mtp-viterbi": ("viterbi", "topm"),
-    "eagle-sd": ("eagle", "sd"), "eagle-pcg": ("eagle", "pcg"),
-}
-POLICIES = tuple(POLICY_PAIRS)
-# proposers that read the target's hidden states (torch or an export that carries them)
-STATE_PROPOSERS = ("heads", "viterbi", "eagle")
-MTP_POLICIES = tuple(p for p, (proposer, _) in POLICY_PAIRS.items() if proposer in ("heads", "viterbi"))
-EAGLE_POLICIES = tuple(p for p, (proposer, _) in POLICY_PAIRS.items() if proposer == "eagle")
-STATE_POLICIES = MTP_POLICIES + EAGLE_POLICIES  # policies that propose from the target's hidden states
-PCG_POLICIES = tuple(p for p, (_, rule) in POLICY_PAIRS.items() if rule == "pcg")  # they need a group table
-DEVICE_STEP_POLICIES = ("ar", "sd", "ssd", "pcg")  # what whole steps on the device run (steps_per_sync)
+# A decode policy is two typed settings: who proposes and which rule verifies (`decode/policy.py`:
+# `Proposer`, `Rule`, `Policy`, the table `POLICIES` of the names). The names, and the names of the
+# policies a setting or a model applies to, as the command line, config files and HTTP list them:
+POLICIES = POLICY_NAMES
+MTP_POLICIES = policy_names(lambda p: p.uses_heads)  # they need the target's multi-token heads
+EAGLE_POLICIES = policy_names(lambda p: p.uses_eagle)  # they need an EAGLE draft
+PCG_POLICIES = policy_names(lambda p: p.needs_groups)  # they need a group table
+DRAFT_LENGTH_POLICIES = policy_names(lambda p: p.speculative)  # they propose: a draft length applies
+DEVICE_STEP_POLICIES = policy_names(lambda p: p.runs_on_device_steps)  # what whole steps on the device run
 MAX_DRAFT_LENGTH = 16  # the longest draft_length (the device loop sizes its per-position counts by it)
 # The ranges every edge (Python API, CLI, HTTP) checks before any work, through these dataclasses.
 MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
@@ -63,50 +53,30 @@ MAX_TEMPERATURE = 10.0  # past this the speech-token distribution is flat noise
 MAX_NEW_TOKENS = 60_000  # speech tokens per utterance: 20 minutes of audio
 MAX_BATCH = 256  # streams one model copy decodes together at most (`DeviceConfig.max_batch`)
 # What a batch decodes (`runtime/decode/batch.py`): plain decoding, and with a draft LM on the torch
-# backend its policies at a fixed draft length
-BATCH_POLICIES = ("ar", "sd", "ssd", "pcg", "draft")
+# backend its policies at a fixed draft length (listed with the draft alone last)
+BATCH_POLICIES = tuple(sorted(policy_names(lambda p: p.batchable), key=lambda name: policy_spec(name).draft_alone))
 
 
-def policy_rule(policy: str) -> str:
-    """The acceptance rule a policy's verdicts go by: "eagle-pcg" -> "pcg", "mtp-viterbi" -> "topm",
-    "ar" -> "none"."""
-    return POLICY_PAIRS[policy][1]
-
-
-def policy_proposer(policy: str) -> str:
-    """Who proposes under a policy: "eagle-pcg" -> "eagle", "sd" -> "draft", "ar" -> "none"."""
-    return POLICY_PAIRS[policy][0]
-
-
-def policy_name(proposer: str, rule: str) -> str:
-    """The policy alias of a (proposer, rule) pair: ("eagle", "pcg") -> "eagle-pcg"; a pair no policy
-    names is a ValueError listing the pairs that exist."""
-    for name, pair in POLICY_PAIRS.items():
-        if pair == (proposer, rule) and name != "draft":
-            return name
-    pairs = ", ".join(f"{a}+{b}" for a, b in POLICY_PAIRS.values())
-    raise ValueError(f"no policy pairs proposer {proposer!r} with rule {rule!r}; the pairs: {pairs}")
-
-
-def check_policy(policy: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
+def check_policy(name: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,
                  greedy: bool = False) -> None:
-    """The models a policy needs, given which are there (greedy decoding never consults a group table):
+    """The models policy `name` needs, given which are there (greedy decoding never consults a group table):
     the one check of the command line, the loading, `Synthesizer.stream` and the decode loop."""
-    proposer, rule = POLICY_PAIRS[policy]
-    if proposer == "eagle":
+    spec = policy_spec(name)
+    if spec.uses_eagle:
         if not eagle:
-            raise ValueError(f"policy {policy!r} needs the target's EAGLE draft "
+            raise ValueError(f"policy {name!r} needs the target's EAGLE draft "
                              f"(train it with `pcgtts train eagle`, or give --eagle)")
-    elif proposer in ("heads", "viterbi"):
+    elif spec.uses_heads:
         if not heads:
-            raise ValueError(f"policy {policy!r} needs the target's multi-token heads "
+            raise ValueError(f"policy {name!r} needs the target's multi-token heads "
                              f"(train them with `pcgtts train heads`, or give --heads)")
-        if proposer == "viterbi" and not transitions:
-            raise ValueError("policy 'mtp-viterbi' needs a code transition table (`pcgtts train transitions`)")
-    elif policy != "ar" and not draft:
-        raise ValueError(f"policy {policy!r} needs a draft model (or use policy='ar')")
-    if rule == "pcg" and not groups and not greedy:
-        raise ValueError(f"policy {policy!r} needs a group table (build one with `pcgtts groups build`)")
+        if spec.proposer is Proposer.VITERBI and not transitions:
+            raise ValueError(f"policy {name!r} needs a code transition table (`pcgtts train transitions`)")
+    elif spec.speculative or spec.draft_alone:
+        if not draft:
+            raise ValueError(f"policy {name!r} needs a draft model (or use policy='ar')")
+    if spec.needs_groups and not groups and not greedy:
+        raise ValueError(f"policy {name!r} needs a group table (build one with `pcgtts groups build`)")
 
 
 # auto: the backend an export folder was made for (onnxruntime / tensorrt), torch for a checkpoint;
@@ -168,27 +138,31 @@ class DecodeConfig:
     sampling: SamplingConfig = SamplingConfig()
 
     @property
-    def proposer(self) -> str:
-        """Who proposes (`PROPOSERS`): the policy's first half."""
-        return policy_proposer(self.policy)
+    def policy_spec(self) -> Policy:
+        """The policy the name stands for (`decode/policy.py`): its proposer, its rule, what it needs."""
+        return policy_spec(self.policy)
 
     @property
-    def rule(self) -> str:
-        """The rule the proposals are verified by (`DECODE_RULES`); at temperature 0 every rule that
-        samples verifies greedily ("greedy"), so speculative output equals plain greedy decoding."""
-        rule = policy_rule(self.policy)
-        if self.sampling.greedy and rule in ("sd", "ssd", "pcg", "strict"):
-            return "greedy"
+    def proposer(self) -> Proposer:
+        """Who proposes: the policy's first half."""
+        return self.policy_spec.proposer
+
+    @property
+    def rule(self) -> Rule:
+        """The rule the proposals are verified by; at temperature 0 every rule that samples verifies
+        greedily (`Rule.GREEDY`), so speculative output equals plain greedy decoding."""
+        rule = self.policy_spec.rule
+        if self.sampling.greedy and rule.becomes_greedy:
+            return Rule.GREEDY
         return rule
 
     @property
     def decodes_with_draft(self) -> bool:
         """The draft-only policy: the draft LM decodes alone."""
-        return self.policy == "draft"
+        return self.policy_spec.draft_alone
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        spec = policy_spec(self.policy)  # an unknown name: the one-line error listing the names
         for name in ("draft_length", "max_new_tokens", "min_new_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -211,14 +185,14 @@ class DecodeConfig:
             raise ValueError(f"mtp_threshold must lie in (0, 1], got {self.mtp_threshold}")
         if self.steps_per_sync < 0:
             raise ValueError(f"steps_per_sync must be >= 0, got {self.steps_per_sync}")
-        if self.steps_per_sync and self.policy not in DEVICE_STEP_POLICIES:
+        if self.steps_per_sync and not spec.runs_on_device_steps:
             raise ValueError(f"steps_per_sync (whole steps on the device) runs policies {', '.join(DEVICE_STEP_POLICIES)}, "
                              f"not {self.policy!r}")
         if not isinstance(self.compile_steps, bool):
             raise ValueError(f"compile_steps must be true or false, got {self.compile_steps!r}")
         if self.compile_steps and not self.steps_per_sync:
             raise ValueError("compile_steps compiles whole steps on the device: it needs steps_per_sync > 0")
-        if self.steps_per_sync and self.adaptive_draft and self.policy != "ar":
+        if self.steps_per_sync and self.adaptive_draft and spec.speculative:
             raise ValueError("steps_per_sync (whole steps on the device) needs a fixed draft length: "
                              "set adaptive_draft false")
 
@@ -652,6 +626,6 @@ def settings_dict(settings: Settings) -> dict[str, Any]:
     return out
 
 
-__all__ = ["POLICIES", "POLICY_PAIRS", "PROPOSERS", "DECODE_RULES", "check_policy", "policy_name", "policy_proposer", "policy_rule", "MTP_POLICIES", "EAGLE_POLICIES", "STATE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
+__all__ = ["POLICIES", "Policy", "Proposer", "Rule", "check_policy", "MTP_POLICIES", "EAGLE_POLICIES", "PCG_POLICIES", "BACKENDS", "SamplingConfig", "DecodeConfig", "StreamConfig", "SynthesisConfig",
            "ModelPaths", "DeviceConfig", "Settings", "resolve_settings", "read_config_file", "settings_dict", "prepared_settings", "runs_int8_graphs",
            "PRESETS_FOLDER", "preset_folder", "check_voice_keys"]

@@ -21,8 +21,9 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.codec import SpeechCodec
-from pcgtts.runtime.config import (EAGLE_POLICIES, STATE_POLICIES, DecodeConfig, DeviceConfig, ModelPaths,
-                                   SynthesisConfig, check_compute_device, check_policy, cpu_threads)
+from pcgtts.runtime.config import (DecodeConfig, DeviceConfig, ModelPaths, SynthesisConfig, check_compute_device,
+                                   check_policy, cpu_threads)
+from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.lm.protocol import LM, StatesLM
 
 log = logging.getLogger(__name__)
@@ -271,12 +272,13 @@ def check_proposers(models: ModelPaths, policy: str, backend: str) -> tuple:
                                  f"them with `pcgtts export onnx --model CHECKPOINT {flag} FILE` instead of {flag}")
         exported = exported_proposers(models.target)
         heads, eagle = exported.get("heads"), exported.get("eagle")
-        needed = "eagle" if policy in EAGLE_POLICIES else "heads" if policy in STATE_POLICIES else None
+        spec = policy_spec(policy)
+        needed = "eagle" if spec.uses_eagle else "heads" if spec.reads_states else None
         if needed is not None and needed not in exported:
             what = {"eagle": "EAGLE draft", "heads": "multi-token heads"}[needed]
             raise ValueError(f"policy {policy!r} on onnxruntime needs the {what} exported with the target: "
                              f"`pcgtts export onnx --model CHECKPOINT --{needed} FILE --out {models.target}`")
-    elif policy in STATE_POLICIES and backend != "torch":
+    elif policy_spec(policy).reads_states and backend != "torch":
         raise ValueError(f"policy {policy!r} runs on the torch and onnxruntime backends only "
                          f"(it reads the target's hidden states)")
     return heads, transitions, eagle

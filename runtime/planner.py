@@ -14,10 +14,11 @@ import time
 from dataclasses import replace
 
 from pcgtts.groups.device import DeviceGroupTable
-from pcgtts.runtime.config import EAGLE_POLICIES, DecodeConfig
+from pcgtts.runtime.config import DecodeConfig
 from pcgtts.runtime.decode.calibrate import adopt_costs, keep_costs
 from pcgtts.runtime.decode.cost_model import StepCosts, in_loop_costs
 from pcgtts.runtime.decode.planning import measure_acceptance, plans_draft_length, prepare
+from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.text.prompt import build_prompt
 
@@ -102,4 +103,4 @@ class DraftLengthPlanner:
 
     def proposer(self, policy: str):
         """What proposes from the target's hidden states for `policy` (None for the other policies)."""
-        return self.eagle if policy in EAGLE_POLICIES else self.heads
+        return self.eagle if policy_spec(policy).uses_eagle else self.heads

@@ -39,10 +39,12 @@ from pcgtts.runtime.audio.transform import VoiceTransform
 from pcgtts.runtime.audio.voice import Voice
 from pcgtts.runtime.checks import (call_config, check_scripts, check_stream_arguments, check_voice_fits,
                                    voice_scripts)
-from pcgtts.runtime.config import (POLICY_PAIRS, STATE_PROPOSERS, DecodeConfig, DeviceConfig, ModelPaths, Settings,
-                                   SynthesisConfig, check_policy, policy_name, preset_folder, resolve_settings)
+from pcgtts.runtime.config import (DecodeConfig, DeviceConfig, ModelPaths, Settings, SynthesisConfig, check_policy,
+                                   preset_folder, resolve_settings)
 from pcgtts.runtime.loading import LazyTarget, load_models
 from pcgtts.runtime.decode.batch import BatchDecoder, BatchFull, check_batchable
+from pcgtts.runtime.decode.policy import Proposer, policy_named
+from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.lm.batched import BatchedLM, check_batch_backend, runs_batched
 from pcgtts.runtime.lm.protocol import LM
 from pcgtts.runtime.planner import DraftLengthPlanner
@@ -59,12 +61,12 @@ def serving_policy(policy: str, *, draft: bool, heads: bool, eagle: bool) -> str
     """`policy`, or where it proposes from the target's states and no such proposer serves the target
     at hand (`heads`, `eagle`: whether one does), the draft LM's policy with its rule when there is one
     (eagle-pcg -> pcg), else plain decoding ("ar")."""
-    proposer, rule = POLICY_PAIRS[policy]
-    if proposer not in STATE_PROPOSERS or (eagle if proposer == "eagle" else heads):
+    spec = policy_spec(policy)
+    if not spec.reads_states or (eagle if spec.uses_eagle else heads):
         return policy
     if draft:
         try:
-            return policy_name("draft", rule)
+            return policy_named(Proposer.DRAFT, spec.rule).name
         except ValueError:  # a rule only the heads run (strict, topm, threshold)
             pass
     return "ar"

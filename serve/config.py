@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pcgtts.runtime.audio.io import MAX_SECONDS
-from pcgtts.runtime.config import BATCH_POLICIES, MAX_BATCH, POLICIES, ModelPaths
+from pcgtts.runtime.config import BATCH_POLICIES, MAX_BATCH, ModelPaths
+from pcgtts.runtime.decode.policy import policy as policy_spec
 
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "pcgtts" / "voices"
 
@@ -65,12 +66,11 @@ class ServerConfig:
             raise ValueError("api_key must have at least 8 characters")
         if not (8000 <= self.sample_rate <= 48000):
             raise ValueError(f"sample_rate must lie in [8000, 48000], got {self.sample_rate}")
-        if self.policy is not None and self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        spec = policy_spec(self.policy) if self.policy is not None else None  # an unknown name: a one-line error
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) \
                 or not 1 <= self.max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {self.max_batch!r}")
-        if self.max_batch > 1 and self.policy not in (None, *BATCH_POLICIES):
+        if self.max_batch > 1 and spec is not None and not spec.batchable:
             raise ValueError(f"max_batch > 1 decodes streams together with policy {', '.join(BATCH_POLICIES)}, "
                              f"not {self.policy!r} (leave the policy out: ar; or serve one stream per worker)")
 

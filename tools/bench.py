@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE
-from pcgtts.runtime.config import PCG_POLICIES, STATE_POLICIES
+from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.decode.cost_model import StepCosts, conditional_acceptance, counted_seconds, expected_tokens
 from pcgtts.runtime.lm.protocol import common_prefix
 from pcgtts.runtime.synthesizer import SynthesisConfig, Synthesizer
@@ -59,7 +59,7 @@ class BenchCase:
     @property
     def label(self) -> str:
         parts = [self.policy]
-        if self.policy not in ("ar", "draft"):
+        if policy_spec(self.policy).speculative:
             parts.append(f"L≤{self.draft_length} auto" if self.adaptive else f"L={self.draft_length}")
         if self.theta is not None:
             parts.append(f"θ={self.theta:g}")
@@ -174,11 +174,11 @@ def case_synthesizer(base: Synthesizer, case: BenchCase, groups_for: Callable[[f
     """A Synthesizer sharing `base`'s loaded models for one case: the draft only where the policy
     uses one, the target's heads for mtp-*, and the case's group table where it names a θ."""
     groups = base.groups
-    if case.policy in PCG_POLICIES and case.theta is not None:
+    if policy_spec(case.policy).needs_groups and case.theta is not None:
         if groups_for is None:
             raise ValueError("a pcg case with a θ needs a way to build its group table")
         groups = groups_for(case.theta)
-    draft = base.draft if case.policy not in ("ar",) + STATE_POLICIES else None
+    draft = base.draft if policy_spec(case.policy).needs_draft else None
     return Synthesizer(base.target, draft, base.codec, groups, base.config, heads=base.heads, eagle=base.eagle)
 
 
@@ -297,7 +297,7 @@ def _per_token_seconds(summary: dict, ar: dict, at_load: bool) -> tuple[float, f
         costs = StepCosts(**planned)
         seconds = counted_seconds(costs, summary["length_counts"], summary["catchup_tokens"])
         return (costs.ar_step, seconds / summary["tokens"]) if seconds and summary["tokens"] else None
-    if summary["policy"] in STATE_POLICIES:  # one target pass and one proposer call per step
+    if policy_spec(summary["policy"]).reads_states:  # one target pass and one proposer call per step
         step = summary["t_propose_step"] + summary["t_target_step"]
     else:
         step = summary["draft_length"] * summary["t_draft_step"] + summary["t_target_step"]

@@ -40,6 +40,7 @@ import torch
 
 from pcgtts.runtime.config import BATCH_POLICIES, DecodeConfig
 from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.decode.sampling import digits_to_draw
 from pcgtts.runtime.decode.steps import DecodeStats, draw_next, emitted
 from pcgtts.runtime.lm.batched import BatchedLM, SlotLM, StepGate
@@ -55,7 +56,7 @@ class BatchFull(RuntimeError):
     """Every slot of the batch is held by a stream: refused at once, nothing waits."""
 
 
-SPECULATIVE_POLICIES = tuple(p for p in BATCH_POLICIES if p != "ar")  # what a batch with a draft also runs
+SPECULATIVE_POLICIES = tuple(p for p in BATCH_POLICIES if policy_spec(p).needs_draft)  # what a batch with a draft also runs
 
 
 def check_batchable(config: DecodeConfig, draft: bool = False) -> None:
@@ -63,12 +64,13 @@ def check_batchable(config: DecodeConfig, draft: bool = False) -> None:
     with a draft the draft LM's policies at a fixed draft length, on the host loop."""
     if config.steps_per_sync:
         raise ValueError("the batch decodes on the host loop, not with steps_per_sync")
-    if config.policy == "ar":
+    spec = config.policy_spec
+    if spec.plain:
         return
-    if not draft or config.policy not in SPECULATIVE_POLICIES:
+    if not draft or not (spec.batchable and spec.needs_draft):
         runs = "'ar'" + (f" and {', '.join(SPECULATIVE_POLICIES)}" if draft else "")
         raise ValueError(f"the batch decodes policy {runs}, not policy {config.policy!r}")
-    if config.adaptive_draft and config.policy != "draft":
+    if config.adaptive_draft and spec.speculative:
         raise ValueError(f"the batch speculates at a fixed draft length: policy {config.policy!r} with "
                          "adaptive_draft false")
 
@@ -300,7 +302,7 @@ class SlotSeat:
         if self.job is not None and not (self.job.done or self.job.cancelled):
             raise RuntimeError("this slot is still decoding its last sentence")
         stats = stats if stats is not None else DecodeStats()
-        if config.policy != "ar":
+        if not config.policy_spec.plain:
             self.job = None
             return self._speculate(prompt_ids, config, generator, stats)
         return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats))

@@ -45,6 +45,7 @@ import torch
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import MAX_DRAFT_LENGTH, DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.acceptance.tensor import draw_uniforms, verify
+from pcgtts.runtime.decode.policy import Rule
 from pcgtts.runtime.decode.sampling import forbid_stop, logits_to_probs, sample
 from pcgtts.runtime.decode.steps import emitted, start_sequence
 from pcgtts.runtime.lm.llama import Llama
@@ -190,10 +191,10 @@ def _capture(body, state: DeviceState, generator: torch.Generator, warm_position
 
 def step_spec(config: DecodeConfig) -> StepSpec:
     """The step `config` asks for (`DecodeConfig` has checked that the device loop runs it)."""
-    if config.policy == "ar":
+    if config.policy_spec.plain:
         return StepSpec(0, "ar", config.sampling, compile=config.compile_steps)
     rule = config.rule
-    return StepSpec(config.draft_length, rule, config.sampling, config.ssd_beta if rule == "ssd" else 0.0,
+    return StepSpec(config.draft_length, rule, config.sampling, config.ssd_beta if rule is Rule.SSD else 0.0,
                     config.pcg_thinning_trials, config.compile_steps)
 
 

@@ -32,10 +32,11 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig, check_policy
-from pcgtts.runtime.decode.acceptance import EXACT_RULES, RuleParams, judge_for
+from pcgtts.runtime.decode.acceptance import RuleParams, judge_for
 from pcgtts.runtime.decode.calibrate import calibrated_costs
 from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts, starting_counter
 from pcgtts.runtime.decode.device_loop import decode_on_device
+from pcgtts.runtime.decode.policy import Proposer, Rule
 from pcgtts.runtime.decode.proposers import DraftModel
 from pcgtts.runtime.decode.sampling import digits_to_draw, rule_digits
 from pcgtts.runtime.decode.steps import (DecodeStats, Timer, emitted, has_room, plain_step, start_sequence,
@@ -62,10 +63,10 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
     check_decode(config, draft, groups, proposer)
     if config.steps_per_sync:
         return decode_on_device(target, draft, prompt_ids, config, generator, groups, stats)
-    if config.proposer == "none":
+    if not config.policy_spec.speculative:
         lm = draft if config.decodes_with_draft else target
         return _loop(lm, None, prompt_ids, config, generator, groups, stats, Timer(stats, sync), None, None)
-    if config.proposer == "draft":
+    if config.proposer is Proposer.DRAFT:
         proposer = DraftModel(draft)
     return _loop(target, proposer, prompt_ids, config, generator, groups, stats, Timer(stats, sync), costs,
                  acceptance)
@@ -73,19 +74,20 @@ def decode(target: LM, draft: LM | None, prompt_ids: torch.Tensor, config: Decod
 
 def check_decode(config: DecodeConfig, draft, groups, proposer) -> None:
     """What a policy needs, of the models handed to `decode` (`config.check_policy`)."""
-    states = config.proposer in ("heads", "viterbi", "eagle") and proposer is not None
+    states = config.policy_spec.reads_states and proposer is not None
     check_policy(config.policy, draft=draft is not None, groups=groups is not None, heads=states, eagle=states,
-                 transitions=states and config.proposer == "viterbi" and proposer.transitions is not None,
+                 transitions=states and config.proposer is Proposer.VITERBI and proposer.transitions is not None,
                  greedy=config.sampling.greedy)
 
 
 def loop_judge(target: LM, proposer, config: DecodeConfig, groups: DeviceGroupTable | None):
     """(the judge a loop of `config` verifies with, the digit count of the target rows it reads)."""
     sampling = config.sampling
-    target_digits = rule_digits(target, sampling) if config.rule in EXACT_RULES + ("greedy",) else 0
-    if config.rule == "greedy" and config.proposer in ("heads", "viterbi"):
+    rule = config.rule
+    target_digits = rule_digits(target, sampling) if rule.exact or rule is Rule.GREEDY else 0
+    if rule is Rule.GREEDY and config.proposer.uses_heads:
         target_digits = 0  # the heads' greedy verdicts read the target's dense rows
-    params = RuleParams(config.rule, groups if config.rule == "pcg" else None, config.ssd_beta,
+    params = RuleParams(rule, groups if rule is Rule.PCG else None, config.ssd_beta,
                         config.pcg_thinning_trials, config.mtp_top_m, config.mtp_threshold)
     judge = judge_for(params, target.device, target_digits, proposer.row_digits(sampling),
                       compiled_target=target.compiled)
@@ -95,8 +97,8 @@ def loop_judge(target: LM, proposer, config: DecodeConfig, groups: DeviceGroupTa
 def planned_costs(target: LM, proposer, config: DecodeConfig, groups, sync) -> StepCosts:
     """The step costs an adaptive draft length plans with, measured once per pair (`calibrate`); the
     inexact rules cost about what SD costs (one comparison per position)."""
-    rule = "greedy" if config.sampling.greedy else ("pcg" if config.rule == "pcg" else
-                                                     config.rule if config.proposer == "draft" else "sd")
+    rule = Rule.GREEDY if config.sampling.greedy else (Rule.PCG if config.rule is Rule.PCG else
+                                                       config.rule if config.proposer is Proposer.DRAFT else Rule.SD)
     model = proposer.lm if isinstance(proposer, DraftModel) else proposer
     max_length = min(config.draft_length, proposer.max_proposals)
     return calibrated_costs(target, model, max_length, rule, config.sampling, groups, sync)
@@ -153,7 +155,7 @@ def _loop(target: LM, proposer, prompt_ids: torch.Tensor, config: DecodeConfig, 
             timer("time_draft", t0)
             ids = torch.cat([last, vocab.restricted_to_token_ids(proposals)])
             target_rows, hidden, t0 = verify_pass(target, ids, sampling, target_digits, timer, reads_states,
-                                                  keep_logits=config.rule in ("strict", "topm"),
+                                                  keep_logits=config.rule in (Rule.STRICT, Rule.TOPM),
                                                   first=stats.emitted, min_tokens=config.min_new_tokens)
             n, tokens = judge(proposals, draft_rows, target_rows, generator)  # the step's one host sync
             target.rollback(start + 1 + n)

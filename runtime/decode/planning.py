@@ -17,6 +17,7 @@ from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig
 from pcgtts.runtime.decode.cost_model import MEASURED_PRIOR_WEIGHT, StepCosts, conditional_acceptance
 from pcgtts.runtime.decode.loop import decode, loop_judge, planned_costs
+from pcgtts.runtime.decode.policy import Proposer, Rule
 from pcgtts.runtime.decode.proposers import DraftModel
 from pcgtts.runtime.decode.steps import DecodeStats
 from pcgtts.runtime.lm.protocol import LM
@@ -25,7 +26,7 @@ from pcgtts.runtime.lm.protocol import LM
 def plans_draft_length(config: DecodeConfig) -> bool:
     """Whether `decode` with `config` chooses its draft length step by step (`DraftLengthPolicy`):
     adaptive, with a policy that drafts (whole steps on the device take a fixed length: `DecodeConfig`)."""
-    return config.adaptive_draft and config.proposer != "none"
+    return config.adaptive_draft and config.policy_spec.speculative
 
 
 def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGroupTable | None = None,
@@ -35,16 +36,16 @@ def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGr
     `Synthesizer.load` calls it so that the first utterance's time to first audio does not pay
     for it (nor for compiling a proposer's graphs, `warm_up`, or a compiled rule's package). None
     when `config` plans nothing (a fixed draft length, or no draft to plan)."""
-    if config.proposer == "none" or (config.proposer == "draft" and draft is None):
+    if not config.policy_spec.speculative or (config.proposer is Proposer.DRAFT and draft is None):
         return None
-    if config.proposer == "draft":
+    if config.proposer is Proposer.DRAFT:
         proposer = DraftModel(draft)
     elif proposer is None:
         return None
     else:
         proposer.warm_up(config)
         proposer.start(0, config)  # how it draws proposals under `config`: the rows the judge reads
-    if config.rule != "pcg" or groups is not None:
+    if config.rule is not Rule.PCG or groups is not None:
         loop_judge(target, proposer, config, groups)  # a compiled rule's package is built or loaded now
     if not plans_draft_length(config):
         return None

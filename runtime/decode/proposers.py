@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import torch
 
+from pcgtts.runtime.decode.policy import Proposer
 from pcgtts.runtime.decode.rows import DenseRows, DigitRows, Rows
 from pcgtts.runtime.decode.sampling import logits_to_probs, rule_digits, sample, sample_by_digits
 from pcgtts.runtime.decode.steps import start_sequence
@@ -151,8 +152,8 @@ class HeadProposer:
         self.hidden, self.last_token = None, None
         if config is not None:
             self.config = config
-            exact = config.rule in ("sd", "ssd", "pcg")  # sampled proposals; otherwise the heads' argmax
-            self.mode = "sample" if exact else "viterbi" if config.proposer == "viterbi" else "argmax"
+            exact = config.rule.exact  # sampled proposals; otherwise the heads' argmax
+            self.mode = "sample" if exact else "viterbi" if config.proposer is Proposer.VITERBI else "argmax"
 
     def ready(self) -> bool:
         """Whether a row has been observed to propose from (not before the first step)."""

@@ -28,18 +28,20 @@ from pcgtts.runtime.decode.acceptance import compiled as compiled_rules
 from pcgtts.runtime.decode.acceptance import host
 from pcgtts.runtime.decode.acceptance.tensor import (draw_uniforms, outcome, verify, verify_threshold,
                                                      verify_top_m)
+from pcgtts.runtime.decode.policy import Rule
 from pcgtts.runtime.decode.rows import DenseRows, DigitRows, Rows
 
-EXACT_RULES = ("sd", "ssd", "pcg")  # the rules whose output follows the target's distribution
-INEXACT_RULES = ("strict", "topm", "threshold")  # multi-token heads' verification (Speech-LLaMA): not exact
-HOST_RULES = ("sd", "ssd", "pcg")  # what the NumPy lane computes
+EXACT_RULES = tuple(r for r in Rule if r.exact)  # the rules whose output follows the target's distribution
+INEXACT_RULES = (Rule.STRICT, Rule.TOPM, Rule.THRESHOLD)  # multi-token heads' verification (Speech-LLaMA): not exact
+HOST_RULES = EXACT_RULES  # what the NumPy lane computes
 
 
 @dataclass(frozen=True)
 class RuleParams:
-    """A rule and its parameters: `rule` is one of greedy, sd, ssd, pcg, strict, topm, threshold."""
+    """A rule and its parameters: `rule` is one of greedy, sd, ssd, pcg, strict, topm, threshold (a
+    `Rule`; its name is taken too)."""
 
-    rule: str
+    rule: Rule
     groups: DeviceGroupTable | None = None
     ssd_beta: float = 0.0
     thinning_trials: int = 16
@@ -47,7 +49,8 @@ class RuleParams:
     threshold: float = 0.0
 
     def __post_init__(self):
-        if self.rule == "pcg" and self.groups is None:
+        object.__setattr__(self, "rule", Rule(self.rule))
+        if self.rule is Rule.PCG and self.groups is None:
             raise ValueError("the pcg rule needs a group table")
 
 
@@ -77,14 +80,14 @@ class TensorJudge:
                  uniforms=None) -> tuple[int, list[int]]:
         p = self.params
         target = target_rows.dense()
-        if p.rule in ("topm", "strict"):
+        if p.rule in (Rule.TOPM, Rule.STRICT):
             scores = target_rows.logits if isinstance(target_rows, DenseRows) and target_rows.logits is not None else target
-            m = p.top_m if p.rule == "topm" else 1
+            m = p.top_m if p.rule is Rule.TOPM else 1
             return outcome(verify_top_m(tokens[None], scores[None], target[None], m, generator))
-        if p.rule == "threshold":
+        if p.rule is Rule.THRESHOLD:
             return outcome(verify_threshold(tokens[None], target[None], p.threshold, generator))
         draft = draft_rows.dense() if draft_rows is not None else target[:-1]  # greedy reads no draft rows
-        if p.rule != "greedy":
+        if p.rule is not Rule.GREEDY:
             uniforms = _uniforms(uniforms, tokens, generator)
         elif uniforms is None:  # the greedy rule reads none and draws nothing
             uniforms = torch.zeros(len(tokens), device=tokens.device)
@@ -126,9 +129,9 @@ def judge_for(params: RuleParams, device: torch.device, target_digits: int, draf
     rule = params.rule
     if rule in INEXACT_RULES:
         return TensorJudge(params)
-    if rule == "greedy":
+    if rule is Rule.GREEDY:
         return _greedy_digits if target_digits else TensorJudge(params)
-    if compiled_target and rule in ("sd", "pcg") and target_digits and draft_digits == target_digits:
+    if compiled_target and rule in (Rule.SD, Rule.PCG) and target_digits and draft_digits == target_digits:
         compiled = compiled_rules.for_rows(rule, params.groups, target_digits, params.thinning_trials)
         if compiled is not None:
             return CompiledJudge(compiled)
