@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from pcgtts.runtime import prepared
 from pcgtts.runtime.audio.chunk import SAMPLES_PER_TOKEN
+from pcgtts.runtime.decode.cost_model import plans_draft_length
 from pcgtts.runtime.decode.policy import POLICY_NAMES, Policy, Proposer, Rule
 from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.decode.policy import names as policy_names
@@ -192,7 +193,7 @@ class DecodeConfig:
             raise ValueError(f"compile_steps must be true or false, got {self.compile_steps!r}")
         if self.compile_steps and not self.steps_per_sync:
             raise ValueError("compile_steps compiles whole steps on the device: it needs steps_per_sync > 0")
-        if self.steps_per_sync and self.adaptive_draft and spec.speculative:
+        if self.steps_per_sync and plans_draft_length(self):
             raise ValueError("steps_per_sync (whole steps on the device) needs a fixed draft length: "
                              "set adaptive_draft false")
 

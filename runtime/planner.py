@@ -16,8 +16,8 @@ from dataclasses import replace
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig
 from pcgtts.runtime.decode.calibrate import adopt_costs, keep_costs
-from pcgtts.runtime.decode.cost_model import StepCosts, in_loop_costs
-from pcgtts.runtime.decode.planning import measure_acceptance, plans_draft_length, prepare
+from pcgtts.runtime.decode.cost_model import StepCosts, in_loop_costs, plans_draft_length
+from pcgtts.runtime.decode.planning import measure_acceptance, prepare
 from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.lm.protocol import LM, template_head
 from pcgtts.runtime.text.prompt import build_prompt

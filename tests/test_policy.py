@@ -89,3 +89,35 @@ def test_check_policy_names_what_each_policy_needs():
     with pytest.raises(ValueError, match="'pcg' needs a group table"):
         check_policy("pcg", **{**none, "draft": True})
     check_policy("pcg", **{**none, "draft": True}, greedy=True)  # greedy decoding reads no group table
+
+
+def test_one_answer_to_whether_a_decode_plans_its_draft_length():
+    from pcgtts.runtime.decode.batch import check_batchable
+    from pcgtts.runtime.decode.cost_model import plans_draft_length
+
+    for name in PAIRS:
+        for adaptive in (True, False):
+            config = DecodeConfig(policy=name, adaptive_draft=adaptive)
+            assert plans_draft_length(config) == (adaptive and name not in ("ar", "draft"))
+            if name in DEVICE_STEP_POLICIES:  # whole steps on the device take a fixed length
+                if plans_draft_length(config):
+                    with pytest.raises(ValueError, match="needs a fixed draft length"):
+                        dataclasses.replace(config, steps_per_sync=4)
+                else:
+                    assert dataclasses.replace(config, steps_per_sync=4).steps_per_sync == 4
+            if name in BATCH_POLICIES and plans_draft_length(config):  # so does a batch
+                with pytest.raises(ValueError, match="fixed draft length"):
+                    check_batchable(config, draft=True)
+            elif name in BATCH_POLICIES:
+                check_batchable(config, draft=True)
+
+
+def test_a_plan_prices_the_rule_a_step_costs():
+    from pcgtts.runtime.decode.cost_model import costed_rule
+
+    priced = {name: costed_rule(DecodeConfig(policy=name)) for name in PAIRS if name not in ("ar", "draft")}
+    assert priced == {"sd": Rule.SD, "ssd": Rule.SSD, "pcg": Rule.PCG, "mtp-sd": Rule.SD, "mtp-pcg": Rule.PCG,
+                      "mtp-strict": Rule.SD, "mtp-topm": Rule.SD, "mtp-threshold": Rule.SD, "mtp-viterbi": Rule.SD,
+                      "eagle-sd": Rule.SD, "eagle-pcg": Rule.PCG}
+    cold = SamplingConfig(temperature=0.0)
+    assert {costed_rule(DecodeConfig(policy=name, sampling=cold)) for name in priced} == {Rule.GREEDY}

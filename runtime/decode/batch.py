@@ -39,6 +39,7 @@ from typing import Iterator
 import torch
 
 from pcgtts.runtime.config import BATCH_POLICIES, DecodeConfig
+from pcgtts.runtime.decode.cost_model import plans_draft_length
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.decode.sampling import digits_to_draw
@@ -70,7 +71,7 @@ def check_batchable(config: DecodeConfig, draft: bool = False) -> None:
     if not draft or not (spec.batchable and spec.needs_draft):
         runs = "'ar'" + (f" and {', '.join(SPECULATIVE_POLICIES)}" if draft else "")
         raise ValueError(f"the batch decodes policy {runs}, not policy {config.policy!r}")
-    if config.adaptive_draft and spec.speculative:
+    if plans_draft_length(config):
         raise ValueError(f"the batch speculates at a fixed draft length: policy {config.policy!r} with "
                          "adaptive_draft false")
 

@@ -16,13 +16,42 @@ Model of one speculative step with draft length L (a_i = P(position i accepted |
 steps, L draft(1), unless the draft proposes its L tokens in one call (a compiled chain: a fixed
 cost per call plus a little per token) and they were timed as such (`StepCosts.proposals`). This is the
 i.i.d. formula of Leviathan et al. with the product of per-position rates instead of alpha^k.
+
+Draft-length planning, what lives where: here, the decisions (`plans_draft_length`: whether a
+decode chooses L step by step; `costed_rule`: which rule's cost a plan prices a step at) and the
+choice of L (`DraftLengthPolicy`); `calibrate.py` measures the step costs; `planning.py` measures
+them and the starting acceptance before the first utterance; `runtime/planner.py` keeps both per
+loaded model set; `loop.py` runs the chosen lengths.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+from pcgtts.runtime.decode.policy import Proposer, Rule
+
+if TYPE_CHECKING:
+    from pcgtts.runtime.config import DecodeConfig
+
+
+def plans_draft_length(config: "DecodeConfig") -> bool:
+    """Whether a decode of `config` chooses its draft length step by step (`DraftLengthPolicy`):
+    adaptive, with a policy that proposes. The loop, the planner and the checks of the settings and
+    of a batch (whole steps on the device and a batch take a fixed length) all go by this answer."""
+    return config.adaptive_draft and config.policy_spec.speculative
+
+
+def costed_rule(config: "DecodeConfig") -> Rule:
+    """The rule whose cost a plan of `config` prices each speculative step at: greedy at temperature 0,
+    PCG, a draft LM's own rule (SD, SSD); SD for the rest, whose rules cost about what SD costs (one
+    comparison per position)."""
+    if config.sampling.greedy:
+        return Rule.GREEDY
+    if config.rule is Rule.PCG or config.proposer is Proposer.DRAFT:
+        return config.rule
+    return Rule.SD
 
 
 def _interpolate(table: tuple[float, ...], tokens: int) -> float:

@@ -34,7 +34,8 @@ from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig, check_policy
 from pcgtts.runtime.decode.acceptance import RuleParams, judge_for
 from pcgtts.runtime.decode.calibrate import calibrated_costs
-from pcgtts.runtime.decode.cost_model import DraftLengthPolicy, StepCosts, starting_counter
+from pcgtts.runtime.decode.cost_model import (DraftLengthPolicy, StepCosts, costed_rule, plans_draft_length,
+                                              starting_counter)
 from pcgtts.runtime.decode.device_loop import decode_on_device
 from pcgtts.runtime.decode.policy import Proposer, Rule
 from pcgtts.runtime.decode.proposers import DraftModel
@@ -95,13 +96,11 @@ def loop_judge(target: LM, proposer, config: DecodeConfig, groups: DeviceGroupTa
 
 
 def planned_costs(target: LM, proposer, config: DecodeConfig, groups, sync) -> StepCosts:
-    """The step costs an adaptive draft length plans with, measured once per pair (`calibrate`); the
-    inexact rules cost about what SD costs (one comparison per position)."""
-    rule = Rule.GREEDY if config.sampling.greedy else (Rule.PCG if config.rule is Rule.PCG else
-                                                       config.rule if config.proposer is Proposer.DRAFT else Rule.SD)
+    """The step costs an adaptive draft length plans with, measured once per pair (`calibrate`) for
+    the rule `cost_model.costed_rule` prices."""
     model = proposer.lm if isinstance(proposer, DraftModel) else proposer
     max_length = min(config.draft_length, proposer.max_proposals)
-    return calibrated_costs(target, model, max_length, rule, config.sampling, groups, sync)
+    return calibrated_costs(target, model, max_length, costed_rule(config), config.sampling, groups, sync)
 
 
 def _loop(target: LM, proposer, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
@@ -118,7 +117,7 @@ def _loop(target: LM, proposer, prompt_ids: torch.Tensor, config: DecodeConfig, 
     if proposer is not None:
         stats.per_position_accepted = [0] * max_length
         stats.length_counts = [0] * (max_length + 1)
-        if config.adaptive_draft:
+        if plans_draft_length(config):
             learn = costs is None  # calibrated costs are refined by the loop's own timings; given ones are kept
             costs = costs or planned_costs(target, proposer, config, groups, timer.sync)
             length_policy = DraftLengthPolicy(costs, max_length, learn=learn,

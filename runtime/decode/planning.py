@@ -15,18 +15,13 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.config import DecodeConfig
-from pcgtts.runtime.decode.cost_model import MEASURED_PRIOR_WEIGHT, StepCosts, conditional_acceptance
+from pcgtts.runtime.decode.cost_model import (MEASURED_PRIOR_WEIGHT, StepCosts, conditional_acceptance,
+                                              plans_draft_length)
 from pcgtts.runtime.decode.loop import decode, loop_judge, planned_costs
 from pcgtts.runtime.decode.policy import Proposer, Rule
 from pcgtts.runtime.decode.proposers import DraftModel
 from pcgtts.runtime.decode.steps import DecodeStats
 from pcgtts.runtime.lm.protocol import LM
-
-
-def plans_draft_length(config: DecodeConfig) -> bool:
-    """Whether `decode` with `config` chooses its draft length step by step (`DraftLengthPolicy`):
-    adaptive, with a policy that drafts (whole steps on the device take a fixed length: `DecodeConfig`)."""
-    return config.adaptive_draft and config.policy_spec.speculative
 
 
 def prepare(target: LM, draft: LM | None, config: DecodeConfig, groups: DeviceGroupTable | None = None,
