@@ -431,6 +431,7 @@ def _run_swap(args, base, plan, recipe, testset, host_table, progress):
 def _run_melgroups(args, base, settings, plan, recipe, testset, host_table, progress):
     from pcgtts.quality.harness import run_synth
     from pcgtts.quality.melgroups import build_mel_groups
+    from pcgtts.runtime.decode.policy import policy as policy_spec
     from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
     from pcgtts.tools.bench import BenchCase
     from pcgtts.runtime.files import cache_root
@@ -455,7 +456,7 @@ def _run_melgroups(args, base, settings, plan, recipe, testset, host_table, prog
     which = {0.0: "embedding", 1.0: "mel"}  # θ slots used only as keys for the two tables
 
     def label(case):
-        return "ar" if case.policy == "ar" else f"pcg L={case.draft_length} {which[case.theta]} groups"
+        return "ar" if policy_spec(case.policy).plain else f"pcg L={case.draft_length} {which[case.theta]} groups"
 
     result = run_synth(base, cases, plan, recipe, testset, args.cache_dir, lambda k: device_tables[which[k]],
                        progress, label)

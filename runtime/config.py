@@ -115,7 +115,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    policy: str = "pcg"  # ar | draft | sd | ssd | pcg | mtp-sd | mtp-pcg | mtp-strict | mtp-topm | mtp-threshold | mtp-viterbi
+    policy: str = "pcg"  # a name of `POLICIES`: ar | draft | sd | ssd | pcg | mtp-* | eagle-* (`policy_spec` resolves it)
     draft_length: int = 3  # draft tokens proposed per verify step (the paper's L_d); with adaptive_draft, the most
     # adaptive_draft: choose L in 0..draft_length every step from the cost model (runtime/decode/cost_model.py):
     # measured step costs + running per-position acceptance; 0 = a plain target step when speculation cannot win.

@@ -318,10 +318,11 @@ def add_speedups(summaries: list[dict]) -> None:
     """Speed-up over the `ar` case of this run (with the same codec threading), the cost model's
     prediction, and achieved / predicted."""
     for s in summaries:
-        base = next((b for b in summaries if b["policy"] == "ar" and b.get("codec_thread") == s.get("codec_thread")), None)
+        base = next((b for b in summaries if policy_spec(b["policy"]).plain and b.get("codec_thread") == s.get("codec_thread")),
+                    None)
         s["speedup_vs_ar"] = s["tokens_per_second"] / base["tokens_per_second"] if base and base["tokens_per_second"] else None
         s["predicted_speedup"] = s["efficiency"] = None
-        if base is None or s["policy"] in ("ar", "draft") or not s["t_target_step"]:
+        if base is None or not policy_spec(s["policy"]).speculative or not s["t_target_step"]:
             continue
         if s.get("planned_costs"):
             s["predicted_speedup_at_load"] = predicted_speedup(s, base, at_load=True)

@@ -29,6 +29,7 @@ from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.acceptance import RuleParams, draw_uniforms, judge_for
 from pcgtts.runtime.decode.rows import DenseRows, DigitRows
 from pcgtts.runtime.decode.cost_model import StepCosts
+from pcgtts.runtime.decode.policy import Rule
 from pcgtts.runtime.decode.sampling import digits_to_draw, logits_to_probs, rule_digits, sample, sample_by_digits
 from pcgtts.runtime.lm.protocol import LM
 
@@ -147,8 +148,9 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
     cases = [(output, count, rows(output, count).dense().argmax(-1)) for output, count in cases]
 
     judges = {}
-    if rule != "pcg" or groups is not None:
-        params = RuleParams(rule, groups if rule == "pcg" else None, thinning_trials=DecodeConfig.pcg_thinning_trials)
+    rule = Rule(rule)
+    if rule is not Rule.PCG or groups is not None:
+        params = RuleParams(rule, groups if rule is Rule.PCG else None, thinning_trials=DecodeConfig.pcg_thinning_trials)
         judges = {count: judge_for(params, device, digits, count, compiled_target=target.compiled)
                   for count in {case[1] for case in cases}}
 
@@ -160,7 +162,7 @@ def _rule_and_sample_costs(target: LM, max_length: int, rule: str, sampling: Sam
     after_step = _one_step(target)
     rule_cost = (statistics.mean(_medians([lambda case=case: rule_step(*case) for case in cases], repeats, sync,
                                           [after_step] * len(cases)))
-                 if rule != "pcg" or groups is not None else 0.0)
+                 if rule is not Rule.PCG or groups is not None else 0.0)
     plain_digits = digits_to_draw(target, sampling)
     if plain_digits:
         scores = torch.randn(1 + 4 * plain_digits + 1, generator=gen, device=device)
