@@ -303,7 +303,7 @@ def test_the_built_in_voice_prepared_elsewhere_plays_as_the_built_in_voice(tmp_p
 
     def fake_expand(pack_dir, out):  # the stand-in checkpoints; the rest of the stage is real
         paths = {"target": out / "target", "draft": out / "draft", "codec": out / "codec", "groups": out / "groups.pcg",
-                 "clone_codec": out / "clone_codec"}  # the voice's second decoder
+                 "clone_codec": out / "clone_codec", "clone_target": out / "clone_target"}  # the voice's second pair
         for name, path in paths.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.mkdir() if name != "groups" else path.write_bytes(b"")
@@ -316,6 +316,6 @@ def test_the_built_in_voice_prepared_elsewhere_plays_as_the_built_in_voice(tmp_p
     assert own["temperature"] == 0.2
     settings = resolve_settings({"prepared": str(out)})
     assert settings.synthesis.decode.sampling.temperature == own["temperature"]
-    assert named_presets(settings.models).resolve("slt") and "slt" in {v["name"] for v in
-                                                                      named_presets(settings.models).listing()}
+    assert named_presets(settings.models).resolve("onyx") == "oak" and "oak" in {v["name"] for v in
+                                                                                 named_presets(settings.models).listing()}
     assert resolve_settings({"prepared": str(out), "temperature": 0.7}).synthesis.decode.sampling.temperature == 0.7
