@@ -453,10 +453,13 @@ def _expand_lm(pack: Path, role: str, meta: dict, out: Path) -> Path:
 
     from pcgtts.train.lm import LMModelConfig, build_model, lab_tokenizer, save_lm
 
+    from transformers.initialization import no_init_weights
+
     tokenizer = lab_tokenizer()
-    model = build_model(LMModelConfig(**meta[role]["model_config"]), tokenizer, 0)
-    model.load_state_dict({k: v.float() for k, v in load_file(str(pack / f"{role}.safetensors")).items()})
-    save_lm(model, tokenizer, out)
+    with no_init_weights():  # every weight is loaded or materialised below: a random draw first is wasted time
+        model = build_model(LMModelConfig(**meta[role]["model_config"]), tokenizer, 0)
+        model.load_state_dict({k: v.float() for k, v in load_file(str(pack / f"{role}.safetensors")).items()})
+        save_lm(model, tokenizer, out)
     if role == "draft":
         cfg = json.loads((out / "config.json").read_text())
         cfg["pcgtts_draft"] = {"source": "built-in voice target", "layers": meta["draft"]["layers"]}
