@@ -239,6 +239,8 @@ def test_codec_decoder_onnx_matches_torch(demo_codec_dir, exported_codec):
     codes = np.random.default_rng(1).integers(0, 65536, 33)  # a streaming window's size
     np.testing.assert_allclose(ort.decode(codes), ref.decode(codes), atol=1e-4)
     assert ort.decode(codes[:1]).shape == (320,)
+    windows = np.stack([codes, codes[::-1]])  # the graph's batch axis is 1: decode_batch goes window by window
+    assert np.array_equal(ort.decode_batch(windows), np.stack([ort.decode(codes), ort.decode(codes[::-1])]))
 
 
 @DEMO_ONLY

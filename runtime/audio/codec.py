@@ -72,6 +72,11 @@ class SpeechCodec(Protocol):
 
     def decode(self, codes) -> np.ndarray: ...  # int codes [T] -> float32 samples [320 T]
 
+    def decode_batch(self, codes) -> np.ndarray:
+        """int codes [B, T] -> float32 samples [B, 320 T] (several streams' windows of one length at
+        once, `runtime/audio/codec_batch.py`); by default window by window."""
+        return np.stack([self.decode(row) for row in np.asarray(codes)])
+
 
 class Codec:
     """X-codec2 on torch: decode(codes [T]) -> float32 samples [320 T]; encode(samples) -> codes [T]
@@ -122,17 +127,24 @@ class Codec:
     def can_encode(self) -> bool:
         return self.full is not None
 
-    @torch.inference_mode()
     def decode(self, codes) -> np.ndarray:
         """codes: int [T] in [0, 65536) -> float32 [320 T] at 16 kHz."""
-        codes = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=self.device).view(1, -1, 1)
+        return self.decode_batch(np.asarray(codes).reshape(1, -1))[0]
+
+    @torch.inference_mode()
+    def decode_batch(self, codes) -> np.ndarray:
+        """codes: int [B, T] in [0, 65536) -> float32 [B, 320 T] at 16 kHz, in one forward (a window
+        decoded beside others differs from it decoded alone in the last float bits)."""
+        codes = torch.as_tensor(np.asarray(codes), dtype=torch.long, device=self.device)
+        if codes.dim() != 2:
+            raise ValueError(f"decode_batch takes codes [B, T], got shape {tuple(codes.shape)}")
         if codes.numel() == 0:
-            return np.zeros(0, np.float32)
+            return np.zeros((codes.shape[0], 0), np.float32)
         if int(codes.min()) < 0 or int(codes.max()) >= 65536:
             raise ValueError("codec indices must lie in [0, 65536)")
-        latents = self.quantizer.from_codes(codes)  # [1, T, D]
-        audio = self.decoder(latents)  # [1, 1, 320 T]
-        return audio[0, 0].float().cpu().numpy()
+        latents = self.quantizer.from_codes(codes.unsqueeze(-1))  # [B, T, D]
+        audio = self.decoder(latents)  # [B, 1, 320 T]
+        return audio[:, 0].float().cpu().numpy()
 
     @torch.inference_mode()
     def encode(self, samples: np.ndarray) -> np.ndarray:

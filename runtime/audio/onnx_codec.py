@@ -57,6 +57,18 @@ class OrtCodec:
             raise ValueError("codec indices must lie in [0, 65536)")
         return self.session.run(["audio"], {"codes": codes})[0][0]
 
+    def decode_batch(self, codes) -> np.ndarray:
+        """codes: int [B, T] -> float32 [B, 320 T]: in one run where the graph's batch axis is dynamic,
+        else (`pcgtts export codec` fixes it at 1) window by window."""
+        codes = np.asarray(codes, dtype=np.int64)
+        if codes.ndim != 2:
+            raise ValueError(f"decode_batch takes codes [B, T], got shape {codes.shape}")
+        if isinstance(self.session.get_inputs()[0].shape[0], int) or not codes.size:
+            return np.stack([self.decode(row) for row in codes]) if len(codes) else np.zeros((0, 0), np.float32)
+        if codes.min() < 0 or codes.max() >= 65536:
+            raise ValueError("codec indices must lie in [0, 65536)")
+        return self.session.run(["audio"], {"codes": codes})[0]
+
     def encode(self, samples: np.ndarray) -> np.ndarray:
         raise ValueError(f"{self.source_dir} is an exported codec decoder and cannot encode audio: make a voice "
                          "file with `pcgtts voice add` and the Hugging Face X-codec2 checkpoint, then pass voice=")
