@@ -4,8 +4,9 @@
 on the Synthesizer's `stream_lock`. The worker (`produce`) decodes each sentence (runtime/decode/
 loop.py) and pushes accepted tokens through the windowed codec decoder (runtime/audio/streaming.py:
 on a thread of its own, or `SameThreadCodec`); all sentences share one window decoder, so the audio
-is one continuous stream. Generation runs ahead of the reader by at most `run_ahead_s` seconds of
-audio, then waits without using the CPU. Closing the stream stops the worker and frees the caches.
+is one continuous stream; a stream in a batch (`seat`) has its windows decoded beside the batch's
+other streams' (runtime/audio/codec_batch.py). Generation runs ahead of the reader by at most
+`run_ahead_s` seconds of audio, then waits without using the CPU. Closing the stream stops the worker and frees the caches.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN, AudioChunk
+from pcgtts.runtime.audio.codec_batch import CodecLane
 from pcgtts.runtime.audio.streaming import CodecThread, WindowDecoder
 from pcgtts.runtime.audio.transform import StreamingTransform, VoiceTransform
 from pcgtts.runtime.config import SynthesisConfig
@@ -155,6 +157,10 @@ class StreamJob:
         self.worker: threading.Thread | None = None
         self.finished = self.closed = self.abandoned = False
         self.seat = seat
+        # A batched stream's codec windows are decoded beside the batch's other streams' (its lane into
+        # the Synthesizer's `CodecBatcher`, runtime/audio/codec_batch.py); None: by its own codec.
+        batcher = getattr(synth, "codec_batcher", None) if seat is not None else None
+        self.codec_lane: CodecLane | None = batcher.lane() if batcher is not None else None
         self._holds_lock = seat is None
         self._guard = threading.Lock()
 
@@ -286,6 +292,8 @@ class StreamJob:
         self.stop.set()
         with self.room:
             self.room.notify_all()
+        if self.codec_lane is not None:  # its windows leave the codec batcher at once
+            self.codec_lane.close()
         if self.worker is not None:
             while self.worker.is_alive():  # drain what it queued while it notices the stop
                 try:
@@ -328,7 +336,10 @@ def produce(job: StreamJob) -> None:
         # refined by its own timings), so its utterances repeat within this process.
         costs = planner.plan(config.decode) if config.seed is not None else None
         acceptance = planner.starting_acceptance(config.decode)
-        window = WindowDecoder(window_codec(synth, context).decode, config.stream, context=context)
+        speech_codec = window_codec(synth, context)
+        lane = job.codec_lane
+        window = WindowDecoder(speech_codec.decode if lane is None else lane.decoder(speech_codec), config.stream,
+                               context=context)
         done = 0  # samples of speech decoded and handed out so far (before a preset's transform)
         # A preset's transform: its chunks come out LOOKAHEAD_S later and `rate` times as long.
         reshape = StreamingTransform(job.transform, SAMPLE_RATE) if job.transform is not None else None
@@ -380,6 +391,8 @@ def produce(job: StreamJob) -> None:
             if codec.finish():
                 put(_END)
         finally:
+            if job.codec_lane is not None:
+                job.codec_lane.close()
             codec.close()
             job.worker_exits()
     except BaseException as err:  # surfaced to the consumer's thread

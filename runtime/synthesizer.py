@@ -34,6 +34,7 @@ import torch
 
 from pcgtts.groups.device import DeviceGroupTable
 from pcgtts.runtime.audio.codec import SpeechCodec
+from pcgtts.runtime.audio.codec_batch import CodecBatcher
 from pcgtts.runtime.audio.presets import Presets, PresetVoice
 from pcgtts.runtime.audio.transform import VoiceTransform
 from pcgtts.runtime.audio.voice import Voice
@@ -123,6 +124,7 @@ class Synthesizer:
         self._route_lock = threading.Lock()
         self.stream_lock = threading.Lock()  # held by the one stream running (`StreamJob`)
         self.batch: BatchDecoder | None = None  # plain streams decoded together (`batch_streams`)
+        self.codec_batcher: CodecBatcher | None = None  # and their codec windows (`batch_streams`)
         self._current: weakref.ref | None = None  # the job holding the lock, if any
         self._voices: dict[tuple, Voice] = {}
         self._full_codec = None  # the codec with its encoder, for reference audio
@@ -281,14 +283,16 @@ class Synthesizer:
         forwards run together; the next one is refused at once (`BatchFull`, a RuntimeError). Plain
         (`ar`) streams batch, and with a torch draft its policies at a fixed draft length (sd, ssd, pcg,
         draft); other settings, and a voice a clone target speaks, run on the Synthesizer's one lane as
-        before. 1: one stream at a time."""
+        before. The batch's streams have their codec windows decoded together too (`CodecBatcher`,
+        runtime/audio/codec_batch.py). 1: one stream at a time."""
         if self.batch is not None and self.batch.seated:
             raise RuntimeError("streams are decoding in the batch: close them before resizing it")
         if slots == 1:
-            self.batch = None
+            self.batch = self.codec_batcher = None
             return
         draft = BatchedLM(self.draft, slots) if self.draft is not None and runs_batched(self.draft) else None
         self.batch = BatchDecoder(BatchedLM(self.target, slots), draft=draft, groups=self.groups)
+        self.codec_batcher = CodecBatcher()
 
     def _batch_slot(self, config: SynthesisConfig, voice: Voice | None):
         """A batch slot for a stream the batch decodes (`check_batchable`, spoken by the target), else None."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -87,3 +89,13 @@ def assert_same_marginal(a, b, top=8, significance=1e-3):
     assert table.min() >= 5  # the chi-square approximation holds
     _, p_value, _, _ = chi2_contingency(table)
     assert p_value > significance, (p_value, table)
+
+
+def wait_until(condition, seconds: float = 5.0) -> bool:
+    """Whether `condition()` holds within `seconds` (polled every 20 ms)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()

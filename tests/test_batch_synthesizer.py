@@ -14,6 +14,8 @@ from pcgtts import BatchFull
 from pcgtts.runtime.lm.batched import check_batch_backend
 from pcgtts.runtime.synthesizer import Synthesizer
 
+from helpers import wait_until
+
 TEXTS = ["Hello there, a first stream.", "A second one, somewhat longer than that.", "Third."]
 
 
@@ -31,6 +33,12 @@ def lone(tiny_models):
 @pytest.fixture(scope="module")
 def batched(tiny_models):
     return load(tiny_models, 3)
+
+
+def same_audio(a, b) -> bool:
+    """Equal lengths and samples up to float rounding: a batched stream's codec windows are decoded
+    beside the other streams' (runtime/audio/codec_batch.py)."""
+    return len(a) == len(b) and float(np.abs(a - b).max(initial=0.0)) < 1e-4
 
 
 def read_all(streams):
@@ -58,7 +66,7 @@ def test_concurrent_streams_on_one_synthesizer_each_sound_as_alone(lone, batched
     assert batched.batch.seated == 3
     together = read_all(streams)
     for a, b in zip(alone, together):
-        assert np.array_equal(a, b)
+        assert same_audio(a, b)
     assert max(batched.batch.occupancy) > 1  # they did share steps
     assert batched.batch.seated == 0  # every slot is free again
 
@@ -80,10 +88,10 @@ def test_a_closed_stream_frees_its_slot_and_the_others_finish_undisturbed(lone, 
     streams = [batched.stream(text, seed=i) for i, text in enumerate(TEXTS)]
     firsts = [next(stream).samples for stream in streams]
     streams[1].close()  # its reader left (a client disconnecting)
-    assert batched.batch.seated == 2
+    assert wait_until(lambda: batched.batch.seated == 2)  # free once the step under way ends
     rest = read_all([streams[0], streams[2]])
-    assert np.array_equal(np.concatenate([firsts[0], rest[0]]), alone[0])
-    assert np.array_equal(np.concatenate([firsts[2], rest[1]]), alone[2])
+    assert same_audio(np.concatenate([firsts[0], rest[0]]), alone[0])
+    assert same_audio(np.concatenate([firsts[2], rest[1]]), alone[2])
     assert streams[1].stats.cancelled
 
 
@@ -102,7 +110,7 @@ def test_speculative_streams_batch_beside_plain_ones(lone, batched):
     streams = [batched.stream(text, **call) for text, call in zip(TEXTS, calls)]
     assert batched.batch.seated == 3
     for a, b in zip(alone, read_all(streams)):
-        assert np.array_equal(a, b)
+        assert same_audio(a, b)
     assert max(batched.batch.gate.sizes) > 1
 
 

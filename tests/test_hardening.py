@@ -12,20 +12,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-
+from helpers import wait_until
 
 
 def workers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name in ("pcgtts-synthesis", "pcgtts-codec")]
-
-
-def wait_until(condition, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def test_a_dropped_stream_frees_its_worker_and_the_lock(tiny_synth):

@@ -1,0 +1,177 @@
+"""Several streams' codec windows decoded together (streams that share an LM batch, `max_batch` > 1).
+
+A `CodecBatcher` is one thread shared by the streams of a batch. Each stream decodes its windows
+through a `CodecLane` of its own (`lane.decoder(codec)` is the `decode(codes)` its `WindowDecoder`
+calls, on its codec thread or, for the last window, on its LM thread): the lane hands the window to
+the batcher and waits. The batcher takes every window that is due, groups those of one codec and one
+length (most grown windows are left context + chunk + lookahead tokens long), decodes each group in
+one call (`decode_batch`: codes [B, T] -> samples [B, 320 T]) and hands each stream its samples. A
+stream's chunks, their boundaries and their order are those of its `WindowDecoder`, unchanged; only
+where its windows are decoded moves, and a window decoded in a batch differs from the same window
+decoded alone in the last float bits. Windows that arrive while a group decodes wait for the next
+round (no added wait when a window is alone). A group whose batched decode fails is decoded window by
+window, so a bad window fails its own stream only; a closed lane leaves at once (its waiting decode
+raises `LaneClosed`, its queued windows are dropped, its window in a running decode is discarded).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+IDLE_S = 5.0  # the batcher's thread exits after this long with nothing to decode (restarted on demand)
+
+
+class LaneClosed(RuntimeError):
+    """The stream left the codec batcher (closed or cancelled) while a window of it was waiting."""
+
+
+def decode_batch(codec, codes: np.ndarray) -> np.ndarray:
+    """codes [B, T] -> float32 samples [B, 320 T]: the codec's `decode_batch` where it has one, else
+    its `decode` window by window."""
+    batched = getattr(codec, "decode_batch", None)
+    if batched is not None:
+        return batched(codes)
+    return np.stack([codec.decode(row) for row in np.asarray(codes)])
+
+
+class _Window:
+    __slots__ = ("codec", "codes", "done", "audio", "error", "_lock")
+
+    def __init__(self, codec, codes: np.ndarray):
+        self.codec, self.codes = codec, codes
+        self.done = threading.Event()
+        self.audio: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def settle(self, audio: np.ndarray | None = None, error: BaseException | None = None) -> None:
+        """Its audio or its error, once: the first to settle it wins (a closed lane's window is settled
+        already; the batcher's late result is dropped)."""
+        with self._lock:
+            if not self.done.is_set():
+                self.audio, self.error = audio, error
+                self.done.set()
+
+
+class CodecBatcher:
+    """The thread that decodes the windows due from every lane, equal lengths together."""
+
+    def __init__(self):
+        self._pending: list[_Window] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.batch_sizes: deque[int] = deque(maxlen=100)  # windows per decode call, most recent last
+
+    def lane(self) -> "CodecLane":
+        return CodecLane(self)
+
+    def _submit(self, window: _Window) -> None:
+        with self._cond:
+            self._pending.append(window)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pcgtts-codec-batch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _leave(self, windows: list[_Window]) -> None:
+        """Settle a closing lane's windows at once and drop those not taken yet."""
+        for window in windows:
+            window.settle(error=LaneClosed("the stream left the codec batcher"))
+        with self._cond:
+            self._pending = [w for w in self._pending if not w.done.is_set()]
+
+    def _take(self) -> list[_Window]:
+        """The windows due now (waiting for some); [] once idle for `IDLE_S` (the thread then exits)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._pending, timeout=IDLE_S):
+                self._thread = None
+                return []
+            due, self._pending = self._pending, []
+            return due
+
+    def _run(self) -> None:
+        while True:
+            due = self._take()
+            if not due:
+                return
+            groups: dict[tuple[int, int], list[_Window]] = {}
+            for window in due:
+                groups.setdefault((id(window.codec), len(window.codes)), []).append(window)
+            for group in groups.values():
+                try:
+                    self._decode(group)
+                except BaseException as err:  # the thread goes on for the other streams
+                    for window in group:
+                        window.settle(error=err)
+
+    def _decode(self, group: list[_Window]) -> None:
+        group = [w for w in group if not w.done.is_set()]  # a lane closed since it was taken
+        if not group:
+            return
+        codec = group[0].codec
+        self.batch_sizes.append(len(group))
+        if len(group) > 1:
+            try:
+                audio = decode_batch(codec, np.stack([w.codes for w in group]))
+                if audio.shape[0] != len(group):
+                    raise ValueError(f"decode_batch returned {audio.shape[0]} rows for {len(group)} windows")
+            except Exception:  # one bad window: decode them one by one, so only its stream fails
+                log.debug("a batched codec decode failed; decoding its windows one by one", exc_info=True)
+            else:
+                for window, samples in zip(group, audio):
+                    window.settle(samples)
+                return
+        for window in group:
+            try:
+                window.settle(codec.decode(window.codes))
+            except BaseException as err:  # raised again on the stream's own thread
+                window.settle(error=err)
+
+
+class CodecLane:
+    """One stream's way into a `CodecBatcher`: `decoder(codec)` decodes a window there (waiting for
+    it); `close()` leaves the batcher at once (idempotent)."""
+
+    def __init__(self, batcher: CodecBatcher):
+        self.batcher = batcher
+        self.closed = False
+        self._waiting: set[_Window] = set()  # its windows not decoded yet (one a thread)
+        self._lock = threading.Lock()
+
+    def decoder(self, codec) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda codes: self.decode(codec, codes)
+
+    def decode(self, codec, codes) -> np.ndarray:
+        """codes [T] -> float32 samples [320 T], decoded by the batcher beside other streams' windows."""
+        codes = np.asarray(codes, dtype=np.int64).reshape(-1)
+        if self.closed:
+            raise LaneClosed("the stream left the codec batcher")
+        if not len(codes):
+            return codec.decode(codes)
+        window = _Window(codec, codes)
+        with self._lock:
+            if self.closed:
+                raise LaneClosed("the stream left the codec batcher")
+            self._waiting.add(window)
+        try:
+            self.batcher._submit(window)
+            window.done.wait()
+        finally:
+            with self._lock:
+                self._waiting.discard(window)
+        if window.error is not None:
+            raise window.error
+        return window.audio
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            waiting, self._waiting = list(self._waiting), set()
+        self.batcher._leave(waiting)
