@@ -32,6 +32,23 @@ def speech(server, text, seed, fmt="pcm", **extra):
                       json={"input": text, "response_format": fmt, "seed": seed, **extra})
 
 
+def alone_then_together(server, asks: list[tuple[str, dict]]) -> tuple[list[bytes], list[bytes]]:
+    """Each (text, settings) of `asks` (seed = its index) asked alone, one after another, then all at once
+    from threads: (alone, together) response bodies."""
+    alone = [speech(server, text, seed=i, **extra).content for i, (text, extra) in enumerate(asks)]
+    together = [None] * len(asks)
+
+    def ask(i):
+        together[i] = speech(server, asks[i][0], seed=i, **asks[i][1]).content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return alone, together
+
+
 def same_pcm(got: list[bytes], alone: list[bytes]) -> bool:
     """16-bit PCM bodies of equal lengths, equal up to float rounding (3 LSB, about 1e-4): the batch's
     codec windows are decoded together (runtime/audio/codec_batch.py)."""
@@ -41,17 +58,7 @@ def same_pcm(got: list[bytes], alone: list[bytes]) -> bool:
 
 def test_one_worker_serves_three_streams_together_as_each_alone(server):
     texts = ["Hello there, a first request.", "A second one, somewhat longer.", "Third."]
-    alone = [speech(server, text, seed=i, temperature=0.0).content for i, text in enumerate(texts)]
-    got = [None] * 3
-
-    def ask(i):
-        got[i] = speech(server, texts[i], seed=i, temperature=0.0).content
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
+    alone, got = alone_then_together(server, [(text, {"temperature": 0.0}) for text in texts])
     assert same_pcm(got, alone)
     assert len(server.pool.synthesizers) == 1 and server.pool.seats == 3
     health = httpx.get(f"{server.url}/health").json()
@@ -115,17 +122,7 @@ def test_speculative_requests_batch_with_a_draft(tiny_models, tiny_groups_file, 
                            max_new_tokens=60)
     try:
         asks = [("A first request.", {}), ("A second one.", {"policy": "sd"}), ("Third.", {"policy": "ar"})]
-        alone = [speech(running, text, seed=i, **extra).content for i, (text, extra) in enumerate(asks)]
-        got = [None] * 3
-
-        def ask(i):
-            got[i] = speech(running, asks[i][0], seed=i, **asks[i][1]).content
-
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        alone, got = alone_then_together(running, asks)
         assert same_pcm(got, alone)
         assert max(running.pool.synthesizers[0].batch.gate.sizes) > 1
         occupancy = [line for line in httpx.get(f"{running.url}/metrics").text.splitlines()
