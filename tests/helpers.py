@@ -99,3 +99,18 @@ def wait_until(condition, seconds: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return condition()
+
+
+def assert_a_model_path_setting(tmp_path, name: str, value: str) -> None:
+    """The model path `name` ("clone_codec", "clone_target") is read from a config file's [models]
+    (relative to the file), from settings and from its `--flag` of `speak`."""
+    from pcgtts.cli import build_parser
+    from pcgtts.cli.commands import resolve_settings_from_flags
+    from pcgtts.runtime.config import read_config_file, resolve_settings
+
+    (tmp_path / "settings.toml").write_text(f'[models]\ntarget = "t"\ncodec = "c"\n{name} = "{value}"\n')
+    assert read_config_file(tmp_path / "settings.toml")[name] == str(tmp_path / value)
+    assert getattr(resolve_settings({name: "x"}).models, name) == "x"
+    args = build_parser().parse_args(["speak", "hi", "--target", "t", "--codec", "c", f"--{name.replace('_', '-')}",
+                                      value, "--out", str(tmp_path / "o.wav")])
+    assert getattr(resolve_settings_from_flags(args).models, name) == value

@@ -105,16 +105,9 @@ def test_a_missing_clone_codec_is_refused_before_loading(tiny_target, demo_codec
 
 
 def test_the_setting_comes_from_a_config_file_and_the_cli(tmp_path):
-    from pcgtts.cli import build_parser
-    from pcgtts.cli.commands import resolve_settings_from_flags
-    from pcgtts.runtime.config import read_config_file, resolve_settings
+    from helpers import assert_a_model_path_setting
 
-    (tmp_path / "settings.toml").write_text('[models]\ntarget = "t"\ncodec = "c"\nclone_codec = "c2"\n')
-    assert read_config_file(tmp_path / "settings.toml")["clone_codec"] == str(tmp_path / "c2")
-    assert resolve_settings({"clone_codec": "x"}).models.clone_codec == "x"
-    args = build_parser().parse_args(["speak", "hi", "--target", "t", "--codec", "c", "--clone-codec", "c2",
-                                      "--out", str(tmp_path / "o.wav")])
-    assert resolve_settings_from_flags(args).models.clone_codec == "c2"
+    assert_a_model_path_setting(tmp_path, "clone_codec", "c2")
 
 
 def test_the_built_in_voice_refuses_a_clone_codec_without_a_target():

@@ -182,17 +182,12 @@ def test_an_exported_clone_target_runs_on_onnxruntime(tiny_models, clones, tmp_p
 # --- settings, the command line, the prepared folder --------------------------------------------------
 
 def test_the_settings_and_the_command_line_name_a_clone_target(tmp_path):
-    from pcgtts.builtin import with_builtin_models
-    from pcgtts.cli import build_parser
-    from pcgtts.cli.commands import resolve_settings_from_flags
-    from pcgtts.runtime.config import read_config_file, resolve_settings
+    from helpers import assert_a_model_path_setting
 
-    (tmp_path / "settings.toml").write_text('[models]\ntarget = "t"\ncodec = "c"\nclone_target = "t2"\n')
-    assert read_config_file(tmp_path / "settings.toml")["clone_target"] == str(tmp_path / "t2")
-    assert resolve_settings({"clone_target": "x"}).models.clone_target == "x"
-    args = build_parser().parse_args(["speak", "hi", "--target", "t", "--codec", "c", "--clone-target", "t2",
-                                      "--out", str(tmp_path / "o.wav")])
-    assert resolve_settings_from_flags(args).models.clone_target == "t2"
+    from pcgtts.builtin import with_builtin_models
+    from pcgtts.runtime.config import resolve_settings
+
+    assert_a_model_path_setting(tmp_path, "clone_target", "t2")
     with pytest.raises(ValueError, match="clone_target given without a target"):
         with_builtin_models(resolve_settings({"clone_target": "x"}))
     with pytest.raises(ValueError, match="give either prepared or clone_target, not both"):
