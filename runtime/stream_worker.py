@@ -159,7 +159,7 @@ class StreamJob:
         self.seat = seat
         # A batched stream's codec windows are decoded beside the batch's other streams' (its lane into
         # the Synthesizer's `CodecBatcher`, runtime/audio/codec_batch.py); None: by its own codec.
-        batcher = getattr(synth, "codec_batcher", None) if seat is not None else None
+        batcher = synth.codec_batcher if seat is not None else None
         self.codec_lane: CodecLane | None = batcher.lane() if batcher is not None else None
         self._holds_lock = seat is None
         self._guard = threading.Lock()
@@ -268,11 +268,9 @@ class StreamJob:
             self._release_lock()
 
     def _free_models(self) -> None:
-        """A stream stopped early frees what it decoded in: its batch slot (the batch's other streams
-        go on), else the models' caches."""
-        if self.seat is not None:
-            self.seat.close()
-        else:
+        """A stream stopped early frees the models' caches, unless it decoded in a batch slot (the batch's
+        other streams go on; its seat is given back with the lock, `_release_lock`, which always follows)."""
+        if self.seat is None:
             self.synth.release()
 
     def _release_lock(self) -> None:
@@ -311,7 +309,7 @@ class StreamJob:
 def window_codec(synth, context: np.ndarray | None):
     """The codec that decodes a stream: the clone codec when its prompt ends in reference codes (a
     preset or cloned voice) and the synthesizer has one, else the codec."""
-    clone = getattr(synth, "clone_codec", None)
+    clone = synth.clone_codec
     return clone if clone is not None and context is not None and len(context) else synth.codec
 
 

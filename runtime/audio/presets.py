@@ -19,7 +19,6 @@ are read too.
 
     presets = Presets.load(folder)
     presets.speaker("nova")          # PresetVoice(name, prompt: Voice | None, transform: VoiceTransform | None)
-    presets.prompt("alloy")          # its voice prompt: None for the default preset and transform-only ones
     presets.listing()                # [{"name": ..., "description": ..., "default": ...}, {"name": "alloy", "alias_of": ...}]
 """
 
@@ -146,10 +145,6 @@ class Presets:
         preset = self._preset(name)
         prompt = None if name == self.default or preset.file is None else self.voice(name)
         return PresetVoice(name, prompt, preset.transform)
-
-    def prompt(self, name: str) -> Voice | None:
-        """The voice prompt preset (or alias) `name` speaks with (None: unprompted)."""
-        return self.speaker(name).prompt
 
     def voice(self, name: str) -> Voice | None:
         """The voice file of preset (or alias) `name`, read once; None for a preset without one."""
