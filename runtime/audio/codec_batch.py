@@ -23,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from pcgtts.runtime.audio.codec import SpeechCodec
+
 log = logging.getLogger(__name__)
 
 IDLE_S = 5.0  # the batcher's thread exits after this long with nothing to decode (restarted on demand)
@@ -34,11 +36,9 @@ class LaneClosed(RuntimeError):
 
 def decode_batch(codec, codes: np.ndarray) -> np.ndarray:
     """codes [B, T] -> float32 samples [B, 320 T]: the codec's `decode_batch` where it has one, else
-    its `decode` window by window."""
+    the protocol's (its `decode` window by window)."""
     batched = getattr(codec, "decode_batch", None)
-    if batched is not None:
-        return batched(codes)
-    return np.stack([codec.decode(row) for row in np.asarray(codes)])
+    return batched(codes) if batched is not None else SpeechCodec.decode_batch(codec, codes)
 
 
 class _Window:

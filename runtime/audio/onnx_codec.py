@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from pcgtts.runtime.audio.chunk import SAMPLE_RATE, SAMPLES_PER_TOKEN
+from pcgtts.runtime.audio.codec import SpeechCodec
 from pcgtts.runtime.lm.graph_meta import check_recorded
 
 CODEC_META = "pcgtts-codec.json"
@@ -64,7 +65,7 @@ class OrtCodec:
         if codes.ndim != 2:
             raise ValueError(f"decode_batch takes codes [B, T], got shape {codes.shape}")
         if isinstance(self.session.get_inputs()[0].shape[0], int) or not codes.size:
-            return np.stack([self.decode(row) for row in codes]) if len(codes) else np.zeros((0, 0), np.float32)
+            return SpeechCodec.decode_batch(self, codes) if len(codes) else np.zeros((0, 0), np.float32)
         if codes.min() < 0 or codes.max() >= 65536:
             raise ValueError("codec indices must lie in [0, 65536)")
         return self.session.run(["audio"], {"codes": codes})[0]
