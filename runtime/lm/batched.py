@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from pcgtts.runtime.config import MAX_BATCH
 from pcgtts.runtime.lm.llama import rope_cos_sin
 from pcgtts.runtime.lm.loader import concrete_backend
-from pcgtts.runtime.lm.protocol import check_fits, common_prefix
+from pcgtts.runtime.lm.protocol import check_fits, prefill_spans, reusable_length
 from pcgtts.runtime.lm.torch_lm import TorchLM
 
 
@@ -110,9 +110,8 @@ class BatchedLM:
         blocks = self.lm.block_starts(ids)
         kept = self.reusable_prefix(slot, ids, blocks)
         self.lengths[slot] = kept
-        starts = [kept] + [b for b in blocks if b > kept]
         with torch.inference_mode():
-            for start, end in zip(starts, starts[1:] + [len(ids)]):
+            for start, end in prefill_spans(kept, blocks, len(ids)):
                 states = self.hidden([slot], ids[start:end].view(1, -1))
         self.prompts[slot], self.kept[slot] = ids.to("cpu", copy=True), len(ids)
         return states[0, -1]
@@ -120,10 +119,7 @@ class BatchedLM:
     def reusable_prefix(self, slot: int, ids: torch.Tensor, blocks: Sequence[int]) -> int:
         """Leading tokens of `ids` the slot holds as a fresh prefill would leave them: the prefix shared
         with its last prompt cut back to a block start, short of the last token (protocol.py's rule)."""
-        previous = self.prompts[slot]
-        n = min(self.kept[slot], len(ids) - 1) if self.lm.reuse_prefix and previous is not None else 0
-        shared = common_prefix(previous[:n], ids[:n].cpu()) if n > 0 else 0
-        return max(b for b in blocks if b <= shared)
+        return reusable_length(self.prompts[slot], self.kept[slot], ids, blocks, self.lm.reuse_prefix)
 
     def rollback(self, slot: int, length: int) -> None:
         """O(1): keep the first `length` tokens of `slot`."""

@@ -102,6 +102,24 @@ def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differs[0, 0]) if len(differs) else n
 
 
+def reusable_length(previous: torch.Tensor | None, kept: int, ids: torch.Tensor, blocks: list[int],
+                    reuse: bool = True) -> int:
+    """How many leading tokens of the prompt `ids` [T] a cache holding `kept` tokens of the prompt
+    `previous` (None: none) holds as a fresh prefill would leave them: the shared prefix cut back to a
+    block start (`blocks`: `block_starts(ids)`), short of the last token (which always runs, for its
+    logits); 0 when `reuse` is off."""
+    n = min(kept, len(ids) - 1) if reuse and previous is not None else 0
+    shared = common_prefix(previous[:n], ids[:n].cpu()) if n > 0 else 0
+    return max(b for b in blocks if b <= shared)
+
+
+def prefill_spans(kept: int, blocks: list[int], length: int) -> list[tuple[int, int]]:
+    """The (start, end) runs a prefill of `length` tokens makes after its first `kept` (a block start),
+    one per block (`blocks`: `block_starts`)."""
+    starts = [kept] + [b for b in blocks if b > kept]
+    return list(zip(starts, starts[1:] + [length]))
+
+
 class SequenceMixin:
     """prefill / forward / rollback over a backend's `_run(ids, last_only)`; shared by every backend."""
 
@@ -123,8 +141,7 @@ class SequenceMixin:
         ids = ids.view(-1)
         self.length = self.reusable_prefix(ids)
         self._new_sequence(self.length)
-        starts = [self.length] + [b for b in self.block_starts(ids) if b > self.length]  # reuse ends at a block start
-        for start, end in zip(starts, starts[1:] + [len(ids)]):
+        for start, end in prefill_spans(self.length, self.block_starts(ids), len(ids)):  # reuse ends at a block start
             logits = self._run(ids[start:end], last_only=True)
         self._prompt, self._kept = ids.to("cpu", copy=True), len(ids)
         return logits[-1]
@@ -145,9 +162,7 @@ class SequenceMixin:
         """How many leading tokens of the prompt `ids` [T] the cache holds as a fresh prefill would
         leave them: the shared prefix cut back to a block start, short of the last token (which
         always runs, for its logits); 0 when `reuse_prefix` is off."""
-        n = min(self._kept, len(ids) - 1) if self.reuse_prefix and self._prompt is not None else 0
-        shared = common_prefix(self._prompt[:n], ids[:n].cpu()) if n > 0 else 0
-        return max(b for b in self.block_starts(ids) if b <= shared)
+        return reusable_length(self._prompt, self._kept, ids, self.block_starts(ids), self.reuse_prefix)
 
     def forget_prefix(self) -> None:
         """The cache no longer holds the last prompt (it was freed or overwritten)."""
