@@ -82,6 +82,26 @@ def test_one_slot_computes_what_the_single_sequence_lm_computes(target):
     assert batched.lengths == [len(b), 0, len(a) + 1]
 
 
+def test_a_new_slot_copies_the_prefix_another_slot_holds_bit_for_bit(target, monkeypatch):
+    """A prompt sharing its leading blocks with a prompt another slot holds copies those rows and
+    computes only the rest, and its logits are a fresh single-sequence prefill's, bit for bit."""
+    head = prompts(target, (100,))[0]
+    a = torch.cat([head, prompts(target, (30,))[0]])
+    b = torch.cat([head, prompts(target, (50,))[0] + 1])
+    batched = BatchedLM(target, 3)
+    batched.prefill(0, a[:-1])
+    computed = []
+    forward = batched.hidden
+    monkeypatch.setattr(batched, "hidden", lambda slots, ids: computed.append(ids.shape[1]) or forward(slots, ids))
+    batched.prefill(2, b[:-1])
+    blocks = target.block_starts(b[:-1])
+    copied = max(start for start in blocks if start <= len(head))  # the blocks the two prompts share
+    assert copied >= 64 and sum(computed) == len(b) - 1 - copied
+    target.prefill(b[:-1])
+    assert torch.equal(batched.step([2], b[-1:].view(1, 1))[0], target.forward(b[-1:]))
+    assert batched.donor(1, b[:-1], blocks) == (0, copied)  # the first slot holding the most
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_each_stream_of_a_batch_decodes_as_it_does_alone(target, temperature):
     """Greedy and seeded: five streams decoded together (one of them pausing its reads, so it

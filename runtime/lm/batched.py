@@ -6,7 +6,8 @@ carries the new token(s) of any set of slots in one forward: the projections and
 weights once for all of them (what batching wins), while each slot attends over its own cache
 rows. A prefill fills one slot in the blocks a `TorchLM` prefill uses (`SequenceMixin.block_starts`)
 while the other slots keep their KV; a slot keeps the leading blocks it shares with its previous
-prompt (the chat template's head), as a `TorchLM` prefill does. Rolling a slot back is O(1): its
+prompt (the chat template's head), as a `TorchLM` prefill does, or copies them from another slot that
+holds more of them (`donor`: a new stream's first prompt computes only its own words). Rolling a slot back is O(1): its
 length is a number, later writes overwrite the rest, which causality hides.
 
 One slot alone computes what the `TorchLM` computes, bit for bit (the same kernels on the same
@@ -64,6 +65,7 @@ class BatchedLM:
         self.values: list[torch.Tensor] = []
         self.rope_table: tuple[torch.Tensor, torch.Tensor] | None = None
         self.allocation = threading.Lock()  # slots of several threads may start at once
+        self.prefilling = threading.Lock()  # one prefill at a time (it may copy another slot's rows)
 
     @property
     def drawable_digits(self) -> int:
@@ -108,13 +110,32 @@ class BatchedLM:
         check_fits(0, len(ids), self.max_length)
         self.ensure_cache()
         blocks = self.lm.block_starts(ids)
-        kept = self.reusable_prefix(slot, ids, blocks)
-        self.lengths[slot] = kept
-        with torch.inference_mode():
-            for start, end in prefill_spans(kept, blocks, len(ids)):
-                states = self.hidden([slot], ids[start:end].view(1, -1))
-        self.prompts[slot], self.kept[slot] = ids.to("cpu", copy=True), len(ids)
+        with self.prefilling:  # a slot read as a donor is not rewritten meanwhile
+            kept = self.reusable_prefix(slot, ids, blocks)
+            donor, shared = self.donor(slot, ids, blocks)
+            if shared > kept:  # another slot holds more of this prompt (the chat template's head): copy it
+                for keys, values in zip(self.keys, self.values):
+                    keys[slot, :, :shared] = keys[donor, :, :shared]
+                    values[slot, :, :shared] = values[donor, :, :shared]
+                kept = shared
+            self.lengths[slot] = kept
+            with torch.inference_mode():
+                for start, end in prefill_spans(kept, blocks, len(ids)):
+                    states = self.hidden([slot], ids[start:end].view(1, -1))
+            self.prompts[slot], self.kept[slot] = ids.to("cpu", copy=True), len(ids)
         return states[0, -1]
+
+    def donor(self, slot: int, ids: torch.Tensor, blocks: Sequence[int]) -> tuple[int, int]:
+        """(the other slot holding the most leading tokens of `ids` as a fresh prefill leaves them, how
+        many): the rows a new prompt may copy instead of computing (every slot computes a shared prefix
+        with the same blocks, so the copy is bit for bit what its own prefill would write)."""
+        best = (slot, 0)
+        for other in range(self.slots):
+            if other != slot and self.prompts[other] is not None:
+                shared = reusable_length(self.prompts[other], self.kept[other], ids, blocks, self.lm.reuse_prefix)
+                if shared > best[1]:
+                    best = (other, shared)
+        return best
 
     def reusable_prefix(self, slot: int, ids: torch.Tensor, blocks: Sequence[int]) -> int:
         """Leading tokens of `ids` the slot holds as a fresh prefill would leave them: the prefix shared
