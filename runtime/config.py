@@ -12,7 +12,7 @@
                                   compile_steps
           sampling SamplingConfig temperature, top_p
         stream   StreamConfig     first_chunk_tokens, chunk_tokens, left_context_tokens, codec_lookahead,
-                                  first_chunk_lookahead, crossfade_samples
+                                  first_chunk_lookahead, crossfade_samples, min_speed
 
 `resolve_settings(explicit, config_file)` is where a value is decided, with one precedence order:
 an explicit argument (a `from_pretrained` keyword or a CLI flag that was given) > the config file
@@ -198,13 +198,17 @@ class DecodeConfig:
                              "set adaptive_draft false")
 
 
+# A batched stream's chunks are sized for this speed (x real time): 8 streams sharing a 2-core CPU
+# run at ~2x each, and 1.5 leaves a margin for the codec's share (`StreamConfig.min_speed`).
+BATCH_MIN_SPEED = 1.5
+
+
 @dataclass(frozen=True)
 class StreamConfig:
     """How accepted tokens become audio chunks (`runtime/audio/streaming.py`)."""
 
-    # The first chunk is small for time to first audio; each later chunk doubles the one before
-    # (5, 10, 20, 25, 25, ... tokens) up to chunk_tokens, so the playback queue is refilled before
-    # it drains at any real-time factor below 1.
+    # The first chunk is small for time to first audio; each later chunk doubles the one before up
+    # to chunk_tokens, as far as `min_speed` allows (5, 6, 8, 11, 15, 21, 25, ... tokens at 1.5).
     first_chunk_tokens: int = 5  # 100 ms of audio
     chunk_tokens: int = 25  # 500 ms per chunk once grown
     left_context_tokens: int = 50  # 1 s of already-emitted tokens decoded again as context
@@ -216,6 +220,12 @@ class StreamConfig:
     first_chunk_lookahead: int = 2
     crossfade_samples: int = 640  # 40 ms raised-cosine blend with the previous window
     codec_thread: bool = True  # decode codec windows on a thread of their own, beside the LM's
+    # The slowest generation (times real time) at which every chunk is ready before a player that
+    # started at the first chunk runs dry: early chunks and their lookaheads are sized for it
+    # (`ChunkSchedule`). 0: chunks double regardless (enough for a stream faster than ~3.2x real
+    # time). None: `BATCH_MIN_SPEED` for a stream decoded in a batch (streams sharing a batch run at
+    # ~2x real time each on a 2-core CPU), else 0 (`for_stream`).
+    min_speed: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("first_chunk_tokens", "chunk_tokens"):
@@ -231,6 +241,17 @@ class StreamConfig:
                                  f"({tokens} tokens = {tokens * SAMPLES_PER_TOKEN} samples)")
         if self.crossfade_samples > min(self.first_chunk_tokens, self.chunk_tokens) * SAMPLES_PER_TOKEN:
             raise ValueError("crossfade_samples cannot exceed a chunk")
+        if self.min_speed is not None and (isinstance(self.min_speed, bool) or not isinstance(
+                self.min_speed, (int, float)) or not (self.min_speed == 0 or 1 < self.min_speed <= 100)):
+            raise ValueError(f"min_speed must be 0 (no bound), lie in (1, 100] (times real time) or be None "
+                             f"(chosen by the route), got {self.min_speed!r}")
+
+    def for_stream(self, batched: bool) -> "StreamConfig":
+        """These settings for one stream, `min_speed` chosen when None: `BATCH_MIN_SPEED` for a stream
+        decoded in a batch, 0 for one alone (its chunks then double as they always did)."""
+        if self.min_speed is not None:
+            return self
+        return dataclasses.replace(self, min_speed=BATCH_MIN_SPEED if batched else 0)
 
 
 @dataclass(frozen=True)

@@ -336,8 +336,8 @@ def produce(job: StreamJob) -> None:
         acceptance = planner.starting_acceptance(config.decode)
         speech_codec = window_codec(synth, context)
         lane = job.codec_lane
-        window = WindowDecoder(speech_codec.decode if lane is None else lane.decoder(speech_codec), config.stream,
-                               context=context)
+        window = WindowDecoder(speech_codec.decode if lane is None else lane.decoder(speech_codec),
+                               config.stream.for_stream(batched=job.seat is not None), context=context)
         done = 0  # samples of speech decoded and handed out so far (before a preset's transform)
         # A preset's transform: its chunks come out LOOKAHEAD_S later and `rate` times as long.
         reshape = StreamingTransform(job.transform, SAMPLE_RATE) if job.transform is not None else None

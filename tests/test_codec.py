@@ -82,6 +82,42 @@ def test_chunks_start_small_and_double_up_to_the_chunk_size(codecs):
     assert [len(c) // 320 for c in big_first.push(codes)] == [30, 25, 25, 25, 25]
 
 
+@pytest.mark.parametrize("speed", [1.25, 1.5, 2.0, 3.0])
+def test_a_stream_at_the_minimum_speed_never_runs_a_player_dry(speed):
+    """Tokens made at `speed` x real time (50 a second x speed), a chunk out the moment it is due, a
+    player starting at the first chunk: every later chunk arrives before the audio out has played.
+    Without the bound (min_speed 0, what a stream alone uses: `StreamConfig.for_stream`) the second
+    chunk comes late below 3.2x real time."""
+    from pcgtts.runtime.audio.streaming import ChunkSchedule
+
+    def late_chunks(config):
+        schedule, late = ChunkSchedule(config), 0
+        start = schedule.due / (50 * speed)  # when the first chunk is due (seconds)
+        while schedule.done < 500:
+            due_at = schedule.due / (50 * speed)
+            late += due_at - start > schedule.done / 50 + 1e-9  # the audio out, played since `start`
+            schedule.emitted(schedule.done + schedule.size)
+        return late
+
+    assert late_chunks(StreamConfig(min_speed=speed)) == 0
+    assert late_chunks(StreamConfig(min_speed=0)) > 0  # doubling alone outruns a stream this slow
+    sizes, schedule = [], ChunkSchedule(StreamConfig(min_speed=speed))
+    while schedule.done < 300:
+        sizes.append(schedule.size)
+        schedule.emitted(schedule.done + schedule.size)
+    assert sizes[0] == 5 and 25 in sizes[:12] and sizes[-1] == 25  # full-size chunks within ~2.5 s of audio
+
+
+def test_a_batched_stream_sizes_its_chunks_for_the_batch_speed_and_a_lone_one_doubles():
+    from pcgtts.runtime.config import BATCH_MIN_SPEED
+
+    assert StreamConfig().for_stream(batched=True).min_speed == BATCH_MIN_SPEED
+    assert StreamConfig().for_stream(batched=False).min_speed == 0
+    assert StreamConfig(min_speed=2.5).for_stream(batched=False).min_speed == 2.5  # a setting given stays
+    with pytest.raises(ValueError, match="min_speed"):
+        StreamConfig(min_speed=0.9)
+
+
 @pytest.mark.parametrize("config", [StreamConfig(), StreamConfig(first_chunk_tokens=1, chunk_tokens=3, codec_lookahead=0,
                                                                  first_chunk_lookahead=4, crossfade_samples=0)])
 def test_the_codec_thread_is_handed_tokens_once_a_chunk_is_due(codecs, config):

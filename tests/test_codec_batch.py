@@ -11,7 +11,7 @@ import pytest
 
 from pcgtts.runtime.audio.codec import Codec, SpeechCodec
 from pcgtts.runtime.audio.codec_batch import CodecBatcher, LaneClosed, decode_batch
-from pcgtts.runtime.config import SynthesisConfig
+from pcgtts.runtime.config import BATCH_MIN_SPEED, StreamConfig, SynthesisConfig
 from pcgtts.runtime.synthesizer import Synthesizer
 
 from helpers import wait_until
@@ -127,7 +127,8 @@ def test_a_closed_lane_leaves_the_batcher_at_once():
 
 
 def load(models, max_batch):
-    config = SynthesisConfig(seed=0, min_tokens=40, tokens_per_char=1.5)
+    # the batch's chunk schedule on both, so that a lone Synthesizer's chunks end where a batched one's do
+    config = SynthesisConfig(seed=0, min_tokens=40, tokens_per_char=1.5, stream=StreamConfig(min_speed=BATCH_MIN_SPEED))
     return Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], policy="ar",
                                        max_length=512, max_batch=max_batch, config=config)
 

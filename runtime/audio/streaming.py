@@ -10,8 +10,9 @@ lookahead (`first_chunk_lookahead`): its audio is the one a listener waits for. 
 once: the stream holds 320 samples per token, no gaps, no duplicates.
 
 The first chunk is small (low time to first audio); each later chunk doubles the previous one up
-to `chunk_tokens` (fewer decodes), so the next chunk is ready before the audio already out runs dry.
-Defaults come from `benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
+to `chunk_tokens` (fewer decodes), as far as a stream generating at `min_speed` times real time still
+has each chunk ready before the audio already out runs dry (`ChunkSchedule`). Defaults come from
+`benchmarks/bench_streaming.py` (table in BENCHMARKS.md).
 
 `CodecThread` runs a `WindowDecoder` on a thread of its own, so the codec decodes a window on one
 core while the LM decodes the next tokens on another (the same chunks, in the same order). The LM's
@@ -24,6 +25,7 @@ cross-fade joins them, on the codec's thread), so the stream ends one window dec
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 from typing import Callable
@@ -35,19 +37,28 @@ from pcgtts.runtime.config import StreamConfig
 
 
 class ChunkSchedule:
-    """Where a stream's chunks end: the first is `first_chunk_tokens` long, each later one twice the
-    one before, up to `chunk_tokens`; a chunk is due once the tokens its window reads past it (its
-    lookahead) exist. The window decoder and the thread feeding it keep one each."""
+    """Where a stream's chunks end, and how many tokens past each one its window decodes (its
+    lookahead); a chunk is due once those tokens exist. The first chunk is `first_chunk_tokens` long
+    with `first_chunk_lookahead`. Each later one doubles the one before (up to `chunk_tokens`: fewer,
+    larger codec windows) and decodes `codec_lookahead` tokens past it, within one bound: a stream
+    generating at `min_speed` times real time has every chunk due before a player that started at the
+    first chunk has played the audio already out,
+
+        due_k - due_1 <= min_speed * done_k     (tokens; done_k: tokens emitted before chunk k)
+
+    so an early chunk is shorter, and its lookahead grows from the first chunk's with what the bound
+    allows (what a doubled chunk leaves of it, or a third of it: 3, 4, 5, 7, 8 tokens at 1.5x) rather
+    than jumping to `codec_lookahead` at once (that jump alone, 6 tokens after a 5-token first chunk,
+    needed a stream faster than 3x real time). The schedule depends on the
+    settings only, never on timing: a stream's chunk boundaries are the same alone and under load.
+    `min_speed` 0: no bound. The window decoder and the thread feeding it keep one each."""
 
     def __init__(self, config: StreamConfig):
         self.config = config
         self.done = 0  # stream tokens already emitted
         self.size = config.first_chunk_tokens  # tokens in the next chunk
-
-    @property
-    def lookahead(self) -> int:
-        """Tokens past the next chunk its window decodes (the first chunk's are fewer)."""
-        return self.config.first_chunk_lookahead if self.done == 0 else self.config.codec_lookahead
+        self.lookahead = config.first_chunk_lookahead  # tokens past the next chunk its window decodes
+        self.first_due = self.size + self.lookahead
 
     @property
     def due(self) -> int:
@@ -55,9 +66,17 @@ class ChunkSchedule:
         return self.done + self.size + self.lookahead
 
     def emitted(self, end: int) -> None:
-        """The stream's audio now runs to token `end`; the next chunk doubles (up to `chunk_tokens`)."""
+        """The stream's audio now runs to token `end`: size the next chunk and its lookahead."""
+        cfg = self.config
         self.done = end
-        self.size = min(2 * self.size, self.config.chunk_tokens)
+        want = min(2 * self.size, cfg.chunk_tokens)
+        if not cfg.min_speed:  # 0, or None: a route that did not choose (`StreamConfig.for_stream`)
+            self.size, self.lookahead = want, cfg.codec_lookahead
+            return
+        budget = math.floor(self.first_due + cfg.min_speed * end + 1e-9) - end  # size + lookahead allowed
+        share = max(cfg.first_chunk_lookahead, budget - want, budget // 3)
+        self.lookahead = min(cfg.codec_lookahead, share)
+        self.size = max(1, min(want, budget - self.lookahead))
 
 
 def window_span(config: StreamConfig, offset: int, start: int, end: int, right: int) -> tuple[int, int]:
