@@ -23,6 +23,7 @@ Viterbi path over the heads' candidates with code transitions (runtime/decode/vi
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import torch
@@ -147,6 +148,11 @@ class HeadProposer:
     def max_proposals(self) -> int:
         return self.step.num_heads
 
+    def fork(self) -> "HeadProposer":
+        """A proposer for another stream: the same heads (their weights and the target's head), its own
+        observed row and proposal mode."""
+        return HeadProposer(self.step, self.transitions)
+
     def start(self, first_slot: int, config=None, prompt_ids=None) -> None:
         """A new utterance: the heads keep no state but how `config`'s policy draws proposals."""
         self.hidden, self.last_token = None, None
@@ -267,6 +273,24 @@ class EagleProposer:
         chained = target.compiled and model.samples_digits
         chain = CompiledEagleChain(draft, model, target.vocab) if chained else None
         return cls(HostEagleStep(draft, model, target.vocab, target.max_length), chain)
+
+    def fork(self) -> "EagleProposer":
+        """A proposer for another stream (a batch's slot): the same draft weights, head and compiled
+        chain, its own utterance state (pending rows, slots) and, for a draft with an attention block,
+        its own cache (`TorchEagleStep`'s lives on the draft's attention module: the fork's module
+        shares every parameter and holds cache tensors of its own). An attention-free step
+        (`HostEagleStep`, or a torch MLP block) keeps no state of its own: it is shared."""
+        from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
+
+        step = self.step
+        if isinstance(step, TorchEagleStep) and step.draft.attention:
+            step = TorchEagleStep(_with_own_cache(step.draft), step.model, step.vocab, step.max_length)
+        elif not isinstance(step, (TorchEagleStep, HostEagleStep)):
+            raise ValueError(f"an EAGLE draft on {type(step).__name__} steps one stream (its cache is the "
+                             "exported graph's): batching its streams needs the torch backend")
+        twin = EagleProposer(step, self.chain)
+        twin._warmed = self._warmed  # the chain's graphs are shared, and so is what has compiled them
+        return twin
 
     def start(self, first_slot: int, config=None, prompt_ids=None) -> None:
         """A new utterance whose prompt's last token is at target slot `first_slot`."""
@@ -414,6 +438,20 @@ def _draw_like_a_proposal(logits: torch.Tensor, sampling, generator: torch.Gener
         logits.argmax(-1)
     else:
         sample(logits_to_probs(logits, sampling), generator)
+
+
+def _with_own_cache(draft):
+    """A shallow copy of an attention `EagleDraft` whose attention module is its own (so its cache
+    tensors are), every parameter and buffer shared with `draft` (no weight is copied)."""
+    def copied(module):
+        twin = copy.copy(module)
+        twin._modules = dict(module._modules)  # a copy's children may be replaced without touching the original's
+        return twin
+
+    twin, block = copied(draft), copied(draft.block)
+    twin._modules["block"] = block
+    block._modules["self_attn"] = copied(draft.block.self_attn)
+    return twin
 
 
 def _state_model(target, what: str):
