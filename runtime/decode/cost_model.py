@@ -107,6 +107,96 @@ class StepCosts:
         return {**out, "proposals": list(self.proposals)} if self.proposals else out
 
 
+class PassTimes:
+    """What a batch's forwards of one model cost (`batched.StepGate` records them, a batched stream's
+    plan reads them: `SharedPassCosts`): seconds per pass by the tokens it carried, all its rows
+    together (a running mean per count), and the rows (streams) a pass carries (a running mean)."""
+
+    WEIGHT = 0.1  # weight of one pass in the running means
+
+    def __init__(self):
+        self.seconds: dict[int, float] = {}
+        self.rows = 1.0
+        self.passes = 0
+        self._ratio: dict[int, tuple[int, float]] = {}  # id of a one-stream table -> (passes, `_level` of it)
+
+    def record(self, rows: int, tokens: int, seconds: float) -> None:
+        """One pass of `rows` streams' forwards, `tokens` tokens in all, that took `seconds`."""
+        if rows < 1 or tokens < 1 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        old = self.seconds.get(tokens)
+        self.seconds[tokens] = seconds if old is None else old + self.WEIGHT * (seconds - old)
+        self.rows += self.WEIGHT * (rows - self.rows)
+        self.passes += 1
+
+    @property
+    def streams(self) -> int:
+        """The streams a pass carries, as a whole number (1: a stream has the passes to itself)."""
+        return max(1, round(self.rows))
+
+    def pass_seconds(self, tokens: int, alone: tuple[float, ...]) -> float:
+        """A pass of `tokens` tokens in all: measured, or the one-stream forward of that many tokens
+        (`alone`, a `StepCosts` table) times the level the measured passes ran at against it."""
+        if tokens in self.seconds:
+            return self.seconds[tokens]
+        return _interpolate(alone, tokens) * self._level(alone)
+
+    def _level(self, alone: tuple[float, ...]) -> float:
+        """The median ratio of the measured passes to `alone`'s forward of as many tokens (1 before any)."""
+        kept = self._ratio.get(id(alone))
+        if kept is None or kept[0] != self.passes:
+            ratios = sorted(s / _interpolate(alone, n) for n, s in self.seconds.items())
+            kept = (self.passes, ratios[len(ratios) // 2] if ratios else 1.0)
+            self._ratio[id(alone)] = kept
+        return kept[1]
+
+
+@dataclass(frozen=True)
+class SharedPassCosts(StepCosts):
+    """One stream's step costs in a batch, where its forwards share a pass with the other streams'
+    (`batch.SlotSeat`: its loop plans its adaptive draft length with these).
+
+    The model of a batched pass: it reads every weight once and does each row's work, so a pass of
+    N tokens in all costs about what one stream's forward of N tokens costs (`passes`' measurements,
+    the one-stream table scaled to their level where a count was not measured). With B streams in
+    the pass all verifying k tokens (the plan's assumption: the others plan as this one does), a
+    pass carries B k tokens and every stream waits for it, so one stream's forward of k tokens costs
+    its share, pass(B k) / B: the weights' read is split B ways and each token adds the pass's
+    marginal time. Why this and not the stream's own wait, pass(others + k): that would charge a
+    stream nothing for the time its extra tokens cost every other stream of the pass, and make
+    speculation look better the more streams share it; the share is what the batch's throughput
+    pays. As B grows the read's share vanishes and a token of a verify costs the same marginal time
+    as a plain step's token: a speculative step then pays L + 1 tokens' time for its expected
+    tokens(L) < L + 1, so the plan falls to plain decoding (L = 0), as it must. The proposals (an
+    EAGLE draft or heads, on the stream's own thread) and the rule are one stream's own work, priced
+    as measured; a draft LM's forwards also meet at the gate and are shared like the target's
+    (`draft_passes`). Alone (B = 1) a stream plans with its given costs unchanged, so a seeded stream
+    alone in the batch chooses what it chooses on the one-stream lane."""
+
+    passes: PassTimes | None = None
+    draft_passes: PassTimes | None = None
+
+    def target(self, tokens: int) -> float:
+        return _shared(self.passes, self.target_forward, tokens)
+
+    def draft(self, tokens: int) -> float:
+        return _shared(self.draft_passes, self.draft_forward, tokens)
+
+
+def _shared(passes: PassTimes | None, alone: tuple[float, ...], tokens: int) -> float:
+    """A stream's share of a pass where every stream feeds `tokens` (`SharedPassCosts`)."""
+    streams = passes.streams if passes is not None else 1
+    if streams == 1:
+        return _interpolate(alone, tokens)
+    return passes.pass_seconds(streams * tokens, alone) / streams
+
+
+def shared_pass_costs(costs: StepCosts, passes: PassTimes, draft_passes: PassTimes | None = None) -> SharedPassCosts:
+    """`costs` (one stream's, measured alone) as a batched stream plans with them (`SharedPassCosts`)."""
+    return SharedPassCosts(costs.target_forward, costs.draft_forward, costs.rule, costs.sample, costs.proposals,
+                           passes=passes, draft_passes=draft_passes)
+
+
 def survival(acceptance: Sequence[float], length: int) -> list[float]:
     """P(positions 1..k all accepted) for k = 1..length; positions past the list reuse its last rate."""
     out, p = [], 1.0

@@ -20,6 +20,7 @@ agree unless a draw falls within that rounding of a tie or of a boundary of its 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from pcgtts.runtime.config import MAX_BATCH
+from pcgtts.runtime.decode.cost_model import PassTimes
 from pcgtts.runtime.lm.llama import rope_cos_sin
 from pcgtts.runtime.lm.loader import concrete_backend
 from pcgtts.runtime.lm.protocol import check_fits, prefill_spans, reusable_length
@@ -175,8 +177,13 @@ class BatchedLM:
         """Append ids [n, T] to `slots` -> restricted-vocabulary logits [n, T, V_r]."""
         return self.model.logits(self.hidden(slots, ids))
 
-    def hidden(self, slots: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
-        """Forward ids [n, T] appended to each of `slots` (distinct) -> final-normed states [n, T, D]."""
+    def hidden(self, slots: Sequence[int], ids: torch.Tensor, counts: Sequence[int] | None = None) -> torch.Tensor:
+        """Forward ids [n, T] appended to each of `slots` (distinct) -> final-normed states [n, T, D]
+        (preceded by the tapped layers' outputs with `Llama.taps`: [n, T, (k + 1) D], as a `TorchLM`).
+        `counts`: a ragged step, row i holding counts[i] tokens padded to T with any token; each slot's
+        length advances by its own count, so the padding's KV, written past it, is overwritten by its
+        next tokens before any reads it (causality hides it meanwhile); its rows' states are to be
+        dropped. The padded T must fit every slot's cache."""
         if not self.keys:
             raise RuntimeError("the batch's KV caches are not allocated: call ensure_cache() first")
         ids = ids.to(self.device)
@@ -196,14 +203,17 @@ class BatchedLM:
             else self._attend_span(slots, starts, order, lo, hi)
         model = self.model
         x = model.embed_tokens(ids)
-        for layer, keys, values in zip(model.layers, self.keys, self.values):
+        tapped = []  # the layers an EAGLE draft reads (`Llama.taps`), as `Llama.hidden` returns them
+        for i, (layer, keys, values) in enumerate(zip(model.layers, self.keys, self.values)):
             attn = layer.self_attn
             q, k, v = attn.project(layer.input_layernorm(x), cos, sin)  # [n, heads, T, hd], [n, kv, T, hd]
             x = x + attn.o_proj(attend(q, k, v, keys, values).transpose(1, 2).reshape(n, t, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        for slot in slots:
-            self.lengths[slot] += t
-        return model.norm(x)
+            if i in model.taps:
+                tapped.append(x)
+        for slot, count in zip(slots, counts if counts is not None else [t] * n):
+            self.lengths[slot] += count
+        return model.with_taps(model.norm(x), torch.cat(tapped, -1) if tapped else None)
 
     def _attend_per_slot(self, slots, starts, positions):
         """Attention slot by slot over each one's own cache rows: one slot alone computes what the
@@ -272,9 +282,13 @@ class StepRequest:
 class StepGate:
     """Where several streams' decode loops meet for their forwards. Each stream runs its own loop (any
     host policy, on its own thread) over `SlotLM` views; a view's forward waits at the gate until every
-    stream inside its loop (`enter` .. `leave`) waits there too, and then the gate runs them all, one
-    forward per (model, token count): the slots' rows side by side, as a batched step carries them.
-    A stream outside its loop (handing out a burst, waiting for its reader) holds nobody up."""
+    stream inside its loop (`enter` .. `leave`) waits there too, and then the gate runs them all in one
+    forward per model: the slots' rows side by side, as a batched step carries them, a row with fewer
+    tokens than the longest padded (ragged acceptance: one stream verifies 1 token where another
+    verifies 4; `BatchedLM.hidden`'s `counts`), or one forward per token count where padding would
+    write past a slot's cache end. A stream outside its loop (handing out a burst, waiting for its
+    reader) holds nobody up. Each pass's time is kept per model (`times`: `cost_model.PassTimes`),
+    which a stream's adaptive draft length plans with."""
 
     def __init__(self):
         self.cond = threading.Condition()
@@ -282,6 +296,12 @@ class StepGate:
         self.pending: list[StepRequest] = []
         self.runs = 0  # forwards run
         self.sizes: list[int] = []  # requests per run, the recent ones
+        self.times: dict[BatchedLM, PassTimes] = {}
+
+    def pass_times(self, lm: BatchedLM) -> PassTimes:
+        """The measured passes of `lm` (what a batched stream's plan reads; empty before the first)."""
+        with self.cond:
+            return self.times.setdefault(lm, PassTimes())
 
     def enter(self) -> None:
         with self.cond:
@@ -306,27 +326,49 @@ class StepGate:
         return request.result
 
     def _run_pending(self) -> None:
-        """(under the lock) Run every request waiting, grouped by model and token count."""
+        """(under the lock) Run every request waiting: one pass per model (`_passes`)."""
         requests, self.pending = self.pending, []
-        groups: dict[tuple[int, int], list[StepRequest]] = {}
+        models: dict[int, list[StepRequest]] = {}
         for request in requests:
-            groups.setdefault((id(request.lm), len(request.ids)), []).append(request)
-        for group in groups.values():
-            lm = group[0].lm
-            try:
-                with torch.inference_mode():
-                    states = lm.hidden([r.slot for r in group], torch.stack([r.ids for r in group]))
-                    for i, request in enumerate(group):
-                        request.result = lm.outputs(states[i], request.kind)
-            except BaseException as err:  # each stream of the run hears it
-                for request in group:
-                    request.error = err
-            self.runs += 1
-            self.sizes.append(len(group))
-            del self.sizes[:-100]
+            models.setdefault(id(request.lm), []).append(request)
+        for group in models.values():
+            for run in self._passes(group):
+                self._run(run)
         for request in requests:
             request.done = True
         self.cond.notify_all()
+
+    @staticmethod
+    def _passes(group: list[StepRequest]) -> list[list[StepRequest]]:
+        """One model's requests -> the forwards that run them: one, its rows padded to the longest,
+        unless the padding would not fit a slot's cache; then one per token count."""
+        longest = max(len(r.ids) for r in group)
+        if all(r.lm.has_room(r.slot, longest) for r in group):
+            return [group]
+        counts: dict[int, list[StepRequest]] = {}
+        for request in group:
+            counts.setdefault(len(request.ids), []).append(request)
+        return list(counts.values())
+
+    def _run(self, run: list[StepRequest]) -> None:
+        lm = run[0].lm
+        counts = [len(r.ids) for r in run]
+        longest = max(counts)
+        try:
+            started = time.perf_counter()
+            with torch.inference_mode():
+                ids = torch.stack([torch.cat([r.ids, r.ids[-1:].expand(longest - len(r.ids))]) for r in run])
+                states = lm.hidden([r.slot for r in run], ids, counts if min(counts) < longest else None)
+                for i, request in enumerate(run):
+                    request.result = lm.outputs(states[i, :counts[i]], request.kind)
+            self.times.setdefault(lm, PassTimes()).record(len(run), len(run) * longest,
+                                                          time.perf_counter() - started)
+        except BaseException as err:  # each stream of the run hears it
+            for request in run:
+                request.error = err
+        self.runs += 1
+        self.sizes.append(len(run))
+        del self.sizes[:-100]
 
 
 class SlotLM:
