@@ -101,6 +101,16 @@ class DraftLengthPlanner:
                 adopt_costs(self.target, mine, other.target, theirs)
         self._acceptance.update(other._acceptance)
 
+    def loop_arguments(self, decode_config: DecodeConfig, seeded: bool, batched: bool = False) -> dict:
+        """What `loop.decode` (or a batch slot's `SlotSeat.decode`) plans a stream of `decode_config` with:
+        `costs`, `proposer` and `acceptance`. A seeded stream plans its draft lengths with the costs
+        measured at load, unchanged (not refined by its own timings), so its utterances repeat within
+        this process; so does a batched one (its plan shares them with the batch's passes, and costs
+        measured through a batch would time the other streams' work too); others refine them as they go."""
+        costs = self.plan(decode_config) if seeded or (batched and plans_draft_length(decode_config)) else None
+        return {"costs": costs, "proposer": self.proposer(decode_config.policy),
+                "acceptance": self.starting_acceptance(decode_config)}
+
     def proposer(self, policy: str):
         """What proposes from the target's hidden states for `policy` (None for the other policies)."""
         return self.eagle if policy_spec(policy).uses_eagle else self.heads

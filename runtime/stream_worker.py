@@ -330,10 +330,7 @@ def produce(job: StreamJob) -> None:
         generator = torch.Generator(device=device)
         # torch.seed() would reseed the global RNG; a fresh seed comes from the OS instead.
         generator.manual_seed(config.seed if config.seed is not None else secrets.randbits(63))
-        # A seeded stream plans its draft lengths with the costs measured at load, unchanged (not
-        # refined by its own timings), so its utterances repeat within this process.
-        costs = planner.plan(config.decode) if config.seed is not None else None
-        acceptance = planner.starting_acceptance(config.decode)
+        plan = planner.loop_arguments(config.decode, seeded=config.seed is not None, batched=job.seat is not None)
         speech_codec = window_codec(synth, context)
         lane = job.codec_lane
         window = WindowDecoder(speech_codec.decode if lane is None else lane.decoder(speech_codec),
@@ -367,10 +364,9 @@ def produce(job: StreamJob) -> None:
                 sentence = DecodeStats()
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget, min_new_tokens=minimum)
-                bursts = (job.seat.decode(prompt, decode_config, generator, sentence) if job.seat is not None
+                bursts = (job.seat.decode(prompt, decode_config, generator, sentence, **plan) if job.seat is not None
                           else decode(target, synth.draft, prompt, decode_config, generator, synth.groups, sentence,
-                                      costs=costs, proposer=planner.proposer(decode_config.policy),
-                                      acceptance=acceptance))
+                                      **plan))
                 for burst in bursts:
                     if not codec.push(burst) or not job.await_room(chunk_samples):  # run-ahead full: wait
                         return

@@ -280,10 +280,12 @@ class Synthesizer:
     def batch_streams(self, slots: int) -> None:
         """Decode up to `slots` streams at once (`runtime/decode/batch.py`): each in a KV slot of its own
         over this target's weights (torch backend; and the draft's, when it runs on torch too), their
-        forwards run together; the next one is refused at once (`BatchFull`, a RuntimeError). Plain
-        (`ar`) streams batch, and with a torch draft its policies at a fixed draft length (sd, ssd, pcg,
-        draft); other settings, and a voice a clone target speaks, run on the Synthesizer's one lane as
-        before. The batch's streams have their codec windows decoded together too (`CodecBatcher`,
+        forwards run together; the next one is refused at once (`BatchFull`, a RuntimeError). Every
+        policy the host loop runs batches, at a fixed or an adaptive draft length (a draft LM's where
+        the draft runs on torch too; the heads' and the EAGLE draft's with a fork of the proposer per
+        slot); whole steps on the device (`steps_per_sync`), a draft's policy without a torch draft,
+        and a voice a clone target speaks run on the Synthesizer's one lane as before. The batch's
+        streams have their codec windows decoded together too (`CodecBatcher`,
         runtime/audio/codec_batch.py). 1: one stream at a time."""
         if self.batch is not None and self.batch.seated:
             raise RuntimeError("streams are decoding in the batch: close them before resizing it")

@@ -31,15 +31,17 @@ def alone(target, prompt, cfg, seed):
     return [t for burst in decode(target, None, prompt, cfg, torch.Generator().manual_seed(seed)) for t in burst]
 
 
-def together(batch, prompts_, cfg, seeds, hold=None):
-    """Each prompt decoded on a thread of its own through one batch; `hold` = (index, event): that
+def together(batch, prompts_, cfg, seeds, hold=None, **plan):
+    """Each prompt decoded on a thread of its own through one batch (`cfg`: one config, or one per
+    prompt; `plan`: `SlotSeat.decode`'s costs, proposer, acceptance); `hold` = (index, event): that
     stream stops reading after its first burst until the event is set."""
     seats = [batch.seat() for _ in prompts_]
     outs = [None] * len(prompts_)
+    configs = cfg if isinstance(cfg, list) else [cfg] * len(prompts_)
 
     def run(i):
         codes = []
-        for burst in seats[i].decode(prompts_[i], cfg, torch.Generator().manual_seed(seeds[i])):
+        for burst in seats[i].decode(prompts_[i], configs[i], torch.Generator().manual_seed(seeds[i]), **plan):
             codes += burst
             if hold is not None and hold[0] == i:
                 hold[1].wait()
@@ -177,10 +179,12 @@ def test_a_failing_decode_does_not_stop_the_batch(target):
     assert [t for burst in first.decode(good, cfg, torch.Generator().manual_seed(0)) for t in burst] == expected
 
 
-def test_the_batch_runs_plain_decoding_only(target):
+def test_a_batch_without_a_draft_refuses_the_draft_policies(target):
     seat = BatchDecoder(BatchedLM(target, 1)).seat()
-    with pytest.raises(ValueError, match="policy 'ar'"):
+    with pytest.raises(ValueError, match="policy 'sd' needs the draft LM"):
         seat.decode(prompts(target)[0], DecodeConfig(policy="sd"), torch.Generator())
+    with pytest.raises(ValueError, match="not with steps_per_sync"):
+        seat.decode(prompts(target)[0], DecodeConfig(policy="ar", steps_per_sync=4), torch.Generator())
 
 
 @pytest.mark.parametrize("policy, temperature", [("sd", 0.8), ("pcg", 0.8), ("pcg", 0.0), ("draft", 0.8)])
@@ -200,12 +204,14 @@ def test_speculative_streams_in_a_batch_decode_as_alone(tiny_pair, tiny_groups, 
     assert batch.seated == 0
 
 
-def test_a_batch_speculates_at_a_fixed_draft_length_only(tiny_pair):
+def test_a_batch_needs_a_proposer_and_given_costs_to_plan_with(tiny_pair):
+    """A policy on the target's states needs its proposer; an adaptive draft length its costs (never
+    measured through the batch, where the other streams' work would be timed too)."""
     target, draft = tiny_pair
     seat = BatchDecoder(BatchedLM(target, 1), draft=BatchedLM(draft, 1)).seat()
-    with pytest.raises(ValueError, match="fixed draft length"):
+    with pytest.raises(ValueError, match="given step costs"):
         seat.decode(prompts(target)[0], DecodeConfig(policy="sd", adaptive_draft=True), torch.Generator())
-    with pytest.raises(ValueError, match="not policy 'mtp-sd'"):
+    with pytest.raises(ValueError, match="give its proposer"):
         seat.decode(prompts(target)[0], DecodeConfig(policy="mtp-sd", adaptive_draft=False), torch.Generator())
 
 

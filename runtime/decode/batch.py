@@ -14,12 +14,16 @@ and draws each slot's next token with that stream's own settings and generator, 
 stops costing compute), and one whose reader is gone (closed, cancelled, failed) leaves the batch
 at the next step boundary; its slot is free again once its seat is closed.
 
-Speculative streams (a draft LM's policies at a fixed draft length, with a draft's `BatchedLM`
-over the same slots) each run `loop.decode` on their own thread over their slots' views
-(`batched.SlotLM`): the draft proposes, the target verifies, the rule judges and each slot rolls
-back to its own accepted length, its draws from its own generator, while every forward meets the
-other streams' at a `batched.StepGate` and runs in one pass with them (ragged acceptance: slots
-that verify the same number of tokens share a pass).
+Speculative streams (every other policy the host loop runs: a draft LM's, with a draft's
+`BatchedLM` over the same slots; the heads' and the EAGLE draft's, each slot with its own fork of
+the proposer: `BatchDecoder.fork`) each run `loop.decode` on their own thread over their slots'
+views (`batched.SlotLM`): the proposer proposes, the target verifies, the rule judges and each slot
+rolls back to its own accepted length, its draws from its own generator, while every forward meets
+the other streams' at a `batched.StepGate` and runs in one pass with them (ragged acceptance: a
+slot verifying 1 token and one verifying 4 share a pass, the shorter row padded). An adaptive draft
+length plans with its step costs shared with the batch's measured passes
+(`cost_model.SharedPassCosts`): with many streams in a pass speculation stops paying and the plan
+falls to plain steps.
 
 A decode alone in the batch draws exactly what `loop.decode` draws for it (the same forward, bit
 for bit, and the same draws from its generator). In a step of several slots a slot's logits differ
@@ -38,10 +42,9 @@ from typing import Iterator
 
 import torch
 
-from pcgtts.runtime.config import BATCH_POLICIES, DecodeConfig
-from pcgtts.runtime.decode.cost_model import plans_draft_length
+from pcgtts.runtime.config import DecodeConfig
+from pcgtts.runtime.decode.cost_model import StepCosts, plans_draft_length, shared_pass_costs
 from pcgtts.runtime.decode.loop import decode
-from pcgtts.runtime.decode.policy import policy as policy_spec
 from pcgtts.runtime.decode.sampling import digits_to_draw
 from pcgtts.runtime.decode.steps import DecodeStats, draw_next, emitted
 from pcgtts.runtime.lm.batched import BatchedLM, SlotLM, StepGate
@@ -57,23 +60,16 @@ class BatchFull(RuntimeError):
     """Every slot of the batch is held by a stream: refused at once, nothing waits."""
 
 
-SPECULATIVE_POLICIES = tuple(p for p in BATCH_POLICIES if policy_spec(p).needs_draft)  # what a batch with a draft also runs
-
-
 def check_batchable(config: DecodeConfig, draft: bool = False) -> None:
-    """A one-line ValueError unless a batch (with a draft LM: `draft`) runs `config`: policy `ar`, and
-    with a draft the draft LM's policies at a fixed draft length, on the host loop."""
+    """A one-line ValueError unless a batch (with a draft LM's own batch: `draft`) runs `config`: every
+    policy on the host loop, at a fixed or an adaptive draft length (plain streams stepped by the
+    batch's thread, the others each by its own loop over its slots), a draft LM's where the batch
+    holds the draft."""
     if config.steps_per_sync:
         raise ValueError("the batch decodes on the host loop, not with steps_per_sync")
-    spec = config.policy_spec
-    if spec.plain:
-        return
-    if not draft or not (spec.batchable and spec.needs_draft):
-        runs = "'ar'" + (f" and {', '.join(SPECULATIVE_POLICIES)}" if draft else "")
-        raise ValueError(f"the batch decodes policy {runs}, not policy {config.policy!r}")
-    if plans_draft_length(config):
-        raise ValueError(f"the batch speculates at a fixed draft length: policy {config.policy!r} with "
-                         "adaptive_draft false")
+    if config.policy_spec.needs_draft and not draft:
+        raise ValueError(f"policy {config.policy!r} needs the draft LM, which this batch does not hold "
+                         "(a draft on the torch backend)")
 
 
 @dataclass(eq=False)
@@ -114,6 +110,16 @@ class BatchDecoder:
         self.thread: threading.Thread | None = None
         self.occupancy: list[int] = []  # decodes per step, the last `OCCUPANCY_WINDOW` steps
         self.steps = 0
+        self.forks: dict[tuple[int, int], tuple[object, object]] = {}  # (slot, id) -> (a proposer, its fork)
+
+    def fork(self, slot: int, proposer):
+        """`slot`'s own copy of a proposer on the target's states (`proposer.fork()`: the same weights,
+        its own per-utterance state), made once per slot and kept for the streams that hold it."""
+        with self.cond:
+            key = (slot, id(proposer))
+            if key not in self.forks or self.forks[key][0] is not proposer:
+                self.forks[key] = (proposer, proposer.fork())
+            return self.forks[key][1]
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -293,27 +299,41 @@ class SlotSeat:
         self.draft = SlotLM(batch.draft, slot, batch.gate) if batch.draft is not None else None
 
     def decode(self, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
-               stats: DecodeStats | None = None) -> Iterator[list[int]]:
+               stats: DecodeStats | None = None, costs: StepCosts | None = None, proposer=None,
+               acceptance=None) -> Iterator[list[int]]:
         """Bursts of speech codes for `prompt_ids` [T] from this slot, as `loop.decode` yields them:
-        plain decoding stepped by the batch's thread, a speculative policy by `loop.decode` over this
-        slot's views (its forwards run together with the other streams' at the gate)."""
+        plain decoding stepped by the batch's thread, any other policy by `loop.decode` over this slot's
+        views (its forwards run together with the other streams' at the gate). `costs`, `proposer` and
+        `acceptance` are `loop.decode`'s (`DraftLengthPlanner.loop_arguments`): the proposer on the
+        target's states is this slot's fork of it, and an adaptive draft length plans with `costs`
+        shared with the batch's passes (`cost_model.SharedPassCosts`)."""
         check_batchable(config, draft=self.draft is not None)
+        spec = config.policy_spec
+        if spec.reads_states and proposer is None:
+            raise ValueError(f"policy {config.policy!r} proposes from the target's states: give its proposer")
+        if plans_draft_length(config) and costs is None:
+            raise ValueError("an adaptive draft length in a batch plans with given step costs "
+                             "(`DraftLengthPlanner.plan`), not ones measured through the batch")
         if self.closed:
             raise RuntimeError("this batch slot was given back")
         if self.job is not None and not (self.job.done or self.job.cancelled):
             raise RuntimeError("this slot is still decoding its last sentence")
         stats = stats if stats is not None else DecodeStats()
-        if not config.policy_spec.plain:
-            self.job = None
-            return self._speculate(prompt_ids, config, generator, stats)
-        return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats))
+        if spec.plain:
+            return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats))
+        self.job = None
+        if plans_draft_length(config):
+            gate = self.batch.gate
+            costs = shared_pass_costs(costs, gate.pass_times(self.batch.lm),
+                                      gate.pass_times(self.batch.draft) if self.batch.draft is not None else None)
+        proposer = self.batch.fork(self.slot, proposer) if spec.reads_states else None
+        return self._speculate(decode(self.target, self.draft, prompt_ids, config, generator, self.batch.groups,
+                                      stats, costs=costs, proposer=proposer, acceptance=acceptance))
 
-    def _speculate(self, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
-                   stats: DecodeStats) -> Iterator[list[int]]:
-        """`loop.decode` over the slot's views, inside the gate while it computes (not while its
-        reader holds a burst)."""
+    def _speculate(self, bursts: Iterator[list[int]]) -> Iterator[list[int]]:
+        """`loop.decode`'s bursts, run inside the gate while it computes (not while its reader holds a
+        burst)."""
         gate = self.batch.gate
-        bursts = decode(self.target, self.draft, prompt_ids, config, generator, self.batch.groups, stats)
         try:
             while True:
                 gate.enter()

@@ -1,0 +1,178 @@
+"""Every speculative policy in a batch (runtime/decode/batch.py): the EAGLE draft's and the heads'
+with a fork of the proposer per slot, the adaptive draft length planned with the batch's shared
+passes (cost_model.SharedPassCosts), and ragged passes at the gate (runtime/lm/batched.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pcgtts.runtime.config import DecodeConfig, SamplingConfig
+from pcgtts.runtime.decode.batch import BatchDecoder
+from pcgtts.runtime.decode.cost_model import PassTimes, StepCosts, best_length, shared_pass_costs
+from pcgtts.runtime.decode.loop import decode
+from pcgtts.runtime.decode.proposers import EagleProposer, HeadProposer
+from pcgtts.runtime.lm.batched import BatchedLM, SlotLM, StepGate
+from pcgtts.runtime.lm.torch_lm import TorchLM
+
+from helpers import random_draft, random_heads
+from test_batch_decode import prompts, together
+
+# one stream's costs: a forward of k tokens costs little more than one of 1 (a CPU reading the weights)
+COSTS = StepCosts(target_forward=(1e-3, 1.05e-3, 1.1e-3, 1.15e-3, 1.2e-3), draft_forward=(1e-4, 1.1e-4), rule=5e-5,
+                  sample=2e-5)
+
+
+def config(policy, temperature=0.0, adaptive=False, tokens=40):
+    return DecodeConfig(policy=policy, max_new_tokens=tokens, min_new_tokens=10, adaptive_draft=adaptive,
+                        draft_length=3, sampling=SamplingConfig(temperature=temperature))
+
+
+def alone(target, draft, prompt, cfg, seed, groups=None, **plan):
+    generator = torch.Generator().manual_seed(seed)
+    return [t for burst in decode(target, draft, prompt, cfg, generator, groups, **plan) for t in burst]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_pair):
+    return tiny_pair[0]
+
+
+@pytest.fixture(scope="module")
+def eagle(target):
+    return EagleProposer.from_draft(random_draft(target), target)  # an attention block: a cache of its own
+
+
+@pytest.fixture(scope="module")
+def heads(target):
+    return HeadProposer.from_heads(random_heads(target), target)
+
+
+def test_a_fork_shares_the_weights_and_not_the_state(target, eagle, heads):
+    twin = eagle.fork()
+    mine, theirs = eagle.step.draft, twin.step.draft
+    for (name, a), (_, b) in zip(mine.named_parameters(), theirs.named_parameters()):
+        assert a.data_ptr() == b.data_ptr(), name  # the same storage: no weight copied
+    attn, twin_attn = mine.block.self_attn, theirs.block.self_attn
+    assert twin_attn is not attn and twin_attn.k_cache.data_ptr() != attn.k_cache.data_ptr()
+    eagle.start(5)
+    eagle.observe(torch.zeros(2, eagle.step.hidden_size), [1, 2], 5)
+    assert eagle.ready() and not twin.ready()  # its pending rows are its own
+    twin.start(0)
+    assert eagle.pending_tokens == [1, 2]
+    eagle.start(0)
+    mlp = EagleProposer.from_draft(random_draft(target, block="mlp"), target)
+    assert mlp.fork().step is mlp.step  # an attention-free step keeps no state: shared
+    heads_twin = heads.fork()
+    assert heads_twin.step is heads.step
+    heads.observe(torch.zeros(1, heads.step.hidden_size), [3], 0)
+    assert heads.ready() and not heads_twin.ready()
+    heads.start(0)
+
+
+@pytest.mark.parametrize("policy", ["eagle-pcg", "mtp-sd", "pcg"])
+def test_speculative_streams_of_every_proposer_decode_greedily_as_alone(tiny_pair, tiny_groups, eagle, heads, policy):
+    """Four streams at temperature 0, the adaptive draft length (pcg) planned with the batch's shared
+    passes: each gives its codes decoded alone, which are plain greedy decoding's."""
+    target, draft = tiny_pair
+    adaptive = policy == "pcg"
+    cfg = config(policy, adaptive=adaptive)
+    proposer = {"eagle-pcg": eagle, "mtp-sd": heads, "pcg": None}[policy]
+    plan = dict(costs=COSTS if adaptive else None, proposer=proposer)
+    ps = prompts(target)[:4]
+    greedy = [alone(target, None, p, config("ar"), 0) for p in ps]
+    assert [alone(target, draft, p, cfg, i, tiny_groups, **plan) for i, p in enumerate(ps)] == greedy
+    batch = BatchDecoder(BatchedLM(target, 4), draft=BatchedLM(draft, 4), groups=tiny_groups)
+    assert together(batch, ps, cfg, [0, 1, 2, 3], **plan) == greedy
+    assert max(batch.gate.sizes) > 1 and batch.seated == 0
+
+
+@pytest.mark.parametrize("policy, adaptive", [("eagle-pcg", False), ("pcg", True)])
+def test_a_seeded_speculative_stream_alone_in_the_batch_draws_what_it_draws_alone(tiny_pair, tiny_groups, eagle,
+                                                                                   policy, adaptive):
+    target, draft = tiny_pair
+    cfg = config(policy, temperature=0.8, adaptive=adaptive)
+    plan = dict(costs=COSTS if adaptive else None, proposer=eagle, acceptance=(0.6, 0.5))
+    prompt = prompts(target)[1]
+    expected = alone(target, draft, prompt, cfg, 7, tiny_groups, **plan)
+    batch = BatchDecoder(BatchedLM(target, 2), draft=BatchedLM(draft, 2), groups=tiny_groups)
+    assert together(batch, [prompt], cfg, [7], **plan) == [expected]
+
+
+def test_an_eagle_draft_reading_several_layers_gets_them_from_the_batch(tiny_lms, tiny_groups):
+    """The batch's forwards return the tapped layers a fused EAGLE draft reads, as a `TorchLM`'s do."""
+    tapped = TorchLM.load(tiny_lms["target"], max_length=512)
+    proposer = EagleProposer.from_draft(random_draft(tapped, seed=3, feature_layers=(1,)), tapped)
+    cfg = config("eagle-sd")
+    ps = prompts(tapped)[:3]
+    expected = [alone(tapped, None, p, cfg, 0, proposer=proposer) for p in ps]
+    assert expected == [alone(tapped, None, p, config("ar"), 0) for p in ps]
+    assert together(BatchDecoder(BatchedLM(tapped, 3)), ps, cfg, [0, 1, 2], proposer=proposer) == expected
+    # seeded, alone in the batch: the draft's draws read the same rows, so the stream draws as alone
+    sampled = config("eagle-sd", temperature=0.8)
+    expected = alone(tapped, None, ps[0], sampled, 5, proposer=proposer)
+    assert together(BatchDecoder(BatchedLM(tapped, 1)), ps[:1], sampled, [5], proposer=proposer) == [expected]
+
+
+def test_a_ragged_pass_gives_each_slot_its_logits_alone_in_one_forward(target):
+    """Two slots verifying 1 and 4 tokens run in one forward (the shorter row padded) and get the
+    logits each gets alone; each slot's length advances by its own count."""
+    a, b = prompts(target)[:2]
+    fresh = torch.tensor([target.vocab.speech_offset + i for i in (3, 9, 4, 1)])
+    expected = []
+    for prompt, ids in ((a, fresh[:1]), (b, fresh)):
+        target.prefill(prompt)
+        expected.append(target.forward(ids))
+    batched, gate = BatchedLM(target, 2), StepGate()
+    batched.prefill(0, a)
+    batched.prefill(1, b)
+    views = [SlotLM(batched, 0, gate), SlotLM(batched, 1, gate)]
+    results = [None, None]
+    for view in views:
+        gate.enter()
+
+    def verify(i, ids):
+        results[i] = views[i].forward(ids)
+        gate.leave()
+
+    import threading
+
+    threads = [threading.Thread(target=verify, args=(i, ids)) for i, ids in enumerate((fresh[:1], fresh))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert gate.runs == 1 and gate.sizes == [2]  # one forward, not one per token count
+    for got, want in zip(results, expected):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4)
+    assert batched.lengths == [len(a) + 1, len(b) + 4]
+    assert gate.times[batched].seconds.keys() == {8}  # its pass carried 2 rows of 4 tokens
+    # padding that would write past a slot's cache end: one forward per token count instead
+    assert len(StepGate._passes([_request(batched, 0, 1), _request(batched, 1, 4)])) == 1
+    batched.lengths[0] = batched.max_length - 2
+    assert len(StepGate._passes([_request(batched, 0, 1), _request(batched, 1, 4)])) == 2
+
+
+def _request(lm, slot, count):
+    from pcgtts.runtime.lm.batched import StepRequest
+
+    return StepRequest(lm, slot, torch.zeros(count, dtype=torch.long), "logits")
+
+
+def test_the_plan_falls_to_plain_decoding_when_shared_passes_make_speculation_not_pay():
+    """Alone, a verify of 4 tokens costs about a plain step and speculation wins; in a pass of 8
+    streams whose time grows with every token it carries, a verify token costs the pass's marginal
+    time, and the same acceptance plans plain decoding (L = 0)."""
+    acceptance = [0.6, 0.5, 0.4]
+    assert best_length(COSTS, acceptance, 3) > 0
+    passes = PassTimes()
+    shared = shared_pass_costs(COSTS, passes)
+    assert best_length(shared, acceptance, 3) == best_length(COSTS, acceptance, 3)
+    assert shared.target(4) == COSTS.target(4)  # alone: unchanged
+    for tokens in (8, 16, 24, 32):  # 8 streams a pass: 1 ms to read the weights, 0.2 ms a token
+        for _ in range(50):
+            passes.record(8, tokens, 1e-3 + 2e-4 * tokens)
+    assert passes.streams == 8
+    assert shared.target(1) == pytest.approx((1e-3 + 2e-4 * 8) / 8)  # the pass's share: the read split 8 ways
+    assert shared.target(5) == pytest.approx(COSTS.target(40) * passes._level(COSTS.target_forward) / 8)
+    assert best_length(shared, acceptance, 3) == 0
