@@ -99,6 +99,21 @@ def test_windows_due_together_decode_in_one_call_and_a_bad_one_fails_its_stream_
     assert 4 in batcher.batch_sizes  # the four 10-token windows went in one group; the 5-token one alone
 
 
+def test_the_shortest_windows_due_decode_first():
+    """A stream's first windows are the short ones a listener waits for: in a round they go first."""
+    toy, batcher = Toy(), CodecBatcher()
+    toy.gate = threading.Event()
+    busy = threading.Thread(target=batcher.lane().decode, args=(toy, [1, 2]))
+    busy.start()
+    while not toy.calls:
+        time.sleep(0.01)
+    windows = [np.arange(40), np.arange(12), np.arange(40) + 1, np.arange(7)]
+    threading.Timer(0.3, toy.gate.set).start()
+    run_lanes(batcher, toy, windows)
+    busy.join(10)
+    assert toy.calls[1:] == [7, 12, 40, 40]  # (the protocol's loop decodes a group window by window)
+
+
 def test_a_closed_lane_leaves_the_batcher_at_once():
     toy, batcher = Toy(), CodecBatcher()
     toy.gate = threading.Event()

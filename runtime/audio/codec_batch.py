@@ -5,7 +5,7 @@ through a `CodecLane` of its own (`lane.decoder(codec)` is the `decode(codes)` i
 calls, on its codec thread or, for the last window, on its LM thread): the lane hands the window to
 the batcher and waits. The batcher takes every window that is due, groups those of one codec and one
 length (most grown windows are left context + chunk + lookahead tokens long), decodes each group in
-one call (`decode_batch`: codes [B, T] -> samples [B, 320 T]) and hands each stream its samples. A
+one call, the shortest windows first (a stream's first chunks: the audio a listener waits for) (`decode_batch`: codes [B, T] -> samples [B, 320 T]) and hands each stream its samples. A
 stream's chunks, their boundaries and their order are those of its `WindowDecoder`, unchanged; only
 where its windows are decoded moves, and a window decoded in a batch differs from the same window
 decoded alone in the last float bits. Windows that arrive while a group decodes wait for the next
@@ -104,7 +104,7 @@ class CodecBatcher:
             groups: dict[tuple[int, int], list[_Window]] = {}
             for window in due:
                 groups.setdefault((id(window.codec), len(window.codes)), []).append(window)
-            for group in groups.values():
+            for group in sorted(groups.values(), key=lambda g: len(g[0].codes)):  # short (first) windows first
                 try:
                     self._decode(group)
                 except BaseException as err:  # the thread goes on for the other streams
