@@ -108,7 +108,7 @@ def test_free_slots_then_the_queue_then_429_and_a_disconnect_frees_its_slot(serv
 
 def test_a_batching_server_refuses_what_its_batch_does_not_run(server):
     error = assert_openai_error(speech(server, "Hello.", seed=0, policy="sd"), 400, "policy")  # no draft here
-    assert "the batch decodes policy 'ar', not policy 'sd'" in error["message"]
+    assert "policy 'sd' needs the draft LM" in error["message"]
 
 
 def test_speculative_requests_batch_with_a_draft(tiny_models, tiny_groups_file, tmp_path):
@@ -136,17 +136,61 @@ def test_the_flag_reaches_the_workers_and_checks_the_policy(tmp_path):
     from test_serve_cli import parse
 
     from pcgtts.cli import serve as cli
+    from pcgtts.runtime.config import DecodeConfig
 
     (tmp_path / "target").mkdir()
     config = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "4"))
-    assert config.max_batch == 4 and config.policy == "ar" and config.streams == 4
-    settings = config.runtime_settings()
-    assert (settings["max_batch"], settings["policy"], settings["adaptive_draft"]) == (4, "ar", False)
-    config = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2", "--policy", "pcg"))
-    assert config.runtime_settings()["policy"] == "pcg"  # a draft's policy batches at a fixed draft length
-    with pytest.raises(ValueError, match="max_batch > 1 decodes streams together with policy ar, sd"):
-        cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2", "--policy",
-                                   "mtp-sd"))
+    assert config.max_batch == 4 and config.policy == DecodeConfig().policy and config.streams == 4
+    settings = config.runtime_settings()  # the policy and draft length chosen, not forced plain
+    assert (settings["max_batch"], settings["policy"], settings.get("adaptive_draft")) == (4, DecodeConfig().policy, None)
+    for policy in ("pcg", "eagle-pcg", "mtp-sd"):  # every policy batches, at its adaptive draft length too
+        config = cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "4", "--policy", policy))
+        assert config.runtime_settings()["policy"] == policy
     with pytest.raises(ValueError, match="torch backend"):
         cli.config_from_args(parse("--target", str(tmp_path / "target"), "--max-batch", "2",
                                    "--backend", "onnxruntime"))
+
+
+@pytest.mark.slow
+def test_one_of_eight_clients_leaving_mid_stream_leaves_the_other_seven_undisturbed(tiny_lm_factory, demo_codec_dir,
+                                                                                     tmp_path):
+    """Eight seeded requests at once on one worker; one client drops its connection after its first
+    piece: the seven others get the audio each gets alone, and every slot is free afterwards."""
+    running = start_server(tiny_lm_factory(), demo_codec_dir, tmp_path, max_batch=8, queue_size=0, api_key=None,
+                           max_new_tokens=120)
+    try:
+        texts = [f"Request number {i}, a sentence of its own." for i in range(8)]
+        alone = [speech(running, text, seed=i, temperature=0.8).content for i, text in enumerate(texts)]
+        together: list = [None] * 8
+        leaver = 3
+        left = threading.Event()
+
+        def ask(i):
+            body = {"input": texts[i], "response_format": "pcm", "seed": i, "temperature": 0.8}
+            with httpx.Client(timeout=60) as client, client.stream("POST", f"{running.url}/v1/audio/speech",
+                                                                  json=body) as response:
+                assert response.status_code == 200
+                pieces = response.iter_raw()
+                if i == leaver:
+                    next(pieces)  # audio is flowing: this client goes away mid-stream
+                    left.set()
+                    return
+                together[i] = b"".join(pieces)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert left.is_set()
+        kept = [i for i in range(8) if i != leaver]
+        assert same_pcm([together[i] for i in kept], [alone[i] for i in kept])
+        batch = running.pool.synthesizers[0].batch
+        assert max(batch.occupancy) >= 7  # they decoded together
+        deadline = time.monotonic() + 15
+        while running.pool.busy or batch.seated:
+            assert time.monotonic() < deadline, "the leaving client's slot was not freed"
+            time.sleep(0.02)
+        assert 'pcgtts_cancelled_streams_total{reason="client"}' in httpx.get(f"{running.url}/metrics").text
+    finally:
+        running.stop()
