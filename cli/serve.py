@@ -22,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=d.port)
     serve.add_argument("--workers", type=positive(int), default=d.workers, help="Synthesizers loaded (model copies)")
     serve.add_argument("--max-batch", type=positive(int), default=d.max_batch,
-                       help="streams each worker decodes together over its one model copy (torch backend; policy "
-                            "ar, or a draft's at a fixed draft length; default 1: one stream per worker at a time)")
+                       help="streams each worker decodes together over its one model copy (torch backend; every "
+                            "policy, at the voice's or the given draft length; default 1: one stream per worker at a "
+                            "time)")
     serve.add_argument("--queue-size", type=int, default=d.queue_size, help="requests that may wait; more get 429")
     serve.add_argument("--request-timeout", type=positive(float), default=d.request_timeout_s, help="seconds per request")
     serve.add_argument("--max-input-chars", type=positive(int), default=d.max_input_chars)
@@ -52,12 +53,7 @@ def config_from_args(args: argparse.Namespace):
                   api_key=args.api_key or os.environ.get("PCGTTS_API_KEY") or None, voices_dir=args.voices_dir,
                   sample_rate=args.sample_rate)
     ServerConfig(**server)  # server flags are checked before any model is resolved or made
-    # a batch decodes plainly unless a policy is given (one a batch does not run is refused by
-    # ServerConfig), and speculates at a fixed draft length
-    batch = {"max_batch": args.max_batch}
-    if args.max_batch > 1:
-        batch.update(adaptive_draft=False, **({"policy": "ar"} if args.policy is None else {}))
-    settings = resolve_cli_settings(args, max_length=args.max_length, **batch)
+    settings = resolve_cli_settings(args, max_length=args.max_length, max_batch=args.max_batch)
     check_compute_device(settings.device.compute_device)
     device = settings.device
     return ServerConfig(**server, models=settings.models, compute_device=device.compute_device,

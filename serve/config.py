@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pcgtts.runtime.audio.io import MAX_SECONDS
-from pcgtts.runtime.config import BATCH_POLICIES, MAX_BATCH, ModelPaths
+from pcgtts.runtime.config import MAX_BATCH, ModelPaths
 from pcgtts.runtime.decode.policy import policy as policy_spec
 
 DEFAULT_VOICES_DIR = Path.home() / ".cache" / "pcgtts" / "voices"
@@ -22,8 +22,8 @@ class ServerConfig:
     host: str = "127.0.0.1"  # loopback by default: exposing the server is an explicit choice
     port: int = 8000
     workers: int = 1  # Synthesizers loaded (model copies)
-    # streams each worker decodes together over its one model copy (plain `ar` decoding, torch
-    # backend: `runtime/decode/batch.py`); 1: one stream per worker at a time
+    # streams each worker decodes together over its one model copy (every policy, at a fixed or an
+    # adaptive draft length; torch backend: `runtime/decode/batch.py`); 1: one stream per worker at a time
     max_batch: int = 1
     queue_size: int = 8  # requests that may wait for a worker; beyond that -> 429 + Retry-After
     request_timeout_s: float = 300.0  # a request (queue wait + synthesis) is cut after this long
@@ -66,13 +66,11 @@ class ServerConfig:
             raise ValueError("api_key must have at least 8 characters")
         if not (8000 <= self.sample_rate <= 48000):
             raise ValueError(f"sample_rate must lie in [8000, 48000], got {self.sample_rate}")
-        spec = policy_spec(self.policy) if self.policy is not None else None  # an unknown name: a one-line error
+        if self.policy is not None:
+            policy_spec(self.policy)  # an unknown name: a one-line error
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) \
                 or not 1 <= self.max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch must be an integer in [1, {MAX_BATCH}], got {self.max_batch!r}")
-        if self.max_batch > 1 and spec is not None and not spec.batchable:
-            raise ValueError(f"max_batch > 1 decodes streams together with policy {', '.join(BATCH_POLICIES)}, "
-                             f"not {self.policy!r} (leave the policy out: ar; or serve one stream per worker)")
 
     @property
     def max_speech_body_bytes(self) -> int:
@@ -86,10 +84,9 @@ class ServerConfig:
         return self.workers * self.max_batch
 
     def runtime_settings(self) -> dict:
-        """Keyword settings for `Synthesizer.from_pretrained` (None = not given). Batching workers decode
-        plainly unless a policy is given, and speculate at a fixed draft length (what a batch runs)."""
+        """Keyword settings for `Synthesizer.from_pretrained` (None = not given: the runtime's default,
+        or the built-in voice's, batching or not)."""
         return {**dataclasses.asdict(self.models), "compute_device": self.compute_device, "backend": self.backend,
                 "dtype": self.dtype, "quantize": self.quantize, "compile": self.compile, "threads": self.threads,
-                "policy": (self.policy or "ar") if self.max_batch > 1 else self.policy,
-                "max_new_tokens": self.max_new_tokens, "max_length": self.max_length, "max_batch": self.max_batch,
-                "adaptive_draft": False if self.max_batch > 1 else None}
+                "policy": self.policy, "max_new_tokens": self.max_new_tokens, "max_length": self.max_length,
+                "max_batch": self.max_batch}
