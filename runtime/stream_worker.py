@@ -51,6 +51,7 @@ class StreamStats:
     sentences: list[DecodeStats] = field(default_factory=list)
     truncated: int = 0  # sentences cut by the token budget (runaway generation)
     cancelled: bool = False
+    codec_seconds: float = 0.0  # time the codec spent on this stream's windows (its share of batched calls)
 
     @property
     def time_to_first_audio(self) -> float | None:
@@ -313,6 +314,22 @@ def window_codec(synth, context: np.ndarray | None):
     return clone if clone is not None and context is not None and len(context) else synth.codec
 
 
+def timed(decode, stats: StreamStats):
+    """`decode` (codes -> samples) adding the time of each call to `stats.codec_seconds` (calls may come
+    from the codec's thread and the LM's at once)."""
+    lock = threading.Lock()
+
+    def run(codes):
+        started = time.perf_counter()
+        try:
+            return decode(codes)
+        finally:
+            with lock:
+                stats.codec_seconds += time.perf_counter() - started
+
+    return run
+
+
 def produce(job: StreamJob) -> None:
     """The worker thread: decode each sentence and push its audio through the window decoder."""
     synth = job.synth
@@ -333,7 +350,7 @@ def produce(job: StreamJob) -> None:
         plan = planner.loop_arguments(config.decode, seeded=config.seed is not None, batched=job.seat is not None)
         speech_codec = window_codec(synth, context)
         lane = job.codec_lane
-        window = WindowDecoder(speech_codec.decode if lane is None else lane.decoder(speech_codec),
+        window = WindowDecoder(timed(speech_codec.decode, stats) if lane is None else lane.decoder(speech_codec),
                                config.stream.for_stream(batched=job.seat is not None), context=context)
         done = 0  # samples of speech decoded and handed out so far (before a preset's transform)
         # A preset's transform: its chunks come out LOOKAHEAD_S later and `rate` times as long.
@@ -382,7 +399,10 @@ def produce(job: StreamJob) -> None:
             if not any(sentence.emitted for sentence in stats.sentences):
                 raise EmptySynthesis("the model made no speech for this text: it ended before its first speech "
                                      "token (try another voice, seed or wording)")
-            if codec.finish():
+            finished = codec.finish()
+            if lane is not None:
+                stats.codec_seconds = lane.seconds
+            if finished:
                 put(_END)
         finally:
             if job.codec_lane is not None:

@@ -1,5 +1,5 @@
 """Prometheus metrics of one server process (one replica): requests, TTFA, RTF, acceptance,
-queue depth, late chunks, batch occupancy and per-stream lag. Each app gets its own registry,
+queue depth, late chunks, codec time, batch occupancy and per-stream lag. Each app gets its own registry,
 exposed as text at GET /metrics."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ class Metrics:
         self.rtf = Histogram("pcgtts_real_time_factor", "Synthesis time / audio duration per request",
                              buckets=RTF_BUCKETS, registry=r)
         self.audio = Counter("pcgtts_audio_seconds", "Audio generated", registry=r)
+        self.codec = Counter("pcgtts_codec_seconds", "Time the codec spent decoding the streams' windows (a "
+                             "batched decode's time shared among its windows)", registry=r)
         self.drafted = Counter("pcgtts_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("pcgtts_accepted_tokens", "Draft tokens accepted", registry=r)
         self.acceptance = Gauge("pcgtts_acceptance_rate", "Accepted / drafted tokens since start", registry=r)
@@ -52,6 +54,7 @@ class Metrics:
         if stats.real_time_factor is not None and not stats.cancelled:
             self.rtf.observe(stats.real_time_factor)
         self.audio.inc(stats.audio_seconds)
+        self.codec.inc(stats.codec_seconds)
         totals = stats.totals()
         self.drafted.inc(totals.drafted)
         self.accepted.inc(totals.accepted)

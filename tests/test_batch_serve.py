@@ -69,6 +69,8 @@ def test_one_worker_serves_three_streams_together_as_each_alone(server):
     assert "pcgtts_batch_occupancy" in metrics and "pcgtts_stream_lag_max_seconds" in metrics
     lags = [line for line in metrics.splitlines() if line.startswith("pcgtts_stream_lag_seconds_count")]
     assert float(lags[0].split()[-1]) >= 6
+    codec = [line for line in metrics.splitlines() if line.startswith("pcgtts_codec_seconds_total")]
+    assert float(codec[0].split()[-1]) > 0  # batched windows' shares are counted too
 
 
 def test_free_slots_then_the_queue_then_429_and_a_disconnect_frees_its_slot(server):

@@ -233,6 +233,8 @@ def test_metrics_after_traffic(server):
         assert name in text
     count = [line for line in text.splitlines() if line.startswith("pcgtts_time_to_first_audio_seconds_count")]
     assert float(count[0].split()[-1]) >= 3
+    codec = [line for line in text.splitlines() if line.startswith("pcgtts_codec_seconds_total")]
+    assert float(codec[0].split()[-1]) > 0  # the codec's time is counted
 
 
 def test_disconnect_frees_the_worker_and_queue_full_is_429(long_server):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from typing import Callable
 
@@ -42,13 +43,14 @@ def decode_batch(codec, codes: np.ndarray) -> np.ndarray:
 
 
 class _Window:
-    __slots__ = ("codec", "codes", "done", "audio", "error", "_lock")
+    __slots__ = ("codec", "codes", "done", "audio", "error", "seconds", "_lock")
 
     def __init__(self, codec, codes: np.ndarray):
         self.codec, self.codes = codec, codes
         self.done = threading.Event()
         self.audio: np.ndarray | None = None
         self.error: BaseException | None = None
+        self.seconds = 0.0  # its share of the decode call's time (the call's time / the windows in it)
         self._lock = threading.Lock()
 
     def settle(self, audio: np.ndarray | None = None, error: BaseException | None = None) -> None:
@@ -118,6 +120,7 @@ class CodecBatcher:
         codec = group[0].codec
         self.batch_sizes.append(len(group))
         if len(group) > 1:
+            started = time.perf_counter()
             try:
                 audio = decode_batch(codec, np.stack([w.codes for w in group]))
                 if audio.shape[0] != len(group):
@@ -125,14 +128,20 @@ class CodecBatcher:
             except Exception:  # one bad window: decode them one by one, so only its stream fails
                 log.debug("a batched codec decode failed; decoding its windows one by one", exc_info=True)
             else:
+                share = (time.perf_counter() - started) / len(group)
                 for window, samples in zip(group, audio):
+                    window.seconds = share
                     window.settle(samples)
                 return
         for window in group:
+            started = time.perf_counter()
             try:
-                window.settle(codec.decode(window.codes))
+                audio = codec.decode(window.codes)
             except BaseException as err:  # raised again on the stream's own thread
                 window.settle(error=err)
+            else:
+                window.seconds = time.perf_counter() - started
+                window.settle(audio)
 
 
 class CodecLane:
@@ -142,6 +151,7 @@ class CodecLane:
     def __init__(self, batcher: CodecBatcher):
         self.batcher = batcher
         self.closed = False
+        self.seconds = 0.0  # codec time spent on its windows (its share of each batched call)
         self._waiting: set[_Window] = set()  # its windows not decoded yet (one a thread)
         self._lock = threading.Lock()
 
@@ -168,6 +178,8 @@ class CodecLane:
                 self._waiting.discard(window)
         if window.error is not None:
             raise window.error
+        with self._lock:
+            self.seconds += window.seconds
         return window.audio
 
     def close(self) -> None:
