@@ -149,6 +149,8 @@ def test_a_ragged_pass_gives_each_slot_its_logits_alone_in_one_forward(target):
     assert gate.times[batched].seconds.keys() == {8}  # its pass carried 2 rows of 4 tokens
     # padding that would write past a slot's cache end: one forward per token count instead
     assert len(StepGate._passes([_request(batched, 0, 1), _request(batched, 1, 4)])) == 1
+    mostly_padding = [_request(batched, 0, 1)] * 4 + [_request(batched, 1, 64)]  # 320 tokens for 68
+    assert [len(run) for run in StepGate._passes(mostly_padding)] == [4, 1]
     batched.lengths[0] = batched.max_length - 2
     assert len(StepGate._passes([_request(batched, 0, 1), _request(batched, 1, 4)])) == 2
 

@@ -145,7 +145,7 @@ class PassTimes:
         """The median ratio of the measured passes to `alone`'s forward of as many tokens (1 before any)."""
         kept = self._ratio.get(id(alone))
         if kept is None or kept[0] != self.passes:
-            ratios = sorted(s / _interpolate(alone, n) for n, s in self.seconds.items())
+            ratios = sorted(s / _interpolate(alone, n) for n, s in list(self.seconds.items()))
             kept = (self.passes, ratios[len(ratios) // 2] if ratios else 1.0)
             self._ratio[id(alone)] = kept
         return kept[1]

@@ -279,6 +279,9 @@ class StepRequest:
     done: bool = False
 
 
+RAGGED_WASTE = 4  # a ragged pass computes at most this many times the tokens its rows hold
+
+
 class StepGate:
     """Where several streams' decode loops meet for their forwards. Each stream runs its own loop (any
     host policy, on its own thread) over `SlotLM` views; a view's forward waits at the gate until every
@@ -341,14 +344,17 @@ class StepGate:
     @staticmethod
     def _passes(group: list[StepRequest]) -> list[list[StepRequest]]:
         """One model's requests -> the forwards that run them: one, its rows padded to the longest,
-        unless the padding would not fit a slot's cache; then one per token count."""
-        longest = max(len(r.ids) for r in group)
-        if all(r.lm.has_room(r.slot, longest) for r in group):
+        unless the padding would not fit a slot's cache or would multiply the pass's tokens more than
+        `RAGGED_WASTE` times (a draft catching up on 64 tokens beside one-token steps); then one per
+        token count."""
+        counts = [len(r.ids) for r in group]
+        longest = max(counts)
+        if len(group) * longest <= RAGGED_WASTE * sum(counts) and all(r.lm.has_room(r.slot, longest) for r in group):
             return [group]
-        counts: dict[int, list[StepRequest]] = {}
+        by_count: dict[int, list[StepRequest]] = {}
         for request in group:
-            counts.setdefault(len(request.ids), []).append(request)
-        return list(counts.values())
+            by_count.setdefault(len(request.ids), []).append(request)
+        return list(by_count.values())
 
     def _run(self, run: list[StepRequest]) -> None:
         lm = run[0].lm
