@@ -19,9 +19,10 @@ i.i.d. formula of Leviathan et al. with the product of per-position rates instea
 
 Draft-length planning, what lives where: here, the decisions (`plans_draft_length`: whether a
 decode chooses L step by step; `costed_rule`: which rule's cost a plan prices a step at) and the
-choice of L (`DraftLengthPolicy`); `calibrate.py` measures the step costs; `planning.py` measures
-them and the starting acceptance before the first utterance; `runtime/planner.py` keeps both per
-loaded model set; `loop.py` runs the chosen lengths.
+choice of L (`DraftLengthPolicy`), and what a step costs a stream that shares its passes with
+others in a batch (`SharedPassCosts`, over the pass times `PassTimes` keeps); `calibrate.py`
+measures the step costs; `planning.py` measures them and the starting acceptance before the first
+utterance; `runtime/planner.py` keeps both per loaded model set; `loop.py` runs the chosen lengths.
 """
 
 from __future__ import annotations
