@@ -91,6 +91,8 @@ def test_a_new_slot_copies_the_prefix_another_slot_holds_bit_for_bit(target, mon
     a = torch.cat([head, prompts(target, (30,))[0]])
     b = torch.cat([head, prompts(target, (50,))[0] + 1])
     batched = BatchedLM(target, 3)
+    with torch.inference_mode():  # caches made as a stream's first step makes them (inference tensors)
+        batched.ensure_cache()
     batched.prefill(0, a[:-1])
     computed = []
     forward = batched.hidden

@@ -115,13 +115,13 @@ class BatchedLM:
         with self.prefilling:  # a slot read as a donor is not rewritten meanwhile
             kept = self.reusable_prefix(slot, ids, blocks)
             donor, shared = self.donor(slot, ids, blocks)
-            if shared > kept:  # another slot holds more of this prompt (the chat template's head): copy it
-                for keys, values in zip(self.keys, self.values):
-                    keys[slot, :, :shared] = keys[donor, :, :shared]
-                    values[slot, :, :shared] = values[donor, :, :shared]
-                kept = shared
-            self.lengths[slot] = kept
             with torch.inference_mode():
+                if shared > kept:  # another slot holds more of this prompt (the chat template's head): copy it
+                    for keys, values in zip(self.keys, self.values):
+                        keys[slot, :, :shared] = keys[donor, :, :shared]
+                        values[slot, :, :shared] = values[donor, :, :shared]
+                    kept = shared
+                self.lengths[slot] = kept
                 for start, end in prefill_spans(kept, blocks, len(ids)):
                     states = self.hidden([slot], ids[start:end].view(1, -1))
             self.prompts[slot], self.kept[slot] = ids.to("cpu", copy=True), len(ids)
