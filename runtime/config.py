@@ -53,9 +53,6 @@ MAX_SEED = 2**63 - 1  # a torch generator's seed is a signed 64-bit integer
 MAX_TEMPERATURE = 10.0  # past this the speech-token distribution is flat noise
 MAX_NEW_TOKENS = 60_000  # speech tokens per utterance: 20 minutes of audio
 MAX_BATCH = 256  # streams one model copy decodes together at most (`DeviceConfig.max_batch`)
-# What a batch decodes (`runtime/decode/batch.py`): plain decoding, and with a draft LM on the torch
-# backend its policies at a fixed draft length (listed with the draft alone last)
-BATCH_POLICIES = tuple(sorted(policy_names(lambda p: p.batchable), key=lambda name: policy_spec(name).draft_alone))
 
 
 def check_policy(name: str, *, draft: bool, groups: bool, heads: bool, transitions: bool, eagle: bool = False,

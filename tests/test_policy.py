@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from pcgtts.runtime.config import BATCH_POLICIES, DEVICE_STEP_POLICIES, DecodeConfig, SamplingConfig, check_policy
+from pcgtts.runtime.config import DEVICE_STEP_POLICIES, DecodeConfig, SamplingConfig, check_policy
 from pcgtts.runtime.decode.acceptance import RuleParams
 from pcgtts.runtime.decode.policy import POLICIES, Proposer, Rule, policy, policy_named
 
@@ -41,8 +41,6 @@ def test_the_properties_the_call_sites_ask():
     assert names(lambda p: p.uses_heads) == {n for n in PAIRS if n.startswith("mtp-")}
     assert names(lambda p: p.uses_eagle) == {"eagle-sd", "eagle-pcg"}
     assert names(lambda p: p.runs_on_device_steps) == set(DEVICE_STEP_POLICIES) == {"ar", "sd", "ssd", "pcg"}
-    assert names(lambda p: p.batchable) == set(BATCH_POLICIES) == {"ar", "sd", "ssd", "pcg", "draft"}
-    assert BATCH_POLICIES == ("ar", "sd", "ssd", "pcg", "draft")  # as the serve error lists them
 
 
 def test_an_unknown_name_is_a_one_line_error():

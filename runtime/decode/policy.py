@@ -109,11 +109,6 @@ class Policy:
         a draft LM's proposals."""
         return not self.draft_alone and self.proposer in (Proposer.NONE, Proposer.DRAFT)
 
-    @property
-    def batchable(self) -> bool:
-        """A batch decodes it (`runtime/decode/batch.py`): plain decoding, the draft alone, a draft LM's proposals."""
-        return self.proposer in (Proposer.NONE, Proposer.DRAFT)
-
 
 def _table(*policies: Policy) -> dict[str, Policy]:
     return {p.name: p for p in policies}
