@@ -141,7 +141,7 @@ def many_streams_data(record: dict) -> dict | None:
                            "audio_s_per_s": [r.get("audio_s_per_s") for r in levels]})
     if not series:
         return None
-    return {"title": "Many streams at once: batched beside per-worker serving", "series": series}
+    return {"title": "Many streams at once, a line per server configuration", "series": series}
 
 
 def many_streams_plot(record: dict | None) -> Plot | None:
@@ -331,7 +331,7 @@ KINDS = {
                 presets_data, _draw_presets),
     # not a table of a results document: benchmarks/results/many_streams.json, drawn by `many_streams_plot`
     "many-streams": ("many-streams.png", "Time to first audio (p99) and aggregate audio seconds per second against "
-                     "concurrent streams, the batched server beside the per-worker server", many_streams_data,
+                     "concurrent streams, a line per server configuration", many_streams_data,
                      _draw_many_streams),
 }
 MANY_STREAMS = "many-streams"
