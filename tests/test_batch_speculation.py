@@ -9,7 +9,7 @@ import torch
 
 from pcgtts.runtime.config import DecodeConfig, SamplingConfig
 from pcgtts.runtime.decode.batch import BatchDecoder
-from pcgtts.runtime.decode.cost_model import PassTimes, StepCosts, best_length, shared_pass_costs
+from pcgtts.runtime.decode.cost_model import PassTimes, StepCosts, best_length, pays_in_batch, shared_pass_costs
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.proposers import EagleProposer, HeadProposer
 from pcgtts.runtime.lm.batched import BatchedLM, SlotLM, StepGate
@@ -84,7 +84,7 @@ def test_speculative_streams_of_every_proposer_decode_greedily_as_alone(tiny_pai
     assert [alone(target, draft, p, cfg, i, tiny_groups, **plan) for i, p in enumerate(ps)] == greedy
     batch = BatchDecoder(BatchedLM(target, 4), draft=BatchedLM(draft, 4), groups=tiny_groups)
     assert together(batch, ps, cfg, [0, 1, 2, 3], **plan) == greedy
-    assert max(batch.gate.sizes) > 1 and batch.seated == 0
+    assert max(batch.recent_passes()) > 1 and batch.seated == 0  # (pcg's plan at 4 streams: the batch's steps)
 
 
 @pytest.mark.parametrize("policy, adaptive", [("eagle-pcg", False), ("pcg", True)])
@@ -178,3 +178,25 @@ def test_the_plan_falls_to_plain_decoding_when_shared_passes_make_speculation_no
     assert shared.target(1) == pytest.approx((1e-3 + 2e-4 * 8) / 8)  # the pass's share: the read split 8 ways
     assert shared.target(5) == pytest.approx(COSTS.target(40) * passes._level(COSTS.target_forward) / 8)
     assert best_length(shared, acceptance, 3) == 0
+    # a sentence starting beside the others asks the same question before it starts its own loop
+    assert pays_in_batch(COSTS, acceptance, 3, PassTimes(), streams=1)
+    assert not pays_in_batch(COSTS, acceptance, 3, passes, streams=8)
+
+
+def test_a_sentence_whose_plan_is_plain_at_the_batch_size_decodes_on_the_batch_steps(tiny_pair, tiny_groups):
+    """An adaptive pcg stream starting in a full batch whose passes make speculation not pay runs no loop
+    of its own: the batch's plain steps carry it (greedy: still greedy decoding's codes)."""
+    target, draft = tiny_pair
+    batch = BatchDecoder(BatchedLM(target, 8), draft=BatchedLM(draft, 8), groups=tiny_groups)
+    times = batch.gate.pass_times(batch.lm)
+    for tokens in (8, 16, 24, 32):
+        for _ in range(50):
+            times.record(8, tokens, 1e-3 + 2e-4 * tokens)
+    seats = [batch.seat() for _ in range(8)]
+    prompt = prompts(target)[0]
+    got = [t for burst in seats[0].decode(prompt, config("pcg", adaptive=True), torch.Generator().manual_seed(0),
+                                          costs=COSTS, acceptance=(0.6, 0.5, 0.4)) for t in burst]
+    assert got == alone(target, None, prompt, config("ar"), 0)
+    assert batch.steps > 0 and not batch.gate.sizes  # the batch's own steps, no pass at the gate
+    for seat in seats:
+        seat.close()

@@ -43,7 +43,7 @@ from typing import Iterator
 import torch
 
 from pcgtts.runtime.config import DecodeConfig
-from pcgtts.runtime.decode.cost_model import StepCosts, plans_draft_length, shared_pass_costs
+from pcgtts.runtime.decode.cost_model import StepCosts, pays_in_batch, plans_draft_length, shared_pass_costs
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.sampling import digits_to_draw
 from pcgtts.runtime.decode.steps import DecodeStats, draw_next, emitted
@@ -243,6 +243,7 @@ class BatchDecoder:
             ids = torch.cat([job.last for job in stepping])[:, None]  # [n, 1]
             scores = self.lm.step_scores([job.slot for job in stepping], ids)
             t1 = time.perf_counter()
+            self.gate.pass_times(self.lm).record(len(stepping), len(stepping), t1 - t0)  # what a plan reads
             draws = []
             for i, job in enumerate(stepping):
                 sampling = job.config.sampling
@@ -319,7 +320,11 @@ class SlotSeat:
         if self.job is not None and not (self.job.done or self.job.cancelled):
             raise RuntimeError("this slot is still decoding its last sentence")
         stats = stats if stats is not None else DecodeStats()
-        if spec.plain:
+        if spec.plain or plans_draft_length(config) and not pays_in_batch(
+                costs, acceptance, config.draft_length, self.batch.gate.pass_times(self.batch.lm),
+                self.batch.seated):
+            # plain decoding, or an adaptive length whose plan at this batch's size is plain: the batch's
+            # own steps carry it (as `loop.decode` would with L = 0, minus a loop of its own)
             return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats))
         self.job = None
         if plans_draft_length(config):

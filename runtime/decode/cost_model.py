@@ -27,6 +27,7 @@ utterance; `runtime/planner.py` keeps both per loaded model set; `loop.py` runs 
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -196,6 +197,22 @@ def shared_pass_costs(costs: StepCosts, passes: PassTimes, draft_passes: PassTim
     """`costs` (one stream's, measured alone) as a batched stream plans with them (`SharedPassCosts`)."""
     return SharedPassCosts(costs.target_forward, costs.draft_forward, costs.rule, costs.sample, costs.proposals,
                            passes=passes, draft_passes=draft_passes)
+
+
+def pays_in_batch(costs: StepCosts, acceptance: Sequence[float] | None, max_length: int, passes: PassTimes,
+                  streams: int, margin: float = 0.05) -> bool:
+    """Whether a stream starting a sentence beside `streams` - 1 others would speculate: its plan at the
+    starting `acceptance` (None: 0.5 a position), with its forwards' share of passes carrying all
+    `streams` (`SharedPassCosts`), beats plain decoding by `margin` (the adaptive policy's switch-on
+    margin). When it does not, the sentence decodes plainly on the batch's own steps, which carry every
+    plain stream in one pass with none of a speculative loop's per-stream work."""
+    if streams <= 1:
+        return True
+    view = copy.copy(passes)
+    view.rows = float(streams)
+    per_length = predict(shared_pass_costs(costs, view), acceptance or (0.5,), max_length)
+    best = fastest(per_length)
+    return best > 0 and per_length[best] >= (1 + margin) * per_length[0]
 
 
 def survival(acceptance: Sequence[float], length: int) -> list[float]:
