@@ -1,0 +1,200 @@
+"""Speculation per stream in a batch: each policy's tokens/s alone (today's one-stream loop) and with B
+streams decoded together over one model copy (`runtime/decode/batch.py`), LM only (no codec).
+
+For every policy of --policies, B streams (different sentences, seeded, the voice's sampling settings,
+exactly --tokens speech tokens each: the stop token is held off) are decoded first one at a time through
+`loop.decode` on the loaded target, then all at once, each in a batch slot (`SlotSeat.decode`, its
+adaptive draft length planned with the batch's shared passes). A stream's pace is timed from its first
+tokens to its last (its prefill left out: the streams' prefills run one after another before they share
+passes). Reported per policy and B: tokens/s per stream and B times it (aggregate), and its speed-up over plain decoding (`ar`) in the same setting; the
+question it answers is whether a speculative policy keeps its one-stream speed-up per stream when B
+streams share the passes (the ratio of the two speed-ups). A table on stderr, then one JSON line in the
+form of `pcgtts bench --json` (`summaries`: one case per policy and setting, `speedup_vs_ar` against
+plain decoding alone), which `tools/results_pages.py --add` imports into a results table.
+
+    pcgtts models scale --shape llasa-1b --out S
+    python benchmarks/bench_batch_speculation.py --voice S --quantize int8 --streams 4 \\
+        --policies ar,eagle-pcg --tokens 48 --json /tmp/spec.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+SENTENCES = ("The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
+             "It is easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",
+             "Rice is often served in round bowls.", "The juice of lemons makes fine punch.",
+             "The box was thrown beside the parked truck.", "The hogs were fed chopped corn and garbage.")
+
+
+def policies(text: str) -> list[str]:
+    """"ar,eagle-pcg" -> the names, each a known policy, `ar` first (the baseline)."""
+    from pcgtts.runtime.decode.policy import policy as policy_spec
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    for name in names:
+        try:
+            policy_spec(name)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+    if not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"distinct policy names, got {text!r}")
+    return ["ar"] + [n for n in names if n != "ar"]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--voice", type=Path, help="a model folder with target/ draft/ codec/ groups.pcg "
+                                               "(`pcgtts models scale --out`); default: the built-in voice")
+    ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="the torch target's weights")
+    ap.add_argument("--streams", type=int, default=4, help="B: streams decoded together (2-16, default 4)")
+    ap.add_argument("--policies", type=policies, default=["ar", "eagle-pcg"],
+                    help="comma-separated policies (ar is always run: the baseline); default ar,eagle-pcg")
+    ap.add_argument("--tokens", type=int, default=48, help="speech tokens per stream (8-1000, default 48)")
+    ap.add_argument("--json", type=Path, help="write the report here too")
+    args = ap.parse_args(argv)
+    if not 2 <= args.streams <= 16:
+        ap.error("--streams must lie in [2, 16]")
+    if not 8 <= args.tokens <= 1000:
+        ap.error("--tokens must lie in [8, 1000]")
+    if args.voice is not None and not (args.voice / "target").is_dir():
+        ap.error(f"--voice {args.voice}: no target/ folder in it")
+    if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
+        ap.error(f"--json {args.json}: not a file in an existing folder")
+    return args
+
+
+def load(args):
+    import pcgtts
+    from pcgtts.runtime.synthesizer import Synthesizer
+
+    settings = dict(backend="torch", max_batch=args.streams, quantize=None if args.quantize == "none" else "int8")
+    if args.voice is None:
+        return pcgtts.Synthesizer.from_pretrained(**settings)
+    v = args.voice
+    groups = v / "groups.pcg"
+    return Synthesizer.from_pretrained(v / "target", v / "draft" if (v / "draft").is_dir() else None, v / "codec",
+                                       groups if groups.is_file() else None, **settings)
+
+
+def timed_tokens(bursts) -> tuple[int, float]:
+    """(tokens after the first burst, seconds from the first burst to the last): the decode's own pace,
+    its prefill left out (prefills of several streams run one after another, before they share passes)."""
+    first_at, tokens, last_at = None, 0, None
+    for burst in bursts:
+        last_at = time.perf_counter()
+        if first_at is None:
+            first_at = last_at
+        else:
+            tokens += len(burst)
+    return tokens, (last_at - first_at) if first_at is not None else 0.0
+
+
+def decode_alone(synth, prompt, config, seed: int) -> tuple[int, float]:
+    """(tokens, seconds) of one stream through today's loop on the loaded target (`timed_tokens`)."""
+    import torch
+
+    from pcgtts.runtime.decode.loop import decode
+
+    route = synth.route(False)
+    plan = route.planner.loop_arguments(config, seeded=True)
+    generator = torch.Generator(device=route.target.device).manual_seed(seed)
+    return timed_tokens(decode(route.target, synth.draft, prompt, config, generator, synth.groups, **plan))
+
+
+def decode_together(synth, prompts, config, seeds) -> list[tuple[int, float]]:
+    """(tokens, seconds) of each stream (`timed_tokens`) decoded at once, each in a batch slot."""
+    import torch
+
+    route = synth.route(False)
+    seats = [synth.batch.seat() for _ in prompts]
+    paces: list = [None] * len(prompts)
+    errors: list[BaseException] = []
+
+    def run(i):
+        try:
+            plan = route.planner.loop_arguments(config, seeded=True, batched=True)
+            generator = torch.Generator(device=route.target.device).manual_seed(seeds[i])
+            paces[i] = timed_tokens(seats[i].decode(prompts[i], config, generator, **plan))
+        except BaseException as err:  # reported after the join
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for seat in seats:
+        seat.close()
+    if errors:
+        raise errors[0]
+    return paces
+
+
+def pace(runs: list[tuple[int, float]]) -> float:
+    """Tokens per second of one stream, over the streams' decodes (their tokens / their seconds)."""
+    return sum(t for t, _ in runs) / sum(s for _, s in runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from pcgtts.runtime.text.prompt import build_prompt
+
+    synth = load(args)
+    target = synth.route(False).target
+    prompts = [build_prompt(target.tokenizer, target.vocab, SENTENCES[i % len(SENTENCES)]).view(-1)
+               for i in range(args.streams)]
+    seeds = list(range(args.streams))
+    results = {}
+    for name in args.policies:
+        config = replace(synth.config.decode, policy=name, max_new_tokens=args.tokens, min_new_tokens=args.tokens)
+        synth.route(False).planner.plan(config)  # calibration and warm-up before timing
+        decode_alone(synth, prompts[0], replace(config, max_new_tokens=8, min_new_tokens=8), 0)
+        decode_together(synth, prompts, replace(config, max_new_tokens=8, min_new_tokens=8), seeds)  # slots warm
+        alone = pace([decode_alone(synth, p, config, s) for p, s in zip(prompts, seeds)])
+        together = pace(decode_together(synth, prompts, config, seeds))
+        results[name] = {"alone_tok_s": alone, "batch_tok_s": together * args.streams}
+        print(f"  {name}: alone {results[name]['alone_tok_s']:.1f} tok/s, {args.streams} together "
+              f"{results[name]['batch_tok_s']:.1f} tok/s in all", file=sys.stderr)
+    base = results["ar"]
+    summaries, rows = [], []
+    for name, r in results.items():
+        per_stream = r["batch_tok_s"] / args.streams
+        alone_x, batch_x = r["alone_tok_s"] / base["alone_tok_s"], r["batch_tok_s"] / base["batch_tok_s"]
+        label = "plain decoding" if name == "ar" else name
+        summaries += [
+            {"case": f"B = 1 stream, {label}", "policy": name, "tokens_per_second": r["alone_tok_s"],
+             "speedup_vs_ar": alone_x},
+            {"case": f"B = {args.streams} streams, {label}", "policy": name, "tokens_per_second": r["batch_tok_s"],
+             "speedup_vs_ar": r["batch_tok_s"] / base["alone_tok_s"], "per_stream_tokens_per_second": per_stream,
+             "per_stream_speedup_vs_ar_in_batch": batch_x, "speedup_kept": batch_x / alone_x}]
+        rows.append((name, r["alone_tok_s"], alone_x, r["batch_tok_s"], per_stream, batch_x, batch_x / alone_x))
+    print(f"\n{'policy':>12} {'alone tok/s':>12} {'x ar alone':>11} {f'B={args.streams} tok/s':>12} "
+          f"{'per stream':>11} {'x ar in B':>10} {'kept':>6}", file=sys.stderr)
+    for row in rows:
+        print(f"{row[0]:>12} {row[1]:12.1f} {row[2]:11.2f} {row[3]:12.1f} {row[4]:11.1f} {row[5]:10.2f} "
+              f"{row[6]:6.2f}", file=sys.stderr)
+    report = {"benchmark": "batch_speculation", "date": datetime.date.today().isoformat(),
+              "command": " ".join(["python benchmarks/bench_batch_speculation.py",
+                                   *(argv if argv is not None else sys.argv[1:])]),
+              "streams": args.streams, "tokens": args.tokens, "quantize": args.quantize,
+              "voice": str(args.voice) if args.voice else "built-in", "summaries": summaries}
+    print(json.dumps(report))
+    if args.json:
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        tmp.replace(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
