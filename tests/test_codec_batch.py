@@ -84,6 +84,7 @@ def run_lanes(batcher, codec, windows):
 
 def test_windows_due_together_decode_in_one_call_and_a_bad_one_fails_its_stream_only():
     toy, batcher = Toy(bad=7), CodecBatcher()
+    batcher.lane()  # another stream is open: windows go through the batcher's thread
     toy.gate = threading.Event()
     busy = threading.Thread(target=batcher.lane().decode, args=(toy, [1, 2]))
     busy.start()  # holds the batcher, so the next windows are all due at its next round
@@ -102,6 +103,7 @@ def test_windows_due_together_decode_in_one_call_and_a_bad_one_fails_its_stream_
 def test_the_shortest_windows_due_decode_first():
     """A stream's first windows are the short ones a listener waits for: in a round they go first."""
     toy, batcher = Toy(), CodecBatcher()
+    batcher.lane()
     toy.gate = threading.Event()
     busy = threading.Thread(target=batcher.lane().decode, args=(toy, [1, 2]))
     busy.start()
@@ -112,6 +114,19 @@ def test_the_shortest_windows_due_decode_first():
     run_lanes(batcher, toy, windows)
     busy.join(10)
     assert toy.calls[1:] == [7, 12, 40, 40]  # (the protocol's loop decodes a group window by window)
+
+
+def test_the_only_open_lane_decodes_its_windows_itself():
+    toy, batcher = Toy(), CodecBatcher()
+    lane = batcher.lane()
+    assert np.array_equal(lane.decode(toy, [4, 5]), toy.decode([4, 5]))
+    assert batcher._thread is None and not batcher.batch_sizes and lane.seconds > 0  # no hand-off, timed
+    other = batcher.lane()
+    lane.decode(toy, [6])
+    assert list(batcher.batch_sizes) == [1]  # with a second stream open, through the batcher
+    other.close()
+    other.close()  # idempotent: counted once
+    assert batcher.lanes == 1
 
 
 def test_a_closed_lane_leaves_the_batcher_at_once():

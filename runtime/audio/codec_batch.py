@@ -5,7 +5,8 @@ through a `CodecLane` of its own (`lane.decoder(codec)` is the `decode(codes)` i
 calls, on its codec thread or, for the last window, on its LM thread): the lane hands the window to
 the batcher and waits. The batcher takes every window that is due, groups those of one codec and one
 length (most grown windows are left context + chunk + lookahead tokens long), decodes each group in
-one call, the shortest windows first (a stream's first chunks: the audio a listener waits for) (`decode_batch`: codes [B, T] -> samples [B, 320 T]) and hands each stream its samples. A
+one call, the shortest windows first (a stream's first chunks: the audio a listener waits for); the
+only open lane decodes its windows itself, with no hand-off (`decode_batch`: codes [B, T] -> samples [B, 320 T]) and hands each stream its samples. A
 stream's chunks, their boundaries and their order are those of its `WindowDecoder`, unchanged; only
 where its windows are decoded moves, and a window decoded in a batch differs from the same window
 decoded alone in the last float bits. Windows that arrive while a group decodes wait for the next
@@ -70,9 +71,16 @@ class CodecBatcher:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self.batch_sizes: deque[int] = deque(maxlen=100)  # windows per decode call, most recent last
+        self.lanes = 0  # lanes open (streams that may send windows)
 
     def lane(self) -> "CodecLane":
+        with self._cond:
+            self.lanes += 1
         return CodecLane(self)
+
+    def _lane_closed(self) -> None:
+        with self._cond:
+            self.lanes -= 1
 
     def _submit(self, window: _Window) -> None:
         with self._cond:
@@ -165,6 +173,12 @@ class CodecLane:
             raise LaneClosed("the stream left the codec batcher")
         if not len(codes):
             return codec.decode(codes)
+        if self.batcher.lanes <= 1:  # no other stream to share a call with: decode here, no hand-off
+            started = time.perf_counter()
+            audio = codec.decode(codes)
+            with self._lock:
+                self.seconds += time.perf_counter() - started
+            return audio
         window = _Window(codec, codes)
         with self._lock:
             if self.closed:
@@ -184,6 +198,8 @@ class CodecLane:
 
     def close(self) -> None:
         with self._lock:
-            self.closed = True
+            was_open, self.closed = not self.closed, True
             waiting, self._waiting = list(self._waiting), set()
         self.batcher._leave(waiting)
+        if was_open:
+            self.batcher._lane_closed()
