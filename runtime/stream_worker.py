@@ -125,6 +125,9 @@ class SameThreadCodec:
     def push(self, tokens) -> bool:
         return all(self.emit(audio, False) for audio in self.window.push(tokens))
 
+    def tokens_wanted(self) -> int:
+        return self.window.schedule.due - self.window.available
+
     def finish(self) -> bool:
         return self.emit(self.window.flush(), True)
 
@@ -381,7 +384,8 @@ def produce(job: StreamJob) -> None:
                 sentence = DecodeStats()
                 stats.sentences.append(sentence)
                 decode_config = replace(config.decode, max_new_tokens=budget, min_new_tokens=minimum)
-                bursts = (job.seat.decode(prompt, decode_config, generator, sentence, **plan) if job.seat is not None
+                bursts = (job.seat.decode(prompt, decode_config, generator, sentence, **plan,
+                                          wanted=codec.tokens_wanted) if job.seat is not None
                           else decode(target, synth.draft, prompt, decode_config, generator, synth.groups, sentence,
                                       **plan))
                 for burst in bursts:

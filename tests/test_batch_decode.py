@@ -228,3 +228,15 @@ def test_the_batch_frees_its_caches_only_when_no_stream_holds_a_slot(tiny_pair):
     assert not batch.release()  # a stream holds a slot
     seat.close()
     assert batch.release() and not batch.lm.allocated and not batch.draft.allocated
+
+
+def test_a_reader_is_woken_with_the_tokens_it_waits_for_not_every_step(target):
+    """`wanted` tokens: the reader's bursts hold at least that many (the last may hold fewer), the
+    same codes as when it takes every token."""
+    cfg, prompt = config(0.0, tokens=40, minimum=40), prompts(target)[0]
+    batch = BatchDecoder(BatchedLM(target, 2))
+    seat = batch.seat()
+    bursts = list(seat.decode(prompt, cfg, torch.Generator().manual_seed(0), wanted=lambda: 10))
+    seat.close()
+    assert all(len(b) >= 10 for b in bursts[:-1]) and len(bursts) <= 5
+    assert [t for b in bursts for t in b] == alone(target, prompt, cfg, 0)

@@ -185,6 +185,10 @@ class CodecThread:
         self._hand_over()
         return True
 
+    def tokens_wanted(self) -> int:
+        """Tokens still to push before the next chunk is due (what the LM's side may wait for)."""
+        return self._schedule.due - (len(self._codes) - self.window.offset)
+
     def _hand_over(self) -> None:
         held = self._codes[self.window.offset + self._handed:]
         if held:

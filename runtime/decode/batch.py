@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -83,6 +83,8 @@ class BatchJob:
     stats: DecodeStats
     out: deque = field(default_factory=deque)  # bursts, then _END or an exception
     unread: int = 0  # tokens in `out`
+    wake_at: int = 1  # unread tokens at which its reader is woken (the tokens it waits for: `SlotSeat.decode`)
+    ready: threading.Condition | None = None  # its reader waits here (on the batch's lock)
     started: bool = False  # prefilled into its slot
     done: bool = False  # finished (the stop token, a limit or an error): no more steps
     cancelled: bool = False  # its reader is gone
@@ -104,7 +106,8 @@ class BatchDecoder:
         self.gate = StepGate()
         self.stepping: set[int] = set()  # slots of the step under way on the batch's thread
         self.closing: set[int] = set()  # slots given back during it: free once it ends
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)  # the batch's thread and seat-takers wait here, readers on their job's
         self.free = list(range(lm.slots))  # slots no seat holds
         self.jobs: list[BatchJob] = []  # submitted and not yet dropped
         self.thread: threading.Thread | None = None
@@ -157,6 +160,7 @@ class BatchDecoder:
 
     def submit(self, job: BatchJob) -> None:
         with self.cond:
+            job.ready = threading.Condition(self.lock)
             self.jobs.append(job)
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="pcgtts-batch", daemon=True)
@@ -286,6 +290,8 @@ class BatchDecoder:
                     else:
                         job.done = True
                     job.out.append(item)
+                if job.done or job.unread >= job.wake_at:
+                    job.ready.notify()
             self.cond.notify_all()
 
 
@@ -301,13 +307,15 @@ class SlotSeat:
 
     def decode(self, prompt_ids: torch.Tensor, config: DecodeConfig, generator: torch.Generator,
                stats: DecodeStats | None = None, costs: StepCosts | None = None, proposer=None,
-               acceptance=None) -> Iterator[list[int]]:
+               acceptance=None, wanted: Callable[[], int] | None = None) -> Iterator[list[int]]:
         """Bursts of speech codes for `prompt_ids` [T] from this slot, as `loop.decode` yields them:
         plain decoding stepped by the batch's thread, any other policy by `loop.decode` over this slot's
         views (its forwards run together with the other streams' at the gate). `costs`, `proposer` and
         `acceptance` are `loop.decode`'s (`DraftLengthPlanner.loop_arguments`): the proposer on the
         target's states is this slot's fork of it, and an adaptive draft length plans with `costs`
-        shared with the batch's passes (`cost_model.SharedPassCosts`)."""
+        shared with the batch's passes (`cost_model.SharedPassCosts`). `wanted()`: how many more tokens
+        the reader needs before it has work (its next audio chunk's), so that the batch's steps wake it
+        then, not for every token (None: every token)."""
         check_batchable(config, draft=self.draft is not None)
         spec = config.policy_spec
         if spec.reads_states and proposer is None:
@@ -325,7 +333,7 @@ class SlotSeat:
                 self.batch.seated):
             # plain decoding, or an adaptive length whose plan at this batch's size is plain: the batch's
             # own steps carry it (as `loop.decode` would with L = 0, minus a loop of its own)
-            return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats))
+            return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats), wanted)
         self.job = None
         if plans_draft_length(config):
             gate = self.batch.gate
@@ -352,26 +360,37 @@ class SlotSeat:
         finally:
             bursts.close()
 
-    def _read(self, job: BatchJob) -> Iterator[list[int]]:
+    def _read(self, job: BatchJob, wanted: Callable[[], int] | None = None) -> Iterator[list[int]]:
+        """The job's tokens as they come, in bursts of what has queued: its reader is woken once the
+        tokens it waits for (`wanted()`, at most `ahead_tokens`) are there, or the decode ended, not
+        for every step (a wake per token had cost the batch's thread ~5 % of its pace, one stream alone)."""
         batch = self.batch
         self.job = job
         batch.submit(job)
         try:
             while True:
                 with batch.cond:
-                    while not job.out:
+                    job.wake_at = min(max(1, wanted() if wanted is not None else 1), batch.ahead_tokens)
+                    while not (job.out and (job.done or job.unread >= job.wake_at)):
                         if batch.thread is None and not job.done:  # its thread is gone without a word
                             raise RuntimeError("the batch's decoding thread stopped")
-                        batch.cond.wait(timeout=0.5)
-                    item = job.out.popleft()
-                    if isinstance(item, list):
-                        job.unread -= len(item)
-                        batch.cond.notify_all()  # it may step again
-                if item is _END:
+                        job.ready.wait(timeout=0.5)
+                    burst, end = [], None
+                    while job.out and end is None:
+                        item = job.out.popleft()
+                        if isinstance(item, list):
+                            burst += item
+                        else:
+                            end = item
+                    if job.unread >= batch.ahead_tokens:
+                        batch.cond.notify_all()  # it sat out: it may step again
+                    job.unread -= len(burst)
+                if burst:
+                    yield burst
+                if end is _END:
                     return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+                if end is not None:
+                    raise end
         finally:
             with batch.cond:
                 job.cancelled = True  # it leaves the batch at the next step boundary (no-op once done)
