@@ -15,6 +15,8 @@ plain decoding alone), which `tools/results_pages.py --add` imports into a resul
     pcgtts models scale --shape llasa-1b --out S
     python benchmarks/bench_batch_speculation.py --voice S --quantize int8 --streams 4 \\
         --policies ar,eagle-pcg --tokens 48 --json /tmp/spec.json
+    python benchmarks/bench_batch_speculation.py --voice S --compute-device cuda --dtype bfloat16 \\
+        --streams 8 --policies ar,pcg,eagle-pcg --tokens 128          # a GPU (benchmarks/GPU.md)
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--voice", type=Path, help="a model folder with target/ draft/ codec/ groups.pcg "
                                                "(`pcgtts models scale --out`); default: the built-in voice")
     ap.add_argument("--quantize", choices=("none", "int8"), default="none", help="the torch target's weights")
+    ap.add_argument("--compute-device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     ap.add_argument("--streams", type=int, default=4, help="B: streams decoded together (2-16, default 4)")
     ap.add_argument("--policies", type=policies, default=["ar", "eagle-pcg"],
                     help="comma-separated policies (ar is always run: the baseline); default ar,eagle-pcg")
@@ -77,7 +81,8 @@ def load(args):
     import pcgtts
     from pcgtts.runtime.synthesizer import Synthesizer
 
-    settings = dict(backend="torch", max_batch=args.streams, quantize=None if args.quantize == "none" else "int8")
+    settings = dict(backend="torch", max_batch=args.streams, quantize=None if args.quantize == "none" else "int8",
+                    compute_device=args.compute_device, dtype=args.dtype)
     if args.voice is None:
         return pcgtts.Synthesizer.from_pretrained(**settings)
     v = args.voice
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join(["python benchmarks/bench_batch_speculation.py",
                                    *(argv if argv is not None else sys.argv[1:])]),
               "streams": args.streams, "tokens": args.tokens, "quantize": args.quantize,
+              "compute_device": args.compute_device, "dtype": args.dtype,
               "voice": str(args.voice) if args.voice else "built-in", "summaries": summaries}
     print(json.dumps(report))
     if args.json:

@@ -1,0 +1,61 @@
+"""benchmarks/bench_batch_speculation.py: flags checked before any model loads; a short run on the
+built-in voice reports each policy alone and in a batch in `pcgtts bench --json`'s form."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_batch_speculation",
+                                                  ROOT / "benchmarks" / "bench_batch_speculation.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_batch_speculation", module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "load", lambda args: pytest.fail("a model was loaded"))
+    return module
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--streams", "1"], "--streams"),
+    (["--tokens", "4"], "--tokens"),
+    (["--policies", "fast"], "policy must be one of"),
+    (["--voice", "tests"], "no target/ folder"),
+    (["--json", "tests"], "not a file"),
+])
+def test_bad_flags_exit_before_any_model_loads(bench, flags, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.main(flags)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_ar_is_always_the_first_policy(bench):
+    assert bench.policies("eagle-pcg,pcg") == ["ar", "eagle-pcg", "pcg"]
+
+
+@pytest.mark.slow
+def test_a_short_run_reports_each_policy_alone_and_together(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_batch_speculation_run",
+                                                  ROOT / "benchmarks" / "bench_batch_speculation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "spec.json"
+    assert module.main(["--streams", "2", "--tokens", "12", "--policies", "ar,pcg", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == report
+    cases = {s["case"]: s for s in report["summaries"]}
+    assert set(cases) == {"B = 1 stream, plain decoding", "B = 2 streams, plain decoding", "B = 1 stream, pcg",
+                          "B = 2 streams, pcg"}
+    assert cases["B = 1 stream, plain decoding"]["speedup_vs_ar"] == 1.0
+    assert all(s["tokens_per_second"] > 0 for s in cases.values())
+    together = cases["B = 2 streams, pcg"]
+    assert together["speedup_kept"] == pytest.approx(
+        together["per_stream_speedup_vs_ar_in_batch"] / cases["B = 1 stream, pcg"]["speedup_vs_ar"])
