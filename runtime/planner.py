@@ -86,11 +86,26 @@ class DraftLengthPlanner:
         models' caches now (after `plan`, whose timings overwrite the caches), so that the first
         utterance's prefill, like every later one's, runs only its own words (`protocol.py`:
         prefix reuse, bit for bit what a full prefill computes). A no-op with prefix reuse off."""
+        head = self.template_head()
+        for lm in (self.target, self.draft):
+            if lm is not None and lm.reuse_prefix and head is not None and len(head) < lm.max_length:
+                lm.prefill(head)
+
+    def warm_batch(self, batch) -> None:
+        """Allocate a batch's caches and prefill the chat template's head into its first slot now, so that
+        no stream's first audio waits for either (every slot copies the head from it:
+        `BatchedLM.donor`). A no-op with prefix reuse off."""
+        head = self.template_head()
+        for lm in (batch.lm, batch.draft):
+            if lm is not None and lm.lm.reuse_prefix and head is not None and len(head) < lm.max_length:
+                lm.prefill(0, head)
+
+    def template_head(self):
+        """The prompt tokens every utterance and voice shares (the chat template's head), or None when
+        a prompt is all head."""
         prompt = build_prompt(self.target.tokenizer, self.target.vocab, "Warm.")
         head = prompt[:template_head(prompt, self.target.vocab)]
-        for lm in (self.target, self.draft):
-            if lm is not None and lm.reuse_prefix and len(head) < min(len(prompt) - 1, lm.max_length):
-                lm.prefill(head)
+        return head if len(head) < len(prompt) - 1 else None
 
     def adopt(self, other: "DraftLengthPlanner") -> None:
         """Plan draft lengths with the step costs `other` (a copy of these models on this machine,

@@ -295,6 +295,7 @@ class Synthesizer:
         draft = BatchedLM(self.draft, slots) if self.draft is not None and runs_batched(self.draft) else None
         self.batch = BatchDecoder(BatchedLM(self.target, slots), draft=draft, groups=self.groups)
         self.codec_batcher = CodecBatcher()
+        self.route(False).planner.warm_batch(self.batch)
 
     def _batch_slot(self, config: SynthesisConfig, voice: Voice | None):
         """A batch slot for a stream the batch decodes (`check_batchable`, spoken by the target), else None."""

@@ -201,15 +201,13 @@ def shared_pass_costs(costs: StepCosts, passes: PassTimes, draft_passes: PassTim
 
 def pays_in_batch(costs: StepCosts, acceptance: Sequence[float] | None, max_length: int, passes: PassTimes,
                   streams: int, margin: float = 0.05) -> bool:
-    """Whether a stream starting a sentence beside `streams` - 1 others would speculate: its plan at the
-    starting `acceptance` (None: 0.5 a position), with its forwards' share of passes carrying all
-    `streams` (`SharedPassCosts`), beats plain decoding by `margin` (the adaptive policy's switch-on
-    margin). When it does not, the sentence decodes plainly on the batch's own steps, which carry every
+    """Whether a stream starting a sentence beside `streams` - 1 others (or alone) would speculate: its
+    plan at the starting `acceptance` (None: 0.5 a position), with its forwards' share of passes
+    carrying all `streams` (`SharedPassCosts`), beats plain decoding by `margin` (the adaptive policy's
+    switch-on margin). When it does not, the sentence decodes plainly on the batch's own steps, which carry every
     plain stream in one pass with none of a speculative loop's per-stream work."""
-    if streams <= 1:
-        return True
     view = copy.copy(passes)
-    view.rows = float(streams)
+    view.rows = float(max(streams, 1))  # alone: the one-stream costs as they are
     per_length = predict(shared_pass_costs(costs, view), acceptance or (0.5,), max_length)
     best = fastest(per_length)
     return best > 0 and per_length[best] >= (1 + margin) * per_length[0]
