@@ -196,8 +196,9 @@ class DecodeConfig:
 
 
 # A batched stream's chunks are sized for this speed (x real time): 8 streams sharing a 2-core CPU
-# run at ~2x each, and 1.5 leaves a margin for the codec's share (`StreamConfig.min_speed`).
-BATCH_MIN_SPEED = 1.5
+# run at ~1.9x each on average, slower at a stream's start while the others' prompts are prefilled;
+# at 1.5 a third of 8 such streams still ran dry once early on, at 1.25 none (`StreamConfig.min_speed`).
+BATCH_MIN_SPEED = 1.25
 
 
 @dataclass(frozen=True)
