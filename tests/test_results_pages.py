@@ -26,7 +26,7 @@ def test_the_committed_pages_are_what_the_json_gives_and_within_their_limits():
 def copy_of_the_tree(tmp_path: Path) -> Path:
     for page in results_pages.PAGES:
         for path in (page.path, page.data, page.method, *([page.first_speak] if page.first_speak else []),
-                     *([page.many_streams] if page.many_streams and (ROOT / page.many_streams).is_file() else [])):
+                     *(extra for extra in (page.many_streams, page.batch_of_one) if extra and (ROOT / extra).is_file())):
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / path, tmp_path / path)
     for path in (results_pages.CARD, results_pages.DOCS_QUALITY, *(p.path for p in results_pages.expected_plots(ROOT))):
