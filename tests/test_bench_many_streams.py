@@ -72,6 +72,7 @@ def served_flags(stub: Path) -> list[list[str]]:
     return [json.loads(line) for line in Path(str(stub) + ".flags").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_runs_the_three_servers_and_writes_the_report(bench, tmp_path, capsys):
     module, stub = bench
     out = tmp_path / "results" / "many_streams.json"

@@ -192,7 +192,7 @@ def temporary_output(folder):
 
 @pytest.mark.parametrize("signum, repeat", [
     pytest.param(signal.SIGINT, False, id="ctrl-c", marks=pytest.mark.slow),
-    pytest.param(signal.SIGTERM, False, id="sigterm"),
+    pytest.param(signal.SIGTERM, False, id="sigterm", marks=pytest.mark.slow),  # a whole CLI run and its signal
     pytest.param(signal.SIGINT, True, id="ctrl-c-held-down", marks=pytest.mark.slow),  # signals every 20 ms until the process is gone
 ])
 def test_an_interrupted_speak_keeps_the_output_and_the_partial_and_exits_cleanly(tiny_models, tmp_path, signum,

@@ -278,6 +278,7 @@ def test_a_clone_target_of_another_vocabulary_layout_is_refused_and_the_voice_ke
         add_clone_target(pack, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_voice_pack_carries_a_clone_target_into_its_prepared_folder(voice_pack, tmp_path, monkeypatch):
     import torch
     from safetensors.torch import load_file

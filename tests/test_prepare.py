@@ -40,6 +40,7 @@ def _fresh(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           timeout=600, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_a_prepared_checkpoint_loads_and_synthesises_without_tools_training_or_export_code(tiny_models, tmp_path):
     out = tmp_path / "prepared"
     report = _prepare(tiny_models, out)

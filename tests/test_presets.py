@@ -201,6 +201,7 @@ def test_speak_with_a_preset_name_writes_its_audio(cloning_models, presets_dir, 
 
 # -- the server -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_server_lists_presets_and_maps_openai_names(cloning_models, presets_dir, tmp_path):
     pytest.importorskip("fastapi")
     httpx = pytest.importorskip("httpx")

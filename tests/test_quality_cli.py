@@ -61,6 +61,7 @@ def test_parser_types():
     assert args.mean_size == [40.0, 140.0] and args.top_k == 512  # groups build's cap, as bench sweeps
 
 
+@pytest.mark.slow
 def test_source_mode_end_to_end(tmp_path, capsys):
     pytest.importorskip("hibari")
     args = parse("--mode", "source", "--voices", "hibari-heart", "--sentences", "1", "--cache-dir",
