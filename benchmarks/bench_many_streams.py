@@ -1,5 +1,5 @@
-"""Many streams at once: the server users run beside the per-worker and the batched torch servers, in one
-run on one machine.
+"""Many streams at once: the server users run beside a per-worker torch server and a batched server, in
+one run on one machine.
 
 For each configuration this starts `pcgtts serve` on 127.0.0.1 (a free port, the built-in voice),
 waits for /health, runs `benchmarks/load_serve.py`'s levels of concurrent clients against it, reads
@@ -9,7 +9,8 @@ its /metrics, and stops it:
 - default: `--workers 2 --queue-size 64` and no backend or policy flag: what `pcgtts serve` runs for
   its users (the built-in voice's own route: on a CPU its onnxruntime graphs, its default policy);
 - per-worker: `--backend torch --workers 2 --queue-size 64`, two model copies, one stream each at a time;
-- batched: `--backend torch --max-batch 16 --queue-size 64`, one worker decoding up to 16 streams together.
+- batched: `--max-batch 16 --queue-size 64`, one worker decoding up to 16 streams together (its LMs on
+  torch, its codec windows on the exported decoder graph: `runtime/config.py` `codec_graph_beside_a_batch`).
 
 Each server decodes with its own default policy unless `--policy` names one for all of them.
 Per configuration and level: TTFA p50/p99 (client side, queue wait included), underruns, streams that
@@ -73,7 +74,7 @@ def configurations(max_batch: int, workers: int) -> dict[str, Configuration]:
                                     ("--backend", "torch", "--workers", str(workers), "--queue-size", "64")),
         "batched": Configuration("batched", f"one worker decoding up to {max_batch} streams together "
                                  "(one model copy)",
-                                 ("--backend", "torch", "--max-batch", str(max_batch), "--queue-size", "64")),
+                                 ("--max-batch", str(max_batch), "--queue-size", "64")),
     }
 
 

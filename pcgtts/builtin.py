@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pcgtts.runtime.config import PRESETS_FOLDER, ModelPaths, Settings, preset_folder
 from pcgtts.runtime.voicepack import check_voice_settings
-from pcgtts.runtime.config import runs_int8_graphs
+from pcgtts.runtime.config import codec_graph_beside_a_batch, runs_int8_graphs
 from pcgtts.runtime.prepared import EXPORTED, ONNX_FOLDER, ONNX_STAGE, checkpoint_paths, is_prepared
 
 log = logging.getLogger(__name__)
@@ -194,6 +194,9 @@ def with_builtin_models(settings: Settings) -> Settings:
         models = replace(models, presets=settings.models.presets)
     if device.backend not in ("auto", "onnxruntime"):
         return replace(settings, models=models)
+    if codec_graph_beside_a_batch(device) and onnx_export_available() and not exporting_in_background(models):
+        exported = onnx_models(models)  # the batch's LMs stay on torch; its codec windows run on the graphs
+        return replace(settings, models=replace(models, codec=exported.codec, clone_codec=exported.clone_codec))
     if device.backend == "auto" and not (runs_int8_graphs(device) and onnx_export_available()):
         log.info("the built-in voice runs on torch (onnxruntime's int8 graphs need a CPU, float32, no "
                  "--quantize or --compile and pcgtts[onnx] installed)")

@@ -81,9 +81,9 @@ def test_runs_the_three_servers_and_writes_the_report(bench, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == doc
     assert [c["name"] for c in doc["configurations"]] == ["default", "per-worker", "batched"]
     flags = served_flags(stub)
-    # the server users run: no backend and no policy flag; the other two on torch; no policy forced on any
+    # the server users run: no backend and no policy flag; per-worker on torch; the batch picks its own
     assert "--backend" not in flags[0] and "--workers" in flags[0] and "--max-batch" not in flags[0]
-    assert all(f[f.index("--backend") + 1] == "torch" for f in flags[1:])
+    assert flags[1][flags[1].index("--backend") + 1] == "torch" and "--backend" not in flags[2]
     assert "--workers" in flags[1] and "--max-batch" in flags[2] and "--max-batch" not in flags[1]
     assert not any("--policy" in f for f in flags) and doc["policy"] is None
     for config in doc["configurations"]:

@@ -154,6 +154,11 @@ def test_a_prepared_checkpoint_with_exports_runs_on_onnxruntime_on_a_cpu(tiny_mo
     run = _fresh(str(out))
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["OrtLM", ""], run.stdout
+    from pcgtts.runtime.config import prepared_settings, resolve_settings
+
+    batch = prepared_settings(resolve_settings({"prepared": str(out), "max_batch": 2}))  # LMs on torch, codec graph
+    assert batch.models.codec == str(out / "onnx-int8" / "codec") and "onnx-int8" not in batch.models.target
+    assert batch.device.backend == "auto"
     assert _prepare(tiny_models, out, onnx=False) == {name: "skipped" for name in ("codec", "target", "groups", "draft")}
     assert not (out / "onnx-int8" / "target").exists()  # a stage no longer asked for is removed
 

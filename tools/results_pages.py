@@ -302,8 +302,10 @@ def server_route(config: dict, record: dict) -> str:
         backend, policy = record.get("backend"), record.get("policy")
     else:
         backend, policy = flag_value(flags, "--backend"), flag_value(flags, "--policy")
-    return ", ".join((f"{backend} backend" if backend else "the voice's own backend (on a CPU its onnxruntime graphs)",
-                      f"policy {policy}" if policy else "its default policy"))
+    batch = flags is not None and int(flag_value(flags, "--max-batch") or 1) > 1
+    own = ("its LMs on torch (a batch), its codec on the exported decoder graph" if batch
+           else "the voice's own backend (on a CPU its onnxruntime graphs)")
+    return ", ".join((f"{backend} backend" if backend else own, f"policy {policy}" if policy else "its default policy"))
 
 
 def machine_words(machine: dict) -> str:
