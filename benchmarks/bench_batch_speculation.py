@@ -104,7 +104,7 @@ def timed_tokens(bursts) -> tuple[int, float]:
     return tokens, (last_at - first_at) if first_at is not None else 0.0
 
 
-def decode_alone(synth, prompt, config, seed: int) -> tuple[int, float]:
+def decode_alone(synth, prompt, config, seed: int, stats=None) -> tuple[int, float]:
     """(tokens, seconds) of one stream through today's loop on the loaded target (`timed_tokens`)."""
     import torch
 
@@ -113,10 +113,10 @@ def decode_alone(synth, prompt, config, seed: int) -> tuple[int, float]:
     route = synth.route(False)
     plan = route.planner.loop_arguments(config, seeded=True)
     generator = torch.Generator(device=route.target.device).manual_seed(seed)
-    return timed_tokens(decode(route.target, synth.draft, prompt, config, generator, synth.groups, **plan))
+    return timed_tokens(decode(route.target, synth.draft, prompt, config, generator, synth.groups, stats, **plan))
 
 
-def decode_together(synth, prompts, config, seeds) -> list[tuple[int, float]]:
+def decode_together(synth, prompts, config, seeds, stats=None) -> list[tuple[int, float]]:
     """(tokens, seconds) of each stream (`timed_tokens`) decoded at once, each in a batch slot."""
     import torch
 
@@ -129,7 +129,8 @@ def decode_together(synth, prompts, config, seeds) -> list[tuple[int, float]]:
         try:
             plan = route.planner.loop_arguments(config, seeded=True, batched=True)
             generator = torch.Generator(device=route.target.device).manual_seed(seeds[i])
-            paces[i] = timed_tokens(seats[i].decode(prompts[i], config, generator, **plan))
+            paces[i] = timed_tokens(seats[i].decode(prompts[i], config, generator, stats[i] if stats else None,
+                                                    **plan))
         except BaseException as err:  # reported after the join
             errors.append(err)
 
@@ -145,6 +146,11 @@ def decode_together(synth, prompts, config, seeds) -> list[tuple[int, float]]:
     return paces
 
 
+def tokens_a_step(stats) -> float:
+    """Speech tokens a target forward gave, over the streams' decodes (1 for plain decoding)."""
+    return sum(s.emitted for s in stats) / max(sum(s.target_forwards for s in stats), 1)
+
+
 def pace(runs: list[tuple[int, float]]) -> float:
     """Tokens per second of one stream, over the streams' decodes (their tokens / their seconds)."""
     return sum(t for t, _ in runs) / sum(s for _, s in runs)
@@ -152,6 +158,7 @@ def pace(runs: list[tuple[int, float]]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from pcgtts.runtime.decode.steps import DecodeStats
     from pcgtts.runtime.text.prompt import build_prompt
 
     synth = load(args)
@@ -165,11 +172,16 @@ def main(argv: list[str] | None = None) -> int:
         synth.route(False).planner.plan(config)  # calibration and warm-up before timing
         decode_alone(synth, prompts[0], replace(config, max_new_tokens=8, min_new_tokens=8), 0)
         decode_together(synth, prompts, replace(config, max_new_tokens=8, min_new_tokens=8), seeds)  # slots warm
-        alone = pace([decode_alone(synth, p, config, s) for p, s in zip(prompts, seeds)])
-        together = pace(decode_together(synth, prompts, config, seeds))
-        results[name] = {"alone_tok_s": alone, "batch_tok_s": together * args.streams}
-        print(f"  {name}: alone {results[name]['alone_tok_s']:.1f} tok/s, {args.streams} together "
-              f"{results[name]['batch_tok_s']:.1f} tok/s in all", file=sys.stderr)
+        alone_stats, batch_stats = [DecodeStats() for _ in prompts], [DecodeStats() for _ in prompts]
+        alone = pace([decode_alone(synth, p, config, s, st) for p, s, st in zip(prompts, seeds, alone_stats)])
+        together = pace(decode_together(synth, prompts, config, seeds, batch_stats))
+        results[name] = {"alone_tok_s": alone, "batch_tok_s": together * args.streams,
+                         "alone_tokens_a_step": tokens_a_step(alone_stats),
+                         "batch_tokens_a_step": tokens_a_step(batch_stats)}
+        print(f"  {name}: alone {results[name]['alone_tok_s']:.1f} tok/s "
+              f"({results[name]['alone_tokens_a_step']:.2f} tokens a target forward), {args.streams} together "
+              f"{results[name]['batch_tok_s']:.1f} tok/s in all ({results[name]['batch_tokens_a_step']:.2f})",
+              file=sys.stderr)
     base = results["ar"]
     summaries, rows = [], []
     for name, r in results.items():
@@ -178,10 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         label = "plain decoding" if name == "ar" else name
         summaries += [
             {"case": f"B = 1 stream, {label}", "policy": name, "tokens_per_second": r["alone_tok_s"],
-             "speedup_vs_ar": alone_x},
+             "speedup_vs_ar": alone_x, "tokens_per_target_forward": r["alone_tokens_a_step"]},
             {"case": f"B = {args.streams} streams, {label}", "policy": name, "tokens_per_second": r["batch_tok_s"],
              "speedup_vs_ar": r["batch_tok_s"] / base["alone_tok_s"], "per_stream_tokens_per_second": per_stream,
-             "per_stream_speedup_vs_ar_in_batch": batch_x, "speedup_kept": batch_x / alone_x}]
+             "per_stream_speedup_vs_ar_in_batch": batch_x, "speedup_kept": batch_x / alone_x,
+             "tokens_per_target_forward": r["batch_tokens_a_step"]}]
         rows.append((name, r["alone_tok_s"], alone_x, r["batch_tok_s"], per_stream, batch_x, batch_x / alone_x))
     print(f"\n{'policy':>12} {'alone tok/s':>12} {'x ar alone':>11} {f'B={args.streams} tok/s':>12} "
           f"{'per stream':>11} {'x ar in B':>10} {'kept':>6}", file=sys.stderr)
