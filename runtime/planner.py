@@ -88,7 +88,7 @@ class DraftLengthPlanner:
         prefix reuse, bit for bit what a full prefill computes). A no-op with prefix reuse off."""
         head = self.template_head()
         for lm in (self.target, self.draft):
-            if lm is not None and lm.reuse_prefix and head is not None and len(head) < lm.max_length:
+            if _holds(lm, head):
                 lm.prefill(head)
 
     def warm_batch(self, batch) -> None:
@@ -97,7 +97,7 @@ class DraftLengthPlanner:
         `BatchedLM.donor`). A no-op with prefix reuse off."""
         head = self.template_head()
         for lm in (batch.lm, batch.draft):
-            if lm is not None and lm.lm.reuse_prefix and head is not None and len(head) < lm.max_length:
+            if _holds(lm, head):
                 lm.prefill(0, head)
 
     def template_head(self):
@@ -129,3 +129,8 @@ class DraftLengthPlanner:
     def proposer(self, policy: str):
         """What proposes from the target's hidden states for `policy` (None for the other policies)."""
         return self.eagle if policy_spec(policy).uses_eagle else self.heads
+
+
+def _holds(lm, head) -> bool:
+    """Whether `lm` (an LM or a batch's; None: none) keeps a prefilled `head` for its next prompts."""
+    return lm is not None and lm.reuse_prefix and head is not None and len(head) < lm.max_length

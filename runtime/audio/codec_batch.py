@@ -5,8 +5,9 @@ through a `CodecLane` of its own (`lane.decoder(codec)` is the `decode(codes)` i
 calls, on its codec thread or, for the last window, on its LM thread): the lane hands the window to
 the batcher and waits. The batcher takes every window that is due, groups those of one codec and one
 length (most grown windows are left context + chunk + lookahead tokens long), decodes each group in
-one call, the shortest windows first (a stream's first chunks: the audio a listener waits for); the
-only open lane decodes its windows itself, with no hand-off (`decode_batch`: codes [B, T] -> samples [B, 320 T]) and hands each stream its samples. A
+one call (`decode_batch`: codes [B, T] -> samples [B, 320 T]), the shortest windows first (a stream's
+first chunks: the audio a listener waits for), and hands each stream its samples; the only open lane
+decodes its windows itself, with no hand-off. A
 stream's chunks, their boundaries and their order are those of its `WindowDecoder`, unchanged; only
 where its windows are decoded moves, and a window decoded in a batch differs from the same window
 decoded alone in the last float bits. Windows that arrive while a group decodes wait for the next

@@ -328,17 +328,16 @@ class SlotSeat:
         if self.job is not None and not (self.job.done or self.job.cancelled):
             raise RuntimeError("this slot is still decoding its last sentence")
         stats = stats if stats is not None else DecodeStats()
-        if spec.plain or plans_draft_length(config) and not pays_in_batch(
-                costs, acceptance, config.draft_length, self.batch.gate.pass_times(self.batch.lm),
-                self.batch.seated):
+        batch, adaptive = self.batch, plans_draft_length(config)
+        passes = batch.gate.pass_times(batch.lm)
+        if spec.plain or adaptive and not pays_in_batch(costs, acceptance, config.draft_length, passes, batch.seated):
             # plain decoding, or an adaptive length whose plan at this batch's size is plain: the batch's
             # own steps carry it (as `loop.decode` would with L = 0, minus a loop of its own)
             return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats), wanted)
         self.job = None
-        if plans_draft_length(config):
-            gate = self.batch.gate
-            costs = shared_pass_costs(costs, gate.pass_times(self.batch.lm),
-                                      gate.pass_times(self.batch.draft) if self.batch.draft is not None else None)
+        if adaptive:
+            costs = shared_pass_costs(costs, passes,
+                                      batch.gate.pass_times(batch.draft) if batch.draft is not None else None)
         proposer = self.batch.fork(self.slot, proposer) if spec.reads_states else None
         return self._speculate(decode(self.target, self.draft, prompt_ids, config, generator, self.batch.groups,
                                       stats, costs=costs, proposer=proposer, acceptance=acceptance))

@@ -70,6 +70,11 @@ class BatchedLM:
         self.prefilling = threading.Lock()  # one prefill at a time (it may copy another slot's rows)
 
     @property
+    def reuse_prefix(self) -> bool:
+        """Whether a prefill keeps the leading blocks a slot holds already (the `TorchLM`'s setting)."""
+        return self.lm.reuse_prefix
+
+    @property
     def drawable_digits(self) -> int:
         """n > 0 when a step's token can be drawn digit by digit from `step_scores` (a digit head)."""
         return self.model.digits if self.model.samples_digits else 0
@@ -133,16 +138,15 @@ class BatchedLM:
         with the same blocks, so the copy is bit for bit what its own prefill would write)."""
         best = (slot, 0)
         for other in range(self.slots):
-            if other != slot and self.prompts[other] is not None:
-                shared = reusable_length(self.prompts[other], self.kept[other], ids, blocks, self.lm.reuse_prefix)
-                if shared > best[1]:
-                    best = (other, shared)
+            shared = self.reusable_prefix(other, ids, blocks) if other != slot else 0
+            if shared > best[1]:
+                best = (other, shared)
         return best
 
     def reusable_prefix(self, slot: int, ids: torch.Tensor, blocks: Sequence[int]) -> int:
         """Leading tokens of `ids` the slot holds as a fresh prefill would leave them: the prefix shared
         with its last prompt cut back to a block start, short of the last token (protocol.py's rule)."""
-        return reusable_length(self.prompts[slot], self.kept[slot], ids, blocks, self.lm.reuse_prefix)
+        return reusable_length(self.prompts[slot], self.kept[slot], ids, blocks, self.reuse_prefix)
 
     def rollback(self, slot: int, length: int) -> None:
         """O(1): keep the first `length` tokens of `slot`."""
@@ -367,8 +371,7 @@ class StepGate:
                 states = lm.hidden([r.slot for r in run], ids, counts if min(counts) < longest else None)
                 for i, request in enumerate(run):
                     request.result = lm.outputs(states[i, :counts[i]], request.kind)
-            self.times.setdefault(lm, PassTimes()).record(len(run), len(run) * longest,
-                                                          time.perf_counter() - started)
+            self.pass_times(lm).record(len(run), len(run) * longest, time.perf_counter() - started)
         except BaseException as err:  # each stream of the run hears it
             for request in run:
                 request.error = err
