@@ -114,3 +114,19 @@ def assert_a_model_path_setting(tmp_path, name: str, value: str) -> None:
     args = build_parser().parse_args(["speak", "hi", "--target", "t", "--codec", "c", f"--{name.replace('_', '-')}",
                                       value, "--out", str(tmp_path / "o.wav")])
     assert getattr(resolve_settings_from_flags(args).models, name) == value
+
+
+def benchmark_script(name: str, monkeypatch=None):
+    """benchmarks/`name`.py loaded as a module (a folder of scripts, not a package); with `monkeypatch`,
+    registered in sys.modules under `name` for the test (a dataclass there looks its module up)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    if monkeypatch is not None:
+        monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module

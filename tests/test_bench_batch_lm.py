@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from helpers import benchmark_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_batch_lm", ROOT / "benchmarks" / "bench_batch_lm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("bench_batch_lm")
 
 
 def test_batch_lm_reports_each_size_and_floor(tiny_lm_factory, tmp_path, capsys):

@@ -3,12 +3,12 @@ today's loop, paired round by round; bad flags stop it before any model loads.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -16,11 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def bench(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("bench_batch_of_one", ROOT / "benchmarks" / "bench_batch_of_one.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_batch_of_one", module)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("bench_batch_of_one", monkeypatch)
 
 
 def model_flags(models: dict) -> list[str]:

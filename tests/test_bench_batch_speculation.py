@@ -3,23 +3,16 @@ built-in voice reports each policy alone and in a batch in `pcgtts bench --json`
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import benchmark_script
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_batch_speculation",
-                                                  ROOT / "benchmarks" / "bench_batch_speculation.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_batch_speculation", module)
-    spec.loader.exec_module(module)
+    module = benchmark_script("bench_batch_speculation", monkeypatch)
     monkeypatch.setattr(module, "load", lambda args: pytest.fail("a model was loaded"))
     return module
 
@@ -43,10 +36,7 @@ def test_ar_is_always_the_first_policy(bench):
 
 @pytest.mark.slow
 def test_a_short_run_reports_each_policy_alone_and_together(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_batch_speculation_run",
-                                                  ROOT / "benchmarks" / "bench_batch_speculation.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = benchmark_script("bench_batch_speculation")
     out = tmp_path / "spec.json"
     assert module.main(["--streams", "2", "--tokens", "12", "--policies", "ar,pcg", "--json", str(out)]) == 0
     report = json.loads(out.read_text())

@@ -3,7 +3,6 @@ server, runs the levels, reads memory, CPU time and /metrics, stops it and write
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import textwrap
@@ -11,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import benchmark_script
+
 
 STUB = textwrap.dedent('''
     import json, sys, time
@@ -57,10 +57,7 @@ STUB = textwrap.dedent('''
 
 @pytest.fixture
 def bench(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_many_streams", ROOT / "benchmarks" / "bench_many_streams.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_many_streams", module)  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
+    module = benchmark_script("bench_many_streams", monkeypatch)  # its dataclass looks itself up there
     stub = tmp_path / "stub_server.py"
     stub.write_text(STUB)
     monkeypatch.setattr(module, "SERVER", (sys.executable, str(stub)))
