@@ -10,6 +10,7 @@ one and plans at load and before each stream.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import replace
 
@@ -38,6 +39,9 @@ class DraftLengthPlanner:
         self.target, self.draft, self.groups, self.heads, self.eagle = target, draft, groups, heads, eagle
         self._acceptance: dict[DecodeConfig, tuple[float, ...]] = {}  # `starting_acceptance`, per decode config
         self._loop_steps: dict[DecodeConfig, dict] = {}  # its calibration decode's step timings, until `plan` uses them
+        # One measurement at a time: they decode on the target's own cache, and batched streams of a
+        # configuration not yet measured ask for it from their threads at once.
+        self._measuring = threading.RLock()
 
     def plan(self, decode_config: DecodeConfig) -> StepCosts | None:
         """Measure the step costs `decode_config`'s adaptive draft length plans with, and the acceptance it
@@ -45,7 +49,11 @@ class DraftLengthPlanner:
         would add to its time to first audio); once per policy and temperature class while the
         models live (`calibrate` logs a measurement; a later call returns the kept costs). The costs
         kept are the isolated timings moved to what the calibration decode's steps took inside the
-        loop (`cost_model.in_loop_costs`). -> the `StepCosts`, or None (nothing to plan)."""
+        loop (`cost_model.in_loop_costs`). -> the `StepCosts`, or None (nothing to plan). Thread-safe."""
+        with self._measuring:
+            return self._plan(decode_config)
+
+    def _plan(self, decode_config: DecodeConfig) -> StepCosts | None:
         costs = prepare(self.target, self.draft, decode_config, self.groups, self.proposer(decode_config.policy))
         if costs is not None:
             self.starting_acceptance(decode_config)
@@ -60,10 +68,13 @@ class DraftLengthPlanner:
     def starting_acceptance(self, decode_config: DecodeConfig) -> tuple[float, ...] | None:
         """The per-position acceptance an adaptive draft length starts every utterance from: measured
         once per decode configuration by decoding `CALIBRATION_TEXT` at the fixed draft length,
-        seeded (`planning.measure_acceptance`); None when nothing is planned."""
+        seeded (`planning.measure_acceptance`); None when nothing is planned. Thread-safe."""
         if not plans_draft_length(decode_config):
             return None
-        key = replace(decode_config, max_new_tokens=CALIBRATION_TOKENS)
+        with self._measuring:
+            return self._starting_acceptance(replace(decode_config, max_new_tokens=CALIBRATION_TOKENS))
+
+    def _starting_acceptance(self, key: DecodeConfig) -> tuple[float, ...]:
         if key not in self._acceptance:
             started = time.perf_counter()
             prompt = build_prompt(self.target.tokenizer, self.target.vocab, CALIBRATION_TEXT)

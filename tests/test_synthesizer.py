@@ -266,6 +266,32 @@ def test_load_measures_where_the_adaptive_length_starts_and_every_stream_starts_
     assert synth.planner.starting_acceptance(replace(config.decode, adaptive_draft=False)) is None
 
 
+def test_streams_that_plan_a_new_configuration_at_once_measure_it_once(models, groups_file):
+    """Batched streams ask for a configuration not yet measured from their threads at once: its costs
+    and starting acceptance are measured once (on the target's own cache, one at a time), never by
+    two decodes on that cache together, and every stream gets the same plan."""
+    import threading
+
+    synth = Synthesizer.from_pretrained(models["target"], models["draft"], models["codec"], groups_file,
+                                        max_length=1024, config=SynthesisConfig(decode=DecodeConfig(policy="ar")))
+    fresh = DecodeConfig(policy="sd", max_new_tokens=30, sampling=SamplingConfig(temperature=0.6))
+    plans, errors = [], []
+
+    def ask():
+        try:
+            plans.append(synth.planner.loop_arguments(fresh, seeded=True, batched=True))
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(plans) == 4
+    assert all(p["costs"] is plans[0]["costs"] and p["acceptance"] == plans[0]["acceptance"] for p in plans)
+
+
 def test_a_worker_that_adopts_anothers_plan_repeats_its_seeded_audio(models, groups_file):
     """Two loads of the same models measure two sets of step costs (timing noise), so their adaptive
     draft lengths, and with them a seeded utterance's draws, can differ; `planner.adopt` (what the
