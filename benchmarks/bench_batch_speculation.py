@@ -64,12 +64,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--policies", type=policies, default=["ar", "eagle-pcg"],
                     help="comma-separated policies (ar is always run: the baseline); default ar,eagle-pcg")
     ap.add_argument("--tokens", type=int, default=48, help="speech tokens per stream (8-1000, default 48)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds over the policies, in turn forward and backward (1-10, default 2)")
     ap.add_argument("--json", type=Path, help="write the report here too")
     args = ap.parse_args(argv)
     if not 2 <= args.streams <= 16:
         ap.error("--streams must lie in [2, 16]")
     if not 8 <= args.tokens <= 1000:
         ap.error("--tokens must lie in [8, 1000]")
+    if not 1 <= args.rounds <= 10:
+        ap.error("--rounds must lie in [1, 10]")
     if args.voice is not None and not (args.voice / "target").is_dir():
         ap.error(f"--voice {args.voice}: no target/ folder in it")
     if args.json is not None and (args.json.is_dir() or not args.json.parent.is_dir()):
@@ -156,6 +160,59 @@ def pace(runs: list[tuple[int, float]]) -> float:
     return sum(t for t, _ in runs) / sum(s for _, s in runs)
 
 
+LONGEST_VERIFY = 4  # tokens a stream's verify carries at most in the pass curve (L = 3)
+
+
+def acceptance(stats) -> list[float]:
+    """Per-position conditional acceptance over the decodes' speculative steps (`cost_model`)."""
+    from pcgtts.runtime.decode.cost_model import conditional_acceptance
+
+    longest = max((len(s.per_position_accepted) for s in stats), default=0)
+    accepted = [sum(s.per_position_accepted[i] for s in stats if i < len(s.per_position_accepted))
+                for i in range(longest)]
+    speculative = sum(sum(s.length_counts[1:]) for s in stats)
+    return conditional_acceptance(accepted, speculative)
+
+
+def pass_curve(synth, prompts, longest: int, repeats: int = 5) -> dict[int, list[float]]:
+    """{n: [seconds of the batch's target pass carrying n streams' T tokens each, T = 1..longest]} for
+    n = 1 and every stream (median of `repeats`; the head's scores of every row included, as the gate
+    computes them), each slot holding its prompt."""
+    import torch
+
+    lm, streams = synth.batch.lm, len(prompts)
+    lm.ensure_cache()
+    for slot, prompt in enumerate(prompts):
+        lm.prefill(slot, prompt[:-1])
+    held = list(lm.lengths)
+    curve = {}
+    for n in sorted({1, streams}):
+        curve[n] = []
+        for tokens in range(1, longest + 1):
+            ids = torch.stack([p[-1:].expand(tokens) for p in prompts[:n]])
+            times = []
+            for _ in range(repeats):
+                lm.lengths[:] = held
+                started = time.perf_counter()
+                with torch.inference_mode():
+                    lm.model.head_scores(lm.hidden(list(range(n)), ids))
+                times.append(time.perf_counter() - started)
+            curve[n].append(sorted(times)[repeats // 2])
+    lm.lengths[:] = held
+    return curve
+
+
+def bound(acceptance: list[float], seconds: list[float]) -> float:
+    """The most a proposer that cost nothing could speed plain decoding up by, at draft length L = 1 ..
+    len(seconds) - 1: its expected tokens a verify at `acceptance` over what the verify's pass costs
+    against a plain step's (`seconds`: a pass carrying 1 .. L + 1 tokens a stream)."""
+    from pcgtts.runtime.decode.cost_model import expected_tokens
+
+    if not acceptance:
+        return 1.0
+    return max(1.0, *(expected_tokens(acceptance, k) * seconds[0] / seconds[k] for k in range(1, len(seconds))))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from pcgtts.runtime.decode.steps import DecodeStats
@@ -166,22 +223,33 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [build_prompt(target.tokenizer, target.vocab, SENTENCES[i % len(SENTENCES)]).view(-1)
                for i in range(args.streams)]
     seeds = list(range(args.streams))
-    results = {}
+    configs, runs = {}, {name: {"alone": [], "batch": [], "alone_stats": [], "batch_stats": []}
+                         for name in args.policies}
     for name in args.policies:
         config = replace(synth.config.decode, policy=name, max_new_tokens=args.tokens, min_new_tokens=args.tokens)
         synth.route(False).planner.plan(config)  # calibration and warm-up before timing
         decode_alone(synth, prompts[0], replace(config, max_new_tokens=8, min_new_tokens=8), 0)
         decode_together(synth, prompts, replace(config, max_new_tokens=8, min_new_tokens=8), seeds)  # slots warm
-        alone_stats, batch_stats = [DecodeStats() for _ in prompts], [DecodeStats() for _ in prompts]
-        alone = pace([decode_alone(synth, p, config, s, st) for p, s, st in zip(prompts, seeds, alone_stats)])
-        together = pace(decode_together(synth, prompts, config, seeds, batch_stats))
-        results[name] = {"alone_tok_s": alone, "batch_tok_s": together * args.streams,
-                         "alone_tokens_a_step": tokens_a_step(alone_stats),
-                         "batch_tokens_a_step": tokens_a_step(batch_stats)}
+        configs[name] = config
+    for turn in range(args.rounds):  # ABBA: drifts of the machine's pace fall on every policy alike
+        for name in (args.policies if turn % 2 == 0 else args.policies[::-1]):
+            r, config = runs[name], configs[name]
+            alone_stats, batch_stats = [DecodeStats() for _ in prompts], [DecodeStats() for _ in prompts]
+            r["alone"] += [decode_alone(synth, p, config, s, st) for p, s, st in zip(prompts, seeds, alone_stats)]
+            r["batch"] += decode_together(synth, prompts, config, seeds, batch_stats)
+            r["alone_stats"] += alone_stats
+            r["batch_stats"] += batch_stats
+    results = {}
+    for name, r in runs.items():
+        results[name] = {"alone_tok_s": pace(r["alone"]), "batch_tok_s": pace(r["batch"]) * args.streams,
+                         "alone_tokens_a_step": tokens_a_step(r["alone_stats"]),
+                         "batch_tokens_a_step": tokens_a_step(r["batch_stats"]),
+                         "alone_acceptance": acceptance(r["alone_stats"])}
         print(f"  {name}: alone {results[name]['alone_tok_s']:.1f} tok/s "
               f"({results[name]['alone_tokens_a_step']:.2f} tokens a target forward), {args.streams} together "
               f"{results[name]['batch_tok_s']:.1f} tok/s in all ({results[name]['batch_tokens_a_step']:.2f})",
               file=sys.stderr)
+    curve = pass_curve(synth, prompts, LONGEST_VERIFY)
     base = results["ar"]
     summaries, rows = [], []
     for name, r in results.items():
@@ -195,6 +263,15 @@ def main(argv: list[str] | None = None) -> int:
              "speedup_vs_ar": r["batch_tok_s"] / base["alone_tok_s"], "per_stream_tokens_per_second": per_stream,
              "per_stream_speedup_vs_ar_in_batch": batch_x, "speedup_kept": batch_x / alone_x,
              "tokens_per_target_forward": r["batch_tokens_a_step"]}]
+        if name != "ar":
+            ceiling_alone, ceiling_batch = (bound(r["alone_acceptance"], curve[n]) for n in (1, args.streams))
+            summaries[-2]["predicted_at_most"] = ceiling_alone
+            summaries[-1]["predicted_at_most"] = ceiling_batch
+            summaries[-1]["speedup_kept_at_most"] = ceiling_batch / ceiling_alone
+            print(f"  {name}: a proposer that cost nothing, at the acceptance measured alone, would give at most "
+                  f"{ceiling_alone:.2f}x alone and {ceiling_batch:.2f}x in the batch (kept {ceiling_batch / ceiling_alone:.2f}): "
+                  f"a pass of {args.streams} streams' verifies costs {curve[args.streams][-1] / curve[args.streams][0]:.2f}x "
+                  f"their plain step, one stream's {curve[1][-1] / curve[1][0]:.2f}x", file=sys.stderr)
         rows.append((name, r["alone_tok_s"], alone_x, r["batch_tok_s"], per_stream, batch_x, batch_x / alone_x))
     print(f"\n{'policy':>12} {'alone tok/s':>12} {'x ar alone':>11} {f'B={args.streams} tok/s':>12} "
           f"{'per stream':>11} {'x ar in B':>10} {'kept':>6}", file=sys.stderr)
@@ -206,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                                    *(argv if argv is not None else sys.argv[1:])]),
               "streams": args.streams, "tokens": args.tokens, "quantize": args.quantize,
               "compute_device": args.compute_device, "dtype": args.dtype,
-              "voice": str(args.voice) if args.voice else "built-in", "summaries": summaries}
+              "voice": str(args.voice) if args.voice else "built-in", "rounds": args.rounds,
+              "pass_seconds": {str(n): times for n, times in curve.items()}, "summaries": summaries}
     print(json.dumps(report))
     if args.json:
         tmp = args.json.with_name(args.json.name + ".tmp")

@@ -105,11 +105,15 @@ class DraftLengthPlanner:
     def warm_batch(self, batch) -> None:
         """Allocate a batch's caches and prefill the chat template's head into its first slot now, so that
         no stream's first audio waits for either (every slot copies the head from it:
-        `BatchedLM.donor`). A no-op with prefix reuse off."""
+        `BatchedLM.donor`; with prefix reuse off, none is prefilled); time a call of the EAGLE draft's
+        proposals for every slot where its streams share them (`StepGate.time_proposals`)."""
         head = self.template_head()
         for lm in (batch.lm, batch.draft):
             if _holds(lm, head):
                 lm.prefill(0, head)
+        step = getattr(self.eagle, "step", None)
+        if batch.slots > 1 and getattr(step, "stateless", False) and self.eagle.chain is None:
+            batch.gate.time_proposals(step, batch.slots)  # what its streams' shared proposals cost
 
     def template_head(self):
         """The prompt tokens every utterance and voice shares (the chat template's head), or None when

@@ -4,6 +4,8 @@ passes (cost_model.SharedPassCosts), and ragged passes at the gate (runtime/lm/b
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from pcgtts.runtime.decode.batch import BatchDecoder
 from pcgtts.runtime.decode.cost_model import PassTimes, StepCosts, best_length, pays_in_batch, shared_pass_costs
 from pcgtts.runtime.decode.loop import decode
 from pcgtts.runtime.decode.proposers import EagleProposer, HeadProposer
-from pcgtts.runtime.lm.batched import BatchedLM, SlotLM, StepGate
+from pcgtts.runtime.lm.batched import BatchedLM, GatedStep, SlotLM, StepGate
 from pcgtts.runtime.lm.torch_lm import TorchLM
 
 from helpers import random_draft, random_heads
@@ -63,6 +65,10 @@ def test_a_fork_shares_the_weights_and_not_the_state(target, eagle, heads):
     eagle.start(0)
     mlp = EagleProposer.from_draft(random_draft(target, block="mlp"), target)
     assert mlp.fork().step is mlp.step  # an attention-free step keeps no state: shared
+    gated = mlp.fork(StepGate()).step  # in a batch: its proposals meet the other streams' at the gate
+    assert isinstance(gated, GatedStep) and gated.step is mlp.step and gated.digits == mlp.step.digits
+    with pytest.raises(ValueError, match="keeps a cache of its own"):
+        GatedStep(eagle.step, StepGate())
     heads_twin = heads.fork()
     assert heads_twin.step is heads.step
     heads.observe(torch.zeros(1, heads.step.hidden_size), [3], 0)
@@ -97,6 +103,44 @@ def test_a_seeded_speculative_stream_alone_in_the_batch_draws_what_it_draws_alon
     expected = alone(target, draft, prompt, cfg, 7, tiny_groups, **plan)
     batch = BatchDecoder(BatchedLM(target, 2), draft=BatchedLM(draft, 2), groups=tiny_groups)
     assert together(batch, [prompt], cfg, [7], **plan) == [expected]
+
+
+@pytest.fixture(scope="module")
+def mlp_eagle(target):
+    return EagleProposer.from_draft(random_draft(target, seed=2, block="mlp"), target)  # attention-free
+
+
+def test_an_attention_free_draft_proposes_for_every_stream_in_one_call(target, mlp_eagle):
+    """Streams of an attention-free EAGLE draft make their proposals together (one call over all their
+    rows: `GatedStep`, `StepGate.propose`), and each stream's codes are still its greedy codes alone."""
+    step = mlp_eagle.step
+    f, scores = step.run_rows([(torch.randn(2, step.hidden_size), torch.tensor([3, 4])),
+                               (torch.randn(1, step.hidden_size), torch.tensor([7]))])
+    assert f.shape[0] == 2 and scores.shape[0] == 2
+    cfg = config("eagle-pcg")
+    ps = prompts(target)[:4]
+    greedy = [alone(target, None, p, config("ar"), 0) for p in ps]
+    batch = BatchDecoder(BatchedLM(target, 4))
+    assert together(batch, ps, cfg, [0, 1, 2, 3], proposer=mlp_eagle) == greedy
+    calls = batch.gate.pass_times(step)
+    assert calls.passes > 0 and max(calls.seconds) > 1  # calls that carried several streams' proposals
+
+
+def test_streams_with_different_draft_lengths_verify_in_one_pass(tiny_pair, tiny_groups, mlp_eagle):
+    """A stream drafting 1 token reaches the verify while the others still draft 3: its verify waits
+    for theirs (the draft's work at the gate runs first: EAGLE proposals, a draft LM's forwards), so
+    the target's passes carry every stream."""
+    target, draft = tiny_pair
+    ps = prompts(target)[:4]
+    for policy, proposer in (("eagle-pcg", mlp_eagle), ("pcg", None)):
+        cfgs = [replace(config(policy, tokens=60), draft_length=k) for k in (1, 3, 3, 2)]
+        batch = BatchDecoder(BatchedLM(target, 4), draft=BatchedLM(draft, 4), groups=tiny_groups)
+        verifies, record, rows = batch.gate.pass_times(batch.lm), [], []
+        record, verifies.record = verifies.record, lambda n, tokens, seconds: rows.append(n) or record(n, tokens, seconds)
+        out = together(batch, ps, cfgs, [0, 1, 2, 3], proposer=proposer)
+        assert all(len(codes) >= 10 for codes in out)
+        # every pass carries every stream still decoding: 4 until the first finishes, then fewer
+        assert rows[0] == 4 and rows == sorted(rows, reverse=True), (policy, rows)
 
 
 def test_an_eagle_draft_reading_several_layers_gets_them_from_the_batch(tiny_lms, tiny_groups):
@@ -181,6 +225,26 @@ def test_the_plan_falls_to_plain_decoding_when_shared_passes_make_speculation_no
     # a sentence starting beside the others asks the same question before it starts its own loop
     assert pays_in_batch(COSTS, acceptance, 3, PassTimes(), streams=1)
     assert not pays_in_batch(COSTS, acceptance, 3, passes, streams=8)
+
+
+def test_shared_proposals_cost_a_stream_its_share_of_a_call():
+    """An attention-free EAGLE draft's proposals run B streams' rows a call: a stream's proposal costs
+    the call's time over B (before any call was measured: its own cost alone, as if unshared), and a
+    plan that does not pay with proposals made one stream at a time can pay with them shared."""
+    eagle_costs = StepCosts(target_forward=(1e-3, 1.1e-3, 1.2e-3, 1.3e-3), draft_forward=(3e-4, 3e-4), rule=5e-5)
+    passes, calls = PassTimes(), PassTimes()
+    for tokens in (4, 8, 12, 16):  # 4 streams a pass: 0.9 ms to read the weights, 0.01 ms a token
+        for _ in range(50):
+            passes.record(4, tokens, 0.9e-3 + 1e-5 * tokens)
+    acceptance = [0.7, 0.6, 0.5]
+    shared = shared_pass_costs(eagle_costs, passes, proposal_passes=calls)
+    assert shared.propose(2) == pytest.approx(2 * 3e-4)  # nothing measured: one stream's own cost
+    calls.record(4, 4, 2e-4)  # one call for 4 streams' rows: less than one row's one at a time
+    assert shared.propose(2) == pytest.approx(2 * 2e-4 / 4)
+    assert not pays_in_batch(eagle_costs, acceptance, 3, passes, streams=4)
+    assert pays_in_batch(eagle_costs, acceptance, 3, passes, streams=4, proposal_passes=calls)
+    alone = shared_pass_costs(eagle_costs, PassTimes(), proposal_passes=calls)
+    assert alone.propose(3) == eagle_costs.propose(3)  # alone: unchanged
 
 
 def test_a_sentence_whose_plan_is_plain_at_the_batch_size_decodes_on_the_batch_steps(tiny_pair, tiny_groups):

@@ -20,6 +20,7 @@ def bench(monkeypatch):
 @pytest.mark.parametrize("flags, message", [
     (["--streams", "1"], "--streams"),
     (["--tokens", "4"], "--tokens"),
+    (["--rounds", "0"], "--rounds"),
     (["--policies", "fast"], "policy must be one of"),
     (["--voice", "tests"], "no target/ folder"),
     (["--json", "tests"], "not a file"),
@@ -32,6 +33,15 @@ def test_bad_flags_exit_before_any_model_loads(bench, flags, message, capsys):
 
 def test_ar_is_always_the_first_policy(bench):
     assert bench.policies("eagle-pcg,pcg") == ["ar", "eagle-pcg", "pcg"]
+
+
+def test_the_bound_is_what_a_free_proposer_gains_at_the_measured_passes(bench):
+    """Every proposal accepted and a verify of 4 tokens costing a plain step: 4x; a pass whose time
+    grows with every token carried gives nothing back; no measured acceptance: no gain."""
+    assert bench.bound([1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]) == pytest.approx(4.0)
+    assert bench.bound([0.5], [1.0, 2.0, 3.0, 4.0]) == 1.0  # 1.5 tokens for 2 tokens' time: plain wins
+    assert bench.bound([0.5], [1.0, 1.2, 1.4, 1.6]) == pytest.approx(max(1.5 / 1.2, 1.75 / 1.4, 1.875 / 1.6))
+    assert bench.bound([], [1.0, 1.0]) == 1.0
 
 
 @pytest.mark.slow
@@ -49,3 +59,5 @@ def test_a_short_run_reports_each_policy_alone_and_together(tmp_path, capsys):
     together = cases["B = 2 streams, pcg"]
     assert together["speedup_kept"] == pytest.approx(
         together["per_stream_speedup_vs_ar_in_batch"] / cases["B = 1 stream, pcg"]["speedup_vs_ar"])
+    assert set(report["pass_seconds"]) == {"1", "2"} and all(len(t) == 4 for t in report["pass_seconds"].values())
+    assert together["predicted_at_most"] >= 1.0 and cases["B = 1 stream, pcg"]["predicted_at_most"] >= 1.0

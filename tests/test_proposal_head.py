@@ -45,6 +45,13 @@ def test_candidates_carry_the_head_s_own_scores_and_the_rest_are_impossible(form
         tolerance = {} if exact else {"rtol": 0.05, "atol": 0.05 * float(full.abs().max())}
         torch.testing.assert_close(scores[kept], full[kept], **tolerance)
         assert int(scores.argmax()) == int(full.argmax())  # the preview finds the head's best token
+    with torch.inference_mode():  # several drafts' rows at once (a batch's proposals): each as alone
+        together = head(states[:9])
+    for f, row in zip(states[:9], together):
+        with torch.inference_mode():
+            alone = head(f)
+        assert torch.equal(torch.isfinite(row), torch.isfinite(alone))
+        torch.testing.assert_close(row, alone)
 
 
 def test_the_factor_is_the_same_on_every_load_and_small_heads_are_read_whole():

@@ -103,7 +103,7 @@ class BatchDecoder:
         if draft is not None and draft.slots != lm.slots:
             raise ValueError(f"the draft's batch has {draft.slots} slots, the target's {lm.slots}")
         self.lm, self.ahead_tokens, self.draft, self.groups = lm, ahead_tokens, draft, groups
-        self.gate = StepGate()
+        self.gate = StepGate(lm)
         self.stepping: set[int] = set()  # slots of the step under way on the batch's thread
         self.closing: set[int] = set()  # slots given back during it: free once it ends
         self.lock = threading.RLock()
@@ -116,12 +116,13 @@ class BatchDecoder:
         self.forks: dict[tuple[int, int], tuple[object, object]] = {}  # (slot, id) -> (a proposer, its fork)
 
     def fork(self, slot: int, proposer):
-        """`slot`'s own copy of a proposer on the target's states (`proposer.fork()`: the same weights,
-        its own per-utterance state), made once per slot and kept for the streams that hold it."""
+        """`slot`'s own copy of a proposer on the target's states (`proposer.fork(gate)`: the same weights,
+        its own per-utterance state, its proposals made with the other slots' where its step keeps no
+        cache), made once per slot and kept for the streams that hold it."""
         with self.cond:
             key = (slot, id(proposer))
             if key not in self.forks or self.forks[key][0] is not proposer:
-                self.forks[key] = (proposer, proposer.fork())
+                self.forks[key] = (proposer, proposer.fork(self.gate))
             return self.forks[key][1]
 
     # -- admission ------------------------------------------------------------------------------
@@ -329,16 +330,18 @@ class SlotSeat:
             raise RuntimeError("this slot is still decoding its last sentence")
         stats = stats if stats is not None else DecodeStats()
         batch, adaptive = self.batch, plans_draft_length(config)
-        passes = batch.gate.pass_times(batch.lm)
-        if spec.plain or adaptive and not pays_in_batch(costs, acceptance, config.draft_length, passes, batch.seated):
+        proposer = batch.fork(self.slot, proposer) if spec.reads_states else None
+        passes, proposals = batch.gate.pass_times(batch.lm), batch.gate.proposal_times(proposer)
+        if spec.plain or adaptive and not pays_in_batch(costs, acceptance, config.draft_length, passes, batch.seated,
+                                                        proposal_passes=proposals):
             # plain decoding, or an adaptive length whose plan at this batch's size is plain: the batch's
             # own steps carry it (as `loop.decode` would with L = 0, minus a loop of its own)
             return self._read(BatchJob(self.slot, prompt_ids, config, generator, stats), wanted)
         self.job = None
         if adaptive:
             costs = shared_pass_costs(costs, passes,
-                                      batch.gate.pass_times(batch.draft) if batch.draft is not None else None)
-        proposer = self.batch.fork(self.slot, proposer) if spec.reads_states else None
+                                      batch.gate.pass_times(batch.draft) if batch.draft is not None else None,
+                                      proposals)
         return self._speculate(decode(self.target, self.draft, prompt_ids, config, generator, self.batch.groups,
                                       stats, costs=costs, proposer=proposer, acceptance=acceptance))
 

@@ -169,20 +169,28 @@ class SharedPassCosts(StepCosts):
     speculation look better the more streams share it; the share is what the batch's throughput
     pays. As B grows the read's share vanishes and a token of a verify costs the same marginal time
     as a plain step's token: a speculative step then pays L + 1 tokens' time for its expected
-    tokens(L) < L + 1, so the plan falls to plain decoding (L = 0), as it must. The proposals (an
-    EAGLE draft or heads, on the stream's own thread) and the rule are one stream's own work, priced
-    as measured; a draft LM's forwards also meet at the gate and are shared like the target's
-    (`draft_passes`). Alone (B = 1) a stream plans with its given costs unchanged, so a seeded stream
-    alone in the batch chooses what it chooses on the one-stream lane."""
+    tokens(L) < L + 1, so the plan falls to plain decoding (L = 0), as it must. A draft LM's forwards
+    also meet at the gate and are shared like the target's (`draft_passes`), and so are an
+    attention-free EAGLE draft's proposals, B rows a call (`proposal_passes`: a proposal costs its
+    share of a call carrying every stream's); the heads' proposals and the rule are one stream's own
+    work, priced as measured. Alone (B = 1) a stream plans with its given costs unchanged, so a
+    seeded stream alone in the batch chooses what it chooses on the one-stream lane."""
 
     passes: PassTimes | None = None
     draft_passes: PassTimes | None = None
+    proposal_passes: PassTimes | None = None
 
     def target(self, tokens: int) -> float:
         return _shared(self.passes, self.target_forward, tokens)
 
     def draft(self, tokens: int) -> float:
         return _shared(self.draft_passes, self.draft_forward, tokens)
+
+    def propose(self, count: int) -> float:
+        streams = self.passes.streams if self.passes is not None else 1
+        if self.proposal_passes is None or streams == 1:
+            return super().propose(count)
+        return count * self.proposal_passes.pass_seconds(streams, (super().propose(1),)) / streams
 
 
 def _shared(passes: PassTimes | None, alone: tuple[float, ...], tokens: int) -> float:
@@ -193,22 +201,25 @@ def _shared(passes: PassTimes | None, alone: tuple[float, ...], tokens: int) -> 
     return passes.pass_seconds(streams * tokens, alone) / streams
 
 
-def shared_pass_costs(costs: StepCosts, passes: PassTimes, draft_passes: PassTimes | None = None) -> SharedPassCosts:
+def shared_pass_costs(costs: StepCosts, passes: PassTimes, draft_passes: PassTimes | None = None,
+                      proposal_passes: PassTimes | None = None) -> SharedPassCosts:
     """`costs` (one stream's, measured alone) as a batched stream plans with them (`SharedPassCosts`)."""
     return SharedPassCosts(costs.target_forward, costs.draft_forward, costs.rule, costs.sample, costs.proposals,
-                           passes=passes, draft_passes=draft_passes)
+                           passes=passes, draft_passes=draft_passes, proposal_passes=proposal_passes)
 
 
 def pays_in_batch(costs: StepCosts, acceptance: Sequence[float] | None, max_length: int, passes: PassTimes,
-                  streams: int, margin: float = 0.05) -> bool:
+                  streams: int, margin: float = 0.05, proposal_passes: PassTimes | None = None) -> bool:
     """Whether a stream starting a sentence beside `streams` - 1 others (or alone) would speculate: its
     plan at the starting `acceptance` (None: 0.5 a position), with its forwards' share of passes
-    carrying all `streams` (`SharedPassCosts`), beats plain decoding by `margin` (the adaptive policy's
-    switch-on margin). When it does not, the sentence decodes plainly on the batch's own steps, which carry every
-    plain stream in one pass with none of a speculative loop's per-stream work."""
+    carrying all `streams` (`SharedPassCosts`; `proposal_passes` where its proposals share calls too),
+    beats plain decoding by `margin` (the adaptive policy's switch-on margin). When it does not, the
+    sentence decodes plainly on the batch's own steps, which carry every plain stream in one pass
+    with none of a speculative loop's per-stream work."""
     view = copy.copy(passes)
     view.rows = float(max(streams, 1))  # alone: the one-stream costs as they are
-    per_length = predict(shared_pass_costs(costs, view), acceptance or (0.5,), max_length)
+    per_length = predict(shared_pass_costs(costs, view, proposal_passes=proposal_passes), acceptance or (0.5,),
+                         max_length)
     best = fastest(per_length)
     return best > 0 and per_length[best] >= (1 + margin) * per_length[0]
 

@@ -148,9 +148,9 @@ class HeadProposer:
     def max_proposals(self) -> int:
         return self.step.num_heads
 
-    def fork(self) -> "HeadProposer":
+    def fork(self, gate=None) -> "HeadProposer":
         """A proposer for another stream: the same heads (their weights and the target's head), its own
-        observed row and proposal mode."""
+        observed row and proposal mode (`gate`: unused, the heads read one row a stream)."""
         return HeadProposer(self.step, self.transitions)
 
     def start(self, first_slot: int, config=None, prompt_ids=None) -> None:
@@ -274,17 +274,21 @@ class EagleProposer:
         chain = CompiledEagleChain(draft, model, target.vocab) if chained else None
         return cls(HostEagleStep(draft, model, target.vocab, target.max_length), chain)
 
-    def fork(self) -> "EagleProposer":
+    def fork(self, gate=None) -> "EagleProposer":
         """A proposer for another stream (a batch's slot): the same draft weights, head and compiled
         chain, its own utterance state (pending rows, slots) and, for a draft with an attention block,
         its own cache (`TorchEagleStep`'s lives on the draft's attention module: the fork's module
         shares every parameter and holds cache tensors of its own). An attention-free step
-        (`HostEagleStep`, or a torch MLP block) keeps no state of its own: it is shared."""
+        (`HostEagleStep`, or a torch MLP block) keeps no state of its own: it is shared, and with a
+        batch's `gate` (`batched.StepGate`) the streams' proposals are made together (`GatedStep`)."""
+        from pcgtts.runtime.lm.batched import GatedStep
         from pcgtts.runtime.lm.eagle import HostEagleStep, TorchEagleStep
 
         step = self.step
         if isinstance(step, TorchEagleStep) and step.draft.attention:
             step = TorchEagleStep(_with_own_cache(step.draft), step.model, step.vocab, step.max_length)
+        elif gate is not None and isinstance(step, (TorchEagleStep, HostEagleStep)) and self.chain is None:
+            step = GatedStep(step, gate)
         elif not isinstance(step, (TorchEagleStep, HostEagleStep)):
             raise ValueError(f"an EAGLE draft on {type(step).__name__} steps one stream (its cache is the "
                              "exported graph's): batching its streams needs the torch backend")

@@ -160,15 +160,16 @@ class BatchedLM:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def outputs(self, states: torch.Tensor, kind: str):
+    def outputs(self, states: torch.Tensor, kind: str, scores: torch.Tensor | None = None):
         """What a forward returns for final-normed states [..., D], as a `TorchLM` returns it: "logits"
         (restricted-vocabulary logits), "scores" ((the head's scores, the states)) or "hidden" ((the
-        logits, the states))."""
+        logits, the states)). `scores`: the head's scores of `states`, when the caller has them."""
+        scores = self.model.head_scores(states) if scores is None else scores
         if kind == "logits":
-            return self.model.logits(states)
+            return self.model.scores_to_logits(scores)
         if kind == "scores":
-            return self.model.head_scores(states), states
-        return self.model.logits(states), states
+            return scores, states
+        return self.model.scores_to_logits(scores), states
 
     @torch.inference_mode()
     def step_scores(self, slots: Sequence[int], ids: torch.Tensor) -> torch.Tensor:
@@ -283,6 +284,19 @@ class StepRequest:
     done: bool = False
 
 
+@dataclass(eq=False)
+class ProposalRequest:
+    """Proposals a stream asked of the gate: a stateless EAGLE step (`eagle.TorchEagleStep` or
+    `HostEagleStep` of an attention-free draft) run after `states` [k, ·] with `tokens` [k]."""
+
+    lm: object  # the step: requests of one step run together (`run_rows`)
+    states: torch.Tensor
+    tokens: torch.Tensor
+    result: object = None
+    error: BaseException | None = None
+    done: bool = False
+
+
 RAGGED_WASTE = 4  # a ragged pass computes at most this many times the tokens its rows hold
 
 
@@ -294,10 +308,15 @@ class StepGate:
     tokens than the longest padded (ragged acceptance: one stream verifies 1 token where another
     verifies 4; `BatchedLM.hidden`'s `counts`), or one forward per token count where padding would
     write past a slot's cache end. A stream outside its loop (handing out a burst, waiting for its
-    reader) holds nobody up. Each pass's time is kept per model (`times`: `cost_model.PassTimes`),
-    which a stream's adaptive draft length plans with."""
+    reader) holds nobody up. Proposals of an attention-free EAGLE draft meet there too (`propose`,
+    through `GatedStep`): every stream's in one call. The `target`'s pass waits while requests of
+    another model (proposals, a draft LM's forwards) are pending: those run first, and the streams
+    that made them reach the verify, so that one target pass carries every stream's verify instead
+    of a stream with a shorter draft verifying alone. Each pass's time is kept per model (`times`:
+    `cost_model.PassTimes`), which a stream's adaptive draft length plans with."""
 
-    def __init__(self):
+    def __init__(self, target: BatchedLM | None = None):
+        self.target = target
         self.cond = threading.Condition()
         self.inside = 0  # streams inside their decode loop
         self.pending: list[StepRequest] = []
@@ -310,6 +329,23 @@ class StepGate:
         with self.cond:
             return self.times.setdefault(lm, PassTimes())
 
+    def proposal_times(self, proposer) -> PassTimes | None:
+        """The measured calls of `proposer`'s shared proposals (a batch's fork whose step is a
+        `GatedStep`), or None where its proposals are its stream's own."""
+        step = getattr(proposer, "step", None)
+        return self.pass_times(step.step) if isinstance(step, GatedStep) else None
+
+    def time_proposals(self, step, streams: int) -> None:
+        """Record what one call of a stateless EAGLE `step` for `streams` streams' rows costs (its
+        second call: the first may initialise kernels), so that a stream's first plan in the batch
+        prices its proposals' share before any call has been measured."""
+        rows = [(torch.zeros(1, step.hidden_size, dtype=step.dtype, device=step.device),
+                 torch.zeros(1, dtype=torch.long, device=step.device))] * streams
+        for _ in range(2):
+            started = time.perf_counter()
+            step.run_rows(rows)
+        self.pass_times(step).record(streams, streams, time.perf_counter() - started)
+
     def enter(self) -> None:
         with self.cond:
             self.inside += 1
@@ -321,7 +357,13 @@ class StepGate:
                 self._run_pending()
 
     def forward(self, lm: BatchedLM, slot: int, ids: torch.Tensor, kind: str):
-        request = StepRequest(lm, slot, ids.view(-1), kind)
+        return self._wait(StepRequest(lm, slot, ids.view(-1), kind))
+
+    def propose(self, step, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stateless EAGLE step's `run` (f [D], head scores [W]), made with the other streams'."""
+        return self._wait(ProposalRequest(step, states, tokens))
+
+    def _wait(self, request):
         with self.cond:
             self.pending.append(request)
             if len(self.pending) >= self.inside:
@@ -333,12 +375,19 @@ class StepGate:
         return request.result
 
     def _run_pending(self) -> None:
-        """(under the lock) Run every request waiting: one pass per model (`_passes`)."""
+        """(under the lock) Run every request waiting, the target's held while others wait (`StepGate`):
+        one pass per model (`_passes`; proposals: `_run_proposals`)."""
         requests, self.pending = self.pending, []
-        models: dict[int, list[StepRequest]] = {}
+        held = [r for r in requests if r.lm is self.target]
+        if held and len(held) < len(requests):  # the others first: their streams then verify with these
+            self.pending, requests = held, [r for r in requests if r.lm is not self.target]
+        models: dict[int, list] = {}
         for request in requests:
             models.setdefault(id(request.lm), []).append(request)
         for group in models.values():
+            if isinstance(group[0], ProposalRequest):
+                self._run_proposals(group)
+                continue
             for run in self._passes(group):
                 self._run(run)
         for request in requests:
@@ -369,8 +418,9 @@ class StepGate:
             with torch.inference_mode():
                 ids = torch.stack([torch.cat([r.ids, r.ids[-1:].expand(longest - len(r.ids))]) for r in run])
                 states = lm.hidden([r.slot for r in run], ids, counts if min(counts) < longest else None)
+                scores = lm.model.head_scores(states)  # one read of the head for every row
                 for i, request in enumerate(run):
-                    request.result = lm.outputs(states[i, :counts[i]], request.kind)
+                    request.result = lm.outputs(states[i, :counts[i]], request.kind, scores[i, :counts[i]])
             self.pass_times(lm).record(len(run), len(run) * longest, time.perf_counter() - started)
         except BaseException as err:  # each stream of the run hears it
             for request in run:
@@ -378,6 +428,41 @@ class StepGate:
         self.runs += 1
         self.sizes.append(len(run))
         del self.sizes[:-100]
+
+
+    def _run_proposals(self, run: list[ProposalRequest]) -> None:
+        """One call for every stream's proposal (one stream's: its own step's `run`, as alone)."""
+        step = run[0].lm
+        try:
+            started = time.perf_counter()
+            with torch.inference_mode():
+                if len(run) == 1:
+                    run[0].result = step.run(run[0].states, run[0].tokens, 0)
+                else:
+                    f, scores = step.run_rows([(r.states, r.tokens) for r in run])
+                    for i, request in enumerate(run):
+                        request.result = f[i], scores[i]
+            self.pass_times(step).record(len(run), len(run), time.perf_counter() - started)
+        except BaseException as err:  # each stream of the run hears it
+            for request in run:
+                request.error = err
+
+
+class GatedStep:
+    """A stateless EAGLE step (`stateless`: an attention-free draft's) as one stream of a batch sees
+    it: its `run` meets the other streams' proposals at the gate (`StepGate.propose`), one call for
+    all of them; everything else is the shared step's."""
+
+    def __init__(self, step, gate: StepGate):
+        if not getattr(step, "stateless", False):
+            raise ValueError(f"{type(step).__name__} keeps a cache of its own: its proposals are made per stream")
+        self.step, self.gate = step, gate
+
+    def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate.propose(self.step, states, tokens)
+
+    def __getattr__(self, name: str):
+        return getattr(self.step, name)
 
 
 class SlotLM:

@@ -264,17 +264,26 @@ class TorchEagleStep:
     def run(self, states: torch.Tensor, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
         if not self.draft.attention:  # rows are independent: only the last one is asked for
-            states, tokens = states[-1:], tokens[-1:]
+            f, scores = self.run_rows([(states, tokens)])
+            return f[0], scores[0]
         embeds = model.embed_tokens(self.vocab.restricted_to_token_ids(tokens))
-        if self.draft.attention:
-            end = start + len(tokens)
-            positions = torch.arange(start, end, device=states.device)
-            # the target's causal mask (the draft's slots never exceed the target's)
-            f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end,
-                                    rope=model.rope(positions))[0, -1]
-        else:
-            f = self.draft.features(states, embeds, None, None, None, cached=False)[-1]
+        end = start + len(tokens)
+        positions = torch.arange(start, end, device=states.device)
+        # the target's causal mask (the draft's slots never exceed the target's)
+        f = self.draft.features(states[None], embeds[None], positions, model.causal[positions, :end], end,
+                                rope=model.rope(positions))[0, -1]
         return f, self.head(f.to(model.dtype))
+
+    @property
+    def stateless(self) -> bool:
+        """Whether it keeps no cache (an attention-free draft), so that several streams' proposals can
+        be made in one call (`run_rows`)."""
+        return not self.draft.attention
+
+    def run_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """An attention-free draft's `run` for several streams at once: [(states [k, ·], tokens [k])] ->
+        (f of each one's last row [n, D], their head scores [n, W]), one product per weight."""
+        return last_rows(self.draft, self.model, self.vocab, self.head, rows)
 
     def scores_to_logits(self, scores: torch.Tensor) -> torch.Tensor:
         return self.model.scores_to_logits(scores)
@@ -308,6 +317,13 @@ class HostEagleStep:
         self.norms = [(view(n.weight), n.eps) for n in (draft.block.post_attention_layernorm, draft.norm)]
         self.embed, self.head = view(target.embed_tokens.weight), view(target.head.weight)
         self.proposal_head = proposal_head_for(target)  # a large dense head: its cheap stand-in
+        self.draft = draft  # several streams' rows at once run as torch products (`run_rows`)
+
+    stateless = True  # no cache: several streams' proposals can be made in one call
+
+    def run_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`TorchEagleStep.run_rows` (matrix products, where `run`'s vectors gain nothing from NumPy)."""
+        return last_rows(self.draft, self.model, self.vocab, self.proposal_head or self.model.head_scores, rows)
 
     @staticmethod
     def suits(draft: EagleDraft, target: Llama) -> bool:
@@ -459,6 +475,24 @@ def eagle_feature_layers(path: str | Path) -> tuple[int, ...]:
         raise ValueError(f"{path}: not a readable EAGLE draft ({err})") from None
 
 
+@torch.inference_mode()
+def last_rows(draft: EagleDraft, target: Llama, vocab, head, rows: list[tuple[torch.Tensor, torch.Tensor]]):
+    """An attention-free draft over the last (state, token) of each of `rows` [(states [k, ·], tokens
+    [k])], all in one pass -> (f [n, D], head(f) [n, W]). A target's row (its tapped layers with it)
+    is fused, those of several streams together; a row the draft fed back passes as it is."""
+    width = draft.norm.weight.shape[0]
+    states = [s[-1] for s, _ in rows]
+    wide = [i for i, state in enumerate(states) if state.shape[-1] != width]
+    if wide:
+        fused = draft.fused(torch.stack([states[i] for i in wide]))
+        for j, i in enumerate(wide):
+            states[i] = fused[j]
+    tokens = torch.stack([t[-1] for _, t in rows])
+    embeds = target.embed_tokens(vocab.restricted_to_token_ids(tokens))
+    f = draft.features(torch.stack(states), embeds, None, None, None, cached=False)
+    return f, head(f.to(target.dtype))
+
+
 def _rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return weight * (x / np.sqrt(np.dot(x, x) / x.size + eps))
 
@@ -468,4 +502,4 @@ def _linear(weight: np.ndarray, x: np.ndarray, bias: np.ndarray | None) -> np.nd
 
 
 __all__ = ["BLOCKS", "CompiledEagleChain", "EagleDraft", "EAGLE_FILE", "HostEagleStep", "ResidualMLP",
-           "TorchEagleStep", "checked_feature_layers", "eagle_feature_layers"]
+           "TorchEagleStep", "checked_feature_layers", "eagle_feature_layers", "last_rows"]

@@ -63,23 +63,31 @@ class ProposalHead:
         return rows * width >= MIN_HEAD_SIZE
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
-        f = f.float()
-        preview = _int8_products(self.up, self.down @ f)[0].float() * self.up_scales
-        chosen = preview.topk(self.candidates, sorted=False).indices
-        rows = self.rows.index_select(0, chosen)  # index_select: ~7x faster than rows[chosen]
-        if self.row_scales is None:
-            exact = (rows @ f.to(rows.dtype)).float()
-        else:  # as an int8 head computes them: f on a 127-step grid, integer products (`int8.Int8Linear`)
-            products, maximum = _int8_products(rows, f)
-            exact = products.float() * self.row_scales.index_select(0, chosen) * (maximum / LEVELS)
-        return preview.new_full(preview.shape, float("-inf")).index_copy_(0, chosen, exact)
+        """f [D] -> scores [rows]; f [n, D] (several drafts' rows, one pass over the preview) -> [n, rows]."""
+        states = f.float().reshape(-1, f.shape[-1])  # [n, D]
+        previews = _int8_products(self.up, states @ self.down.T)[0].T.float() * self.up_scales  # [n, rows]
+        out = []
+        for state, preview in zip(states, previews):
+            chosen = preview.topk(self.candidates, sorted=False).indices
+            rows = self.rows.index_select(0, chosen)  # index_select: ~7x faster than rows[chosen]
+            if self.row_scales is None:
+                exact = (rows @ state.to(rows.dtype)).float()
+            else:  # as an int8 head computes them: f on a 127-step grid, integer products (`int8.Int8Linear`)
+                products, maximum = _int8_products(rows, state)
+                exact = products[:, 0].float() * self.row_scales.index_select(0, chosen) * (maximum / LEVELS)
+            out.append(preview.new_full(preview.shape, float("-inf")).index_copy_(0, chosen, exact))
+        return out[0] if f.dim() == 1 else torch.stack(out)
 
 
 def _int8_products(rows: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """rows [n, k] int8 times x [k] put on a 127-step grid (`int8.on_grid`) -> (int32 [n], max |x| [1])."""
+    """rows [m, k] int8 times each of x [k] or [n, k] put on a 127-step grid (`int8.on_grid`) ->
+    (int32 [m, n], max |x| [n, 1] or [1])."""
     maximum = row_maxima(x)
-    codes = on_grid(x, maximum).to(torch.int8)
-    return torch._int_mm(rows, codes[:, None].expand(-1, 8).contiguous())[:, 0], maximum  # 8 columns: its minimum
+    codes = on_grid(x, maximum).to(torch.int8).reshape(-1, x.shape[-1])  # [n, k]
+    n = len(codes)
+    columns = torch.zeros(x.shape[-1], max(8, -(-n // 8) * 8), dtype=torch.int8)  # 8 columns: _int_mm's minimum
+    columns[:, :n] = codes.T
+    return torch._int_mm(rows, columns)[:, :n], maximum
 
 
 _MADE: "weakref.WeakKeyDictionary[Llama, ProposalHead]" = weakref.WeakKeyDictionary()  # one per loaded target
