@@ -196,6 +196,8 @@ def pass_curve(synth, prompts, longest: int, repeats: int = 5) -> dict[int, list
                 started = time.perf_counter()
                 with torch.inference_mode():
                     lm.model.head_scores(lm.hidden(list(range(n)), ids))
+                if lm.device.type == "cuda":
+                    torch.cuda.synchronize()
                 times.append(time.perf_counter() - started)
             curve[n].append(sorted(times)[repeats // 2])
     lm.lengths[:] = held

@@ -20,7 +20,9 @@ the proposer: `BatchDecoder.fork`) each run `loop.decode` on their own thread ov
 views (`batched.SlotLM`): the proposer proposes, the target verifies, the rule judges and each slot
 rolls back to its own accepted length, its draws from its own generator, while every forward meets
 the other streams' at a `batched.StepGate` and runs in one pass with them (ragged acceptance: a
-slot verifying 1 token and one verifying 4 share a pass, the shorter row padded). An adaptive draft
+slot verifying 1 token and one verifying 4 share a pass, the shorter row padded), and so do an
+attention-free EAGLE draft's proposals (one call for every stream's rows); a verify waits while
+other streams still draft, so that one target pass carries them all. An adaptive draft
 length plans with its step costs shared with the batch's measured passes
 (`cost_model.SharedPassCosts`): with many streams in a pass speculation stops paying and the plan
 falls to plain steps.
