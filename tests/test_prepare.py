@@ -3,6 +3,7 @@ folder that `prepared=` / `--prepared` loads with nothing of the tools, training
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -233,9 +234,13 @@ def test_expanding_the_built_in_voice_copies_its_table_instead_of_building_it(tm
 
 @pytest.mark.slow  # builds the table over 65,536 codes (one to two minutes on 2 cores)
 def test_the_shipped_group_table_is_the_one_expansion_builds(tmp_path):
-    """Byte for byte what the voice's expansion builds without it: θ for the recorded mean size, the cap."""
+    """What the voice's expansion builds without it: θ for the recorded mean size, the cap; byte for
+    byte on a CPU like the one it was built on. Another CPU's kernels round the similarities in
+    another order, and the few that lie within that rounding of θ may fall on its other side (on an
+    AMD EPYC: 18 of 65,536 groups, 6 members of 3.15 million): the table is then the same but for them."""
     from pcgtts.export.group_table import build_groups_for_model
     from pcgtts.groups.build import theta_for_mean_size
+    from pcgtts.groups.table import GroupTable
     from pcgtts.runtime.lm.checkpoint import load_speech_embeddings
     from pcgtts.runtime.voicepack import read_voice
     from pcgtts.train.package import expand_lm
@@ -245,7 +250,19 @@ def test_the_shipped_group_table_is_the_one_expansion_builds(tmp_path):
     rows, _, _ = load_speech_embeddings(target)
     theta = theta_for_mean_size(rows, groups["mean_size"], groups["cap"])
     build_groups_for_model(target, theta, groups["cap"], progress=False).save(tmp_path / "groups.pcg")
-    assert (tmp_path / "groups.pcg").read_bytes() == _shipped_table_bytes(VOICE)
+    (tmp_path / "shipped.pcg").write_bytes(_shipped_table_bytes(VOICE))
+    if hashlib.sha256((tmp_path / "groups.pcg").read_bytes()).digest() == hashlib.sha256(
+            (tmp_path / "shipped.pcg").read_bytes()).digest():
+        return
+    built, shipped = (GroupTable.load(tmp_path / name) for name in ("groups.pcg", "shipped.pcg"))
+    assert built.num_groups == shipped.num_groups and built.top_k == shipped.top_k
+    assert abs(len(built.group_members) - len(shipped.group_members)) <= 1e-4 * len(shipped.group_members)
+
+    def groups_of(table):
+        offsets, members = table.group_offsets, table.group_members
+        return {members[offsets[k]:offsets[k + 1]].tobytes() for k in range(table.num_groups)}
+
+    assert len(groups_of(built) ^ groups_of(shipped)) <= 2e-3 * shipped.num_groups  # a few, at θ
 
 
 # ---------------------------------------------------------------- the built-in voice's export in the background
