@@ -429,7 +429,6 @@ class StepGate:
         self.sizes.append(len(run))
         del self.sizes[:-100]
 
-
     def _run_proposals(self, run: list[ProposalRequest]) -> None:
         """One call for every stream's proposal (one stream's: its own step's `run`, as alone)."""
         step = run[0].lm
