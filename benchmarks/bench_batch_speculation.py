@@ -4,9 +4,11 @@ streams decoded together over one model copy (`runtime/decode/batch.py`), LM onl
 For every policy of --policies, B streams (different sentences, seeded, the voice's sampling settings,
 exactly --tokens speech tokens each: the stop token is held off) are decoded first one at a time through
 `loop.decode` on the loaded target, then all at once, each in a batch slot (`SlotSeat.decode`, its
-adaptive draft length planned with the batch's shared passes). A stream's pace is timed from its first
-tokens to its last (its prefill left out: the streams' prefills run one after another before they share
-passes). Reported per policy and B: tokens/s per stream and B times it (aggregate), and its speed-up over plain decoding (`ar`) in the same setting; the
+adaptive draft length planned with the batch's shared passes). A stream alone is timed from its first
+tokens to its last (its prefill left out); streams together over the window in which all B decode
+together: from the last stream's first tokens (every prefill done: they run one after another, and a
+window that overlapped them would charge the faster policy's shorter decode a larger share of them)
+to the first stream's last. Reported per policy and B: tokens/s per stream and B times it (aggregate), and its speed-up over plain decoding (`ar`) in the same setting; the
 question it answers is whether a speculative policy keeps its one-stream speed-up per stream when B
 streams share the passes (the ratio of the two speed-ups). A table on stderr, then one JSON line in the
 form of `pcgtts bench --json` (`summaries`: one case per policy and setting, `speedup_vs_ar` against
@@ -97,7 +99,7 @@ def load(args):
 
 def timed_tokens(bursts) -> tuple[int, float]:
     """(tokens after the first burst, seconds from the first burst to the last): the decode's own pace,
-    its prefill left out (prefills of several streams run one after another, before they share passes)."""
+    its prefill left out."""
     first_at, tokens, last_at = None, 0, None
     for burst in bursts:
         last_at = time.perf_counter()
@@ -120,8 +122,25 @@ def decode_alone(synth, prompt, config, seed: int, stats=None) -> tuple[int, flo
     return timed_tokens(decode(route.target, synth.draft, prompt, config, generator, synth.groups, stats, **plan))
 
 
-def decode_together(synth, prompts, config, seeds, stats=None) -> list[tuple[int, float]]:
-    """(tokens, seconds) of each stream (`timed_tokens`) decoded at once, each in a batch slot."""
+def burst_times(bursts) -> list[tuple[float, int]]:
+    """(perf_counter() when it arrived, tokens) of each burst of one stream."""
+    return [(time.perf_counter(), len(burst)) for burst in bursts]
+
+
+def together_window(streams: list[list[tuple[float, int]]]) -> list[tuple[int, float]]:
+    """(tokens, seconds) of each stream over the window in which all decode together: from the last
+    stream's first burst (every prefill done) to the first stream's last burst."""
+    start = max(times[0][0] for times in streams)
+    end = min(times[-1][0] for times in streams)
+    window = [(sum(n for at, n in times if start < at <= end), end - start) for times in streams]
+    if end <= start or not any(tokens for tokens, _ in window):
+        raise ValueError("the streams never decoded together: raise --tokens")
+    return window
+
+
+def decode_together(synth, prompts, config, seeds, stats=None, timed: bool = True) -> list[tuple[int, float]] | None:
+    """(tokens, seconds) of each stream decoded at once, each in a batch slot, over the window in which
+    all of them decode together (`together_window`); None when not `timed` (a warm-up)."""
     import torch
 
     route = synth.route(False)
@@ -133,8 +152,8 @@ def decode_together(synth, prompts, config, seeds, stats=None) -> list[tuple[int
         try:
             plan = route.planner.loop_arguments(config, seeded=True, batched=True)
             generator = torch.Generator(device=route.target.device).manual_seed(seeds[i])
-            paces[i] = timed_tokens(seats[i].decode(prompts[i], config, generator, stats[i] if stats else None,
-                                                    **plan))
+            paces[i] = burst_times(seats[i].decode(prompts[i], config, generator, stats[i] if stats else None,
+                                                   **plan))
         except BaseException as err:  # reported after the join
             errors.append(err)
 
@@ -147,7 +166,7 @@ def decode_together(synth, prompts, config, seeds, stats=None) -> list[tuple[int
         seat.close()
     if errors:
         raise errors[0]
-    return paces
+    return together_window(paces) if timed else None
 
 
 def tokens_a_step(stats) -> float:
@@ -231,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(synth.config.decode, policy=name, max_new_tokens=args.tokens, min_new_tokens=args.tokens)
         synth.route(False).planner.plan(config)  # calibration and warm-up before timing
         decode_alone(synth, prompts[0], replace(config, max_new_tokens=8, min_new_tokens=8), 0)
-        decode_together(synth, prompts, replace(config, max_new_tokens=8, min_new_tokens=8), seeds)  # slots warm
+        decode_together(synth, prompts, replace(config, max_new_tokens=8, min_new_tokens=8), seeds,
+                        timed=False)  # slots warm
         configs[name] = config
     for turn in range(args.rounds):  # ABBA: drifts of the machine's pace fall on every policy alike
         for name in (args.policies if turn % 2 == 0 else args.policies[::-1]):

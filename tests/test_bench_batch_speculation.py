@@ -44,6 +44,17 @@ def test_the_bound_is_what_a_free_proposer_gains_at_the_measured_passes(bench):
     assert bench.bound([], [1.0, 1.0]) == 1.0
 
 
+
+def test_streams_together_are_timed_while_all_of_them_decode(bench):
+    """The window opens at the last stream's first burst (its prefill done) and closes at the first
+    stream's last: tokens outside it, decoded beside another's prefill or alone at the end, do not count."""
+    early = [(0.0, 1), (1.0, 2), (2.0, 2), (3.0, 2), (5.0, 2)]  # started first, ended last
+    late = [(1.5, 1), (2.5, 3), (4.0, 3)]  # prefilled while the first decoded
+    assert bench.together_window([early, late]) == [(4, 2.5), (6, 2.5)]
+    with pytest.raises(ValueError, match="never decoded together"):
+        bench.together_window([[(0.0, 1), (1.0, 1)], [(2.0, 1), (3.0, 1)]])
+
+
 @pytest.mark.slow
 def test_a_short_run_reports_each_policy_alone_and_together(tmp_path, capsys):
     module = benchmark_script("bench_batch_speculation")
