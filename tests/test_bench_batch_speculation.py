@@ -44,7 +44,6 @@ def test_the_bound_is_what_a_free_proposer_gains_at_the_measured_passes(bench):
     assert bench.bound([], [1.0, 1.0]) == 1.0
 
 
-
 def test_streams_together_are_timed_while_all_of_them_decode(bench):
     """The window opens at the last stream's first burst (its prefill done) and closes at the first
     stream's last: tokens outside it, decoded beside another's prefill or alone at the end, do not count."""
