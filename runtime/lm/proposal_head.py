@@ -63,20 +63,21 @@ class ProposalHead:
         return rows * width >= MIN_HEAD_SIZE
 
     def __call__(self, f: torch.Tensor) -> torch.Tensor:
-        """f [D] -> scores [rows]; f [n, D] (several drafts' rows, one pass over the preview) -> [n, rows]."""
+        """f [D] -> scores [rows]; f [n, D] (several drafts' rows, a batch's) -> [n, rows], each row as
+        alone. Every step runs once for all n rows: a batch's proposal costs less than n of them."""
         states = f.float().reshape(-1, f.shape[-1])  # [n, D]
+        n, width = states.shape
         previews = _int8_products(self.up, states @ self.down.T)[0].T.float() * self.up_scales  # [n, rows]
-        out = []
-        for state, preview in zip(states, previews):
-            chosen = preview.topk(self.candidates, sorted=False).indices
-            rows = self.rows.index_select(0, chosen)  # index_select: ~7x faster than rows[chosen]
-            if self.row_scales is None:
-                exact = (rows @ state.to(rows.dtype)).float()
-            else:  # as an int8 head computes them: f on a 127-step grid, integer products (`int8.Int8Linear`)
-                products, maximum = _int8_products(rows, state)
-                exact = products[:, 0].float() * self.row_scales.index_select(0, chosen) * (maximum / LEVELS)
-            out.append(preview.new_full(preview.shape, float("-inf")).index_copy_(0, chosen, exact))
-        return out[0] if f.dim() == 1 else torch.stack(out)
+        chosen = previews.topk(self.candidates, sorted=False).indices  # [n, c]
+        rows = self.rows.index_select(0, chosen.view(-1))  # [n c, D]; index_select: ~7x faster than rows[chosen]
+        if self.row_scales is None:
+            exact = torch.bmm(rows.view(n, -1, width), states.to(rows.dtype)[:, :, None])[:, :, 0].float()
+        else:  # as an int8 head computes them: f on a 127-step grid, integer products (`int8.Int8Linear`)
+            products, maxima = _int8_products(rows, states)  # [n c, n]: row i's candidates against state i
+            own = products.view(n, -1, n).diagonal(dim1=0, dim2=2).T  # [n, c]
+            exact = own.float() * self.row_scales.index_select(0, chosen.view(-1)).view(n, -1) * (maxima / LEVELS)
+        scores = previews.new_full(previews.shape, float("-inf")).scatter_(1, chosen, exact)
+        return scores[0] if f.dim() == 1 else scores
 
 
 def _int8_products(rows: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
