@@ -199,6 +199,59 @@ def test_a_ragged_pass_gives_each_slot_its_logits_alone_in_one_forward(target):
     assert len(StepGate._passes([_request(batched, 0, 1), _request(batched, 1, 4)])) == 2
 
 
+def test_the_gate_runs_every_forward_on_its_own_thread_and_ends_it_when_idle(target, monkeypatch):
+    """Streams' forwards run on the gate's one thread (never on a stream's), which ends when no stream
+    is inside and nothing waits; a failure there reaches every stream that waited for it."""
+    import threading
+
+    batched, gate = BatchedLM(target, 2), StepGate()
+    for slot, prompt in enumerate(prompts(target)[:2]):
+        batched.prefill(slot, prompt)
+    views = [SlotLM(batched, 0, gate), SlotLM(batched, 1, gate)]
+    ran_on, errors = set(), []
+    hidden = batched.hidden
+
+    def recording(*args, **kwargs):
+        ran_on.add(threading.get_ident())
+        return hidden(*args, **kwargs)
+
+    monkeypatch.setattr(batched, "hidden", recording)
+
+    def stream(view, steps):  # entered before any stream starts: every pass carries both
+        try:
+            for _ in range(steps):
+                view.forward(torch.tensor([target.vocab.speech_offset + 5]))
+        except RuntimeError as err:
+            errors.append(err)
+        finally:
+            gate.leave()
+
+    def run_streams(steps):
+        threads = [threading.Thread(target=stream, args=(view, steps)) for view in views]
+        for thread in threads:
+            gate.enter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        return [thread.ident for thread in threads]
+
+    streams = run_streams(3)
+    assert gate.sizes == [2, 2, 2] and len(ran_on) == 1 and not ran_on & set(streams)
+    for _ in range(100):  # it ends once the streams have left
+        if gate.thread is None:
+            break
+        threading.Event().wait(0.01)
+    assert gate.thread is None and not errors
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("the pass failed")
+
+    monkeypatch.setattr(batched, "hidden", failing)
+    run_streams(1)
+    assert [str(err) for err in errors] == ["the pass failed"] * 2
+
+
 def _request(lm, slot, count):
     from pcgtts.runtime.lm.batched import StepRequest
 
