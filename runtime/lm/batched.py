@@ -311,12 +311,13 @@ class StepGate:
     request, ended when no stream is inside and nothing waits), never on a stream's: one thread
     keeps one pool of compute threads busy and warm, where the streams' threads taking turns had
     each woken its own (a batch's proposal calls cost ~10 % less). A stream outside its loop
-    (handing out a burst, waiting for its reader) holds nobody up. Proposals of an attention-free EAGLE draft meet there too (`propose`,
-    through `GatedStep`): every stream's in one call. The `target`'s pass waits while requests of
-    another model (proposals, a draft LM's forwards) are pending: those run first, and the streams
-    that made them reach the verify, so that one target pass carries every stream's verify instead
-    of a stream with a shorter draft verifying alone. Each pass's time is kept per model (`times`:
-    `cost_model.PassTimes`), which a stream's adaptive draft length plans with."""
+    (handing out a burst, waiting for its reader) holds nobody up. Proposals of an attention-free
+    EAGLE draft meet there too (`propose`, through `GatedStep`): every stream's in one call. The
+    `target`'s pass waits while requests of another model (proposals, a draft LM's forwards) are
+    pending: those run first, and the streams that made them reach the verify, so that one target
+    pass carries every stream's verify instead of a stream with a shorter draft verifying alone.
+    Each pass's time is kept per model (`times`: `cost_model.PassTimes`), which a stream's adaptive
+    draft length plans with."""
 
     def __init__(self, target: BatchedLM | None = None):
         self.target = target
