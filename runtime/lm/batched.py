@@ -19,6 +19,7 @@ agree unless a draw falls within that rounding of a tie or of a boundary of its 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from pcgtts.runtime.lm.llama import rope_cos_sin
 from pcgtts.runtime.lm.loader import concrete_backend
 from pcgtts.runtime.lm.protocol import check_fits, prefill_spans, reusable_length
 from pcgtts.runtime.lm.torch_lm import TorchLM
+
+log = logging.getLogger(__name__)
 
 
 def runs_batched(lm) -> bool:
@@ -393,11 +396,11 @@ class StepGate:
                     else:
                         self.work.wait()
             except BaseException as err:  # never leave a stream waiting for a thread that is gone
+                log.exception("the batch's gate failed outside a forward")
                 for request in self.pending:
                     request.error, request.done = err, True
                 self.pending = []
                 self.cond.notify_all()
-                raise
             finally:
                 self.thread = None
 
